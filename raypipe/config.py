@@ -1,0 +1,277 @@
+"""Configuration: frozen, keyword-only dataclasses validated on construction.
+
+Field names follow timm's (``scale``, ``ratio``, ``hflip`` …) so a timm user can read a raypipe
+config without a glossary. Every check raises ``ValueError`` naming the field. YAML files load
+strictly (``load_yaml``): unknown or duplicated keys are errors, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "DecodeConfig",
+    "TrainAugment",
+    "EvalAugment",
+    "PipelineConfig",
+    "config_from_dict",
+    "load_yaml",
+]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+INTERPOLATIONS = ("bilinear", "bicubic", "random")
+CROP_MODES = ("center", "squash", "border")
+# Pillow's own default decompression-bomb limit, so behaviour matches what users know.
+DEFAULT_MAX_PIXELS = 89_478_485
+
+
+def _fail(name: str, value: Any, why: str) -> None:
+    raise ValueError(f"{name}={value!r}: {why}")
+
+
+def _size2(name: str, value: Any) -> tuple[int, int]:
+    """Accept an int (square), a (H, W) pair or timm's (C, H, W) input_size."""
+    if isinstance(value, bool):
+        _fail(name, value, "expected an int or (H, W)")
+    if isinstance(value, int):
+        value = (value, value)
+    value = tuple(value)
+    if len(value) == 3:
+        if value[0] != 3:
+            _fail(name, value, "only 3-channel input is supported")
+        value = value[1:]
+    if len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        _fail(name, value, "expected an int, (H, W) or (3, H, W)")
+    if min(value) < 1 or max(value) > 8192:
+        _fail(name, value, "sizes must be in 1..8192")
+    return value  # type: ignore[return-value]
+
+
+def _range2(name: str, value: Any, lo: float, hi: float) -> tuple[float, float]:
+    try:
+        a, b = (float(v) for v in value)
+    except (TypeError, ValueError):
+        _fail(name, value, "expected a (min, max) pair of numbers")
+    if not (lo <= a <= b <= hi) or math.isnan(a) or math.isnan(b):
+        _fail(name, value, f"expected {lo} <= min <= max <= {hi}")
+    return (a, b)
+
+
+def _prob(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        _fail(name, value, "expected a probability in [0, 1]")
+    return float(value)
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeConfig:
+    """How bytes become pixels."""
+
+    max_pixels: int = DEFAULT_MAX_PIXELS  # refuse larger images from the header (decompression bombs)
+    dct_scaling: bool = True  # let libjpeg-turbo decode JPEGs at 1/2, 1/4, 1/8 when the crop allows
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1:
+            _fail("max_pixels", self.max_pixels, "expected a positive int")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainAugment:
+    """timm's training transform (``transforms_imagenet_train``), minus tensor conversion.
+
+    Normalisation, random erasing and mixup/cutmix run on the trainer's device (``DeviceLoader``).
+    """
+
+    input_size: Any = (224, 224)
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+    interpolation: str = "bilinear"
+    hflip: float = 0.5
+    vflip: float = 0.0
+    color_jitter: Any = 0.4  # float (brightness=contrast=saturation) or 3/4-tuple; None disables
+    color_jitter_prob: float | None = None
+    grayscale_prob: float = 0.0
+    gaussian_blur_prob: float = 0.0
+    auto_augment: str | None = None  # timm policy string: "rand-m9-mstd0.5-inc1", "augmix-…", "v0", …
+    mean: tuple[float, float, float] = IMAGENET_MEAN  # fill colour for auto-augment, as in timm
+
+    def __post_init__(self) -> None:
+        _set(self, "input_size", _size2("input_size", self.input_size))
+        _set(self, "scale", _range2("scale", self.scale, 0.0, 1.0))
+        if self.scale[1] <= 0:
+            _fail("scale", self.scale, "max must be > 0")
+        _set(self, "ratio", _range2("ratio", self.ratio, 1e-3, 1e3))
+        if self.interpolation not in INTERPOLATIONS:
+            _fail("interpolation", self.interpolation, f"expected one of {INTERPOLATIONS}")
+        for name in ("hflip", "vflip", "grayscale_prob", "gaussian_blur_prob"):
+            _set(self, name, _prob(name, getattr(self, name)))
+        if self.color_jitter_prob is not None:
+            _set(self, "color_jitter_prob", _prob("color_jitter_prob", self.color_jitter_prob))
+        cj = self.color_jitter
+        if cj is not None:
+            if isinstance(cj, (int, float)) and not isinstance(cj, bool):
+                cj = (float(cj),) * 3
+            try:
+                cj = tuple(float(v) for v in cj)
+            except (TypeError, ValueError):
+                _fail("color_jitter", self.color_jitter, "expected a number or a 3/4-tuple")
+            if len(cj) not in (3, 4) or any(v < 0 for v in cj) or (len(cj) == 4 and cj[3] > 0.5):
+                _fail("color_jitter", self.color_jitter, "expected 3 or 4 values >= 0 (hue <= 0.5)")
+            _set(self, "color_jitter", cj)
+        if self.auto_augment is not None:
+            if not isinstance(self.auto_augment, str) or not self.auto_augment:
+                _fail("auto_augment", self.auto_augment, "expected a timm policy string")
+            head = self.auto_augment.split("-")[0]
+            if head not in ("rand", "augmix", "original", "originalr", "v0", "v0r", "3a", "trivial"):
+                _fail("auto_augment", self.auto_augment, "unknown policy (rand-…, augmix-…, original, v0, 3a)")
+        _set(self, "mean", _range_mean("mean", self.mean))
+
+
+def _range_mean(name: str, value: Any) -> tuple[float, float, float]:
+    try:
+        v = tuple(float(x) for x in value)
+    except (TypeError, ValueError):
+        _fail(name, value, "expected 3 numbers")
+    if len(v) != 3 or not all(0.0 <= x <= 1.0 for x in v):
+        _fail(name, value, "expected 3 numbers in [0, 1]")
+    return v  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalAugment:
+    """timm's eval transform: resize by ``crop_pct`` then crop (``transforms_imagenet_eval``)."""
+
+    input_size: Any = (224, 224)
+    crop_pct: float = 0.875
+    crop_mode: str = "center"
+    interpolation: str = "bilinear"
+
+    def __post_init__(self) -> None:
+        _set(self, "input_size", _size2("input_size", self.input_size))
+        if isinstance(self.crop_pct, bool) or not isinstance(self.crop_pct, (int, float)) or not (
+            0.0 < self.crop_pct <= 1.0
+        ):
+            _fail("crop_pct", self.crop_pct, "expected 0 < crop_pct <= 1")
+        if self.crop_mode not in CROP_MODES:
+            _fail("crop_mode", self.crop_mode, f"expected one of {CROP_MODES}")
+        if self.interpolation not in ("bilinear", "bicubic"):
+            _fail("interpolation", self.interpolation, "expected bilinear or bicubic")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    """How the Ray Data pipeline runs and packs batches."""
+
+    batch_size: int = 256
+    drop_last: bool = False
+    shuffle: bool = True
+    seed: int = 0
+    # None: one per CPU the cluster has (less one on a single node, so the trainer keeps a core).
+    num_actors: int | None = None
+    cpus_per_actor: float = 1.0
+    compute: str = "tasks"  # "tasks": stateless Ray tasks on warm workers; "actors": ActorPoolStrategy
+    block_size: int = 64  # rows per Ray block, i.e. per augmentation call
+    prefetch_blocks: int = 4
+    max_skip_ratio: float | None = None
+    max_skips: int | None = None
+    # Extra Ray resources each augmentation worker asks for, to steer it to preprocessing nodes.
+    resources: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "block_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                _fail(name, v, "expected a positive int")
+        if isinstance(self.prefetch_blocks, bool) or not isinstance(self.prefetch_blocks, int) or (
+            self.prefetch_blocks < 0
+        ):
+            _fail("prefetch_blocks", self.prefetch_blocks, "expected an int >= 0")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            _fail("seed", self.seed, "expected an int >= 0")
+        if self.num_actors is not None and (
+            isinstance(self.num_actors, bool) or not isinstance(self.num_actors, int) or self.num_actors < 1
+        ):
+            _fail("num_actors", self.num_actors, "expected a positive int or None")
+        if not isinstance(self.cpus_per_actor, (int, float)) or not 0 < self.cpus_per_actor <= 64:
+            _fail("cpus_per_actor", self.cpus_per_actor, "expected 0 < cpus_per_actor <= 64")
+        if self.compute not in ("tasks", "actors"):
+            _fail("compute", self.compute, "expected 'tasks' or 'actors'")
+        if self.max_skip_ratio is not None:
+            _set(self, "max_skip_ratio", _prob("max_skip_ratio", self.max_skip_ratio))
+        if self.max_skips is not None and (
+            isinstance(self.max_skips, bool) or not isinstance(self.max_skips, int) or self.max_skips < 0
+        ):
+            _fail("max_skips", self.max_skips, "expected an int >= 0 or None")
+        if not isinstance(self.resources, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and v >= 0 for k, v in self.resources.items()
+        ):
+            _fail("resources", self.resources, "expected a mapping of resource name -> amount >= 0")
+        _set(self, "resources", types.MappingProxyType(dict(self.resources)))
+
+
+# --------------------------------------------------------------------------------------------------
+# Strict loading from dicts / YAML
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses duplicated mapping keys."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ValueError(f"duplicated key {key!r} in YAML (line {key_node.start_mark.line + 1})")
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml(path: str | Path) -> dict:
+    """Load a YAML mapping safely (no object construction) and strictly (no duplicated keys)."""
+    text = Path(path).read_text(encoding="utf-8")
+    data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def config_from_dict(cls: type, data: Mapping[str, Any], *, where: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping; unknown keys are errors; nested dataclasses recurse."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"{where or cls.__name__}: unknown key(s) {unknown}; known: {sorted(fields)}")
+    kwargs = {}
+    for key, value in data.items():
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
+            value = config_from_dict(hint, value, where=f"{where}.{key}" if where else key)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[key] = value
+    return cls(**kwargs)
