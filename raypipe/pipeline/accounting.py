@@ -89,9 +89,8 @@ class EpochLedger:
         """Record the skip records of a raw block (emitted ids are recorded per batch)."""
         bad = np.flatnonzero(~block["ok"])
         for i in bad:
-            self._skips.append(
-                Skip(int(block["sample_id"][i]), str(block["path"][i]), str(block["reason"][i]), str(block["detail"][i]))
-            )
+            sid, path = int(block["sample_id"][i]), str(block["path"][i])
+            self._skips.append(Skip(sid, path, str(block["reason"][i]), str(block["detail"][i])))
         if self.max_skips is not None and len(self._skips) > self.max_skips:
             raise SkipLimitError(self._limit_message(f"more than max_skips={self.max_skips}"))
 
