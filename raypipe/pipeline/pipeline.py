@@ -28,7 +28,7 @@ from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.sources import SourceRows, open_source
 from raypipe.stages.augment import AugmentStage, StageSpec, augment_block
 
-__all__ = ["Pipeline", "EpochRun", "shard_indices"]
+__all__ = ["Pipeline", "EpochRun", "EpochSource", "shard_indices"]
 
 log = logging.getLogger(__name__)
 
@@ -174,3 +174,35 @@ class EpochRun:
             ledger.record_dropped(ids)
         elapsed = time.perf_counter() - t0
         self.report = ledger.finish(elapsed, first if first is not None else elapsed)
+
+
+class EpochSource:
+    """A re-iterable view of a pipeline for one rank: each ``iter()`` runs the next epoch.
+
+    Hand it to one long-lived ``DeviceLoader`` (one side stream for the whole run). Call
+    ``set_epoch(e)`` to resume at epoch ``e``; ``reports`` keeps every finished epoch's accounting.
+    """
+
+    def __init__(self, pipeline: Pipeline, *, rank: int = 0, world_size: int = 1, start_epoch: int = 0):
+        self.pipeline = pipeline
+        self.rank = rank
+        self.world_size = world_size
+        self.next_epoch = start_epoch
+        self.current: EpochRun | None = None
+        self.reports: list[EpochReport] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.next_epoch = epoch
+
+    def __len__(self) -> int:
+        return self.pipeline.num_batches(self.world_size)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        run = self.current = self.pipeline.epoch(self.next_epoch, rank=self.rank, world_size=self.world_size)
+        self.next_epoch += 1
+        yield from run
+        self.reports.append(run.report)
+
+    @property
+    def last_report(self) -> EpochReport | None:
+        return self.reports[-1] if self.reports else None
