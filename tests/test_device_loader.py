@@ -25,7 +25,7 @@ def test_normalisation_matches_float64_reference(dtype, channels_last):
     with DeviceLoader(src, img_dtype=dtype, channels_last=channels_last, mean=MEAN, std=STD) as loader:
         outs = list(loader)
     assert len(outs) == 2
-    for out, batch in zip(outs, src):
+    for out, batch in zip(outs, src, strict=True):
         assert_normalized(out["image"], batch["image"], dtype, channels_last)
         assert out["label"].dtype == torch.int64 and out["label"].tolist() == batch["label"].tolist()
         assert out["sample_id"].dtype == torch.int64
@@ -46,7 +46,7 @@ def test_bit_exact_with_timm_prefetch_loader_on_nchw_tuples(dtype):
         assert len(loader) == 3
         ours = list(loader)
     assert len(ours) == len(timm_out) == 3
-    for (x, y), (tx, ty) in zip(ours, timm_out):
+    for (x, y), (tx, ty) in zip(ours, timm_out, strict=True):
         assert isinstance(x, torch.Tensor) and x.is_contiguous()
         assert torch.equal(x, tx)
         assert torch.equal(y, ty)
@@ -87,8 +87,8 @@ def test_determinism_under_seed_and_epochs_differ():
             return [[(b["image"].clone(), b["label"].clone()) for b in loader] for _ in range(epochs)]
 
     a, b, c = run(0), run(0), run(1)
-    for ea, eb in zip(a, b):
-        for (xa, ya), (xb, yb) in zip(ea, eb):
+    for ea, eb in zip(a, b, strict=True):
+        for (xa, ya), (xb, yb) in zip(ea, eb, strict=True):
             assert torch.equal(xa, xb) and torch.equal(ya, yb)
     assert not torch.equal(a[0][0][0], a[1][0][0]), "epoch 1 must draw new parameters"
     assert not torch.equal(a[0][0][0], c[0][0][0]), "another seed must draw new parameters"
@@ -196,8 +196,9 @@ def test_tuple_with_labels_only_and_soft_targets():
 
 def test_labels_out_of_range_are_rejected():
     src = packed_batches(1, num_classes=10)
-    with DeviceLoader(src, mixup_alpha=1.0, num_classes=3) as loader, pytest.raises(ValueError, match="num_classes"):
-        list(loader)
+    with DeviceLoader(src, mixup_alpha=1.0, num_classes=3) as loader:
+        with pytest.raises(ValueError, match="num_classes"):
+            list(loader)
 
 
 @pytest.mark.parametrize(
