@@ -100,7 +100,9 @@ def _tiff_orientation(tiff: bytes) -> int:
 
 def _pil_orientation(im: Image.Image) -> int:
     try:
-        o = int(im.getexif().get(0x0112, 1))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Corrupt EXIF data": handled as no orientation
+            o = int(im.getexif().get(0x0112, 1))
     except Exception:  # noqa: BLE001 - any broken EXIF block means "no orientation", never a failure
         return 1
     return o if 1 <= o <= 8 else 1

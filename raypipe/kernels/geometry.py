@@ -85,7 +85,7 @@ def eval_geometry(
     """timm ``transforms_imagenet_eval`` as one source box and one destination rectangle."""
     oh, ow = input_size
     scale_size = (math.floor(oh / crop_pct), math.floor(ow / crop_pct))
-    rh, rw = _resized_size(width, height, scale_size, crop_mode)
+    rh, rw = (max(1, v) for v in _resized_size(width, height, scale_size, crop_mode))  # 1-px-thin inputs
     fy, fx = height / rh, width / rw
 
     def axis(r: int, c: int, f: float) -> tuple[float, float, int, int]:
