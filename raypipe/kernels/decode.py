@@ -169,18 +169,26 @@ def open_image(data: bytes, max_pixels: int) -> Source:
             o = jpeg_orientation(data)
             dw, dh = (h, w) if o in _TRANSPOSED else (w, h)
             return Source(data, ImageInfo("JPEG", dw, dh, _JPEG_MODES[colorspace], o), None, (w, h))
-    try:
-        with warnings.catch_warnings():
-            # Our own max_pixels check replaces Pillow's; its bomb *error* (at 2x its limit) is mapped.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            im = Image.open(io.BytesIO(data))
-    except Exception as exc:  # noqa: BLE001 - every decoder failure becomes a SkipImage
-        raise _classify(exc) from None
+    im = _pil_open(data)
     w, h = im.size
     _check_pixels(w, h, max_pixels)
     o = _pil_orientation(im)
     dw, dh = (h, w) if o in _TRANSPOSED else (w, h)
     return Source(data, ImageInfo(im.format or "unknown", dw, dh, im.mode, o), im, (w, h))
+
+
+def _pil_open(data: bytes) -> Image.Image:
+    """``Image.open`` (lazy: reads the header only) with Pillow's own bomb check switched off for the
+    call, so our ``max_pixels`` decides, with the real size in the detail. Not thread-safe (the limit
+    is a Pillow module global), like the rest of the transform."""
+    limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        return Image.open(io.BytesIO(data))
+    except Exception as exc:  # noqa: BLE001 - every decoder failure becomes a SkipImage
+        raise _classify(exc) from None
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
 
 
 def probe_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
@@ -230,15 +238,7 @@ def _decode_jpeg(src: Source, min_w: int = 0, min_h: int = 0) -> np.ndarray:
             raise SkipImage(errors.TRUNCATED, f"ValueError: {exc}") from None
     # A recoverable libjpeg warning (e.g. extraneous bytes) is fatal in strict mode: Pillow, like timm,
     # decodes such files, so let it.
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            pil = Image.open(io.BytesIO(src.data))
-        return _decode_pil(Source(src.data, src.info, pil, src.stored_size))
-    except SkipImage:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise _classify(exc) from None
+    return _decode_pil(Source(src.data, src.info, _pil_open(src.data), src.stored_size))
 
 
 def decode_rgb(src: Source) -> np.ndarray:
@@ -274,11 +274,32 @@ def decode_for_crop(
         return decode_rgb(src), box
     arr = _decode_jpeg(src, need_w, need_h)
     n = _scale_numerator(sw, sh, arr.shape[1], arr.shape[0])
-    arr = orient(arr, o)
-    if n == 8:
-        return arr, box
+    if o == 1:
+        s = n / 8.0
+        return arr, (x0 * s, y0 * s, x1 * s, y1 * s)
+    # Scale in the stored frame, then orient with the decoded array's own (rounded-up) size, so flips
+    # line up with the pixels libjpeg produced.
     s = n / 8.0
-    return arr, (x0 * s, y0 * s, x1 * s, y1 * s)
+    (ax, ay), (bx, by) = (_to_stored(x, y, sw, sh, o) for x, y in ((x0, y0), (x1, y1)))
+    aw, ah = arr.shape[1], arr.shape[0]
+    (cx, cy), (dx, dy) = (_to_display(x * s, y * s, aw, ah, o) for x, y in ((ax, ay), (bx, by)))
+    return orient(arr, o), (min(cx, dx), min(cy, dy), max(cx, dx), max(cy, dy))
+
+
+def _to_display(x: float, y: float, w: int, h: int, o: int) -> tuple[float, float]:
+    """A point of a stored w x h image, in the coordinates of its EXIF-oriented display."""
+    return {
+        1: (x, y), 2: (w - x, y), 3: (w - x, h - y), 4: (x, h - y),
+        5: (y, x), 6: (h - y, x), 7: (h - y, w - x), 8: (y, w - x),
+    }[o]
+
+
+def _to_stored(x: float, y: float, w: int, h: int, o: int) -> tuple[float, float]:
+    """Inverse of :func:`_to_display` (``w``, ``h``: the stored size)."""
+    return {
+        1: (x, y), 2: (w - x, y), 3: (w - x, h - y), 4: (x, h - y),
+        5: (y, x), 6: (y, h - x), 7: (w - y, h - x), 8: (w - y, x),
+    }[o]
 
 
 def _scale_numerator(sw: int, sh: int, w: int, h: int) -> int:
