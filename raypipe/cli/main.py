@@ -1,0 +1,38 @@
+"""The ``raypipe`` console script."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from raypipe.cli import preview, run, sample, scan
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raypipe", description="Ray-distributed image preprocessing for PyTorch")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in (sample, scan, run, preview):
+        module.add_parser(sub)
+    try:
+        from raypipe.cli import bench
+    except ImportError:
+        pass
+    else:
+        bench.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as e:  # configuration and dataset errors: a clear message, no traceback
+        print(f"raypipe {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

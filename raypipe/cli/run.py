@@ -1,0 +1,56 @@
+"""``raypipe run``: the training pipeline up to the trainer side, without a model (a dry run)."""
+
+from __future__ import annotations
+
+import argparse
+
+from raypipe.cli.args import add_augment_args, add_pipeline_args, add_source_args, build_configs
+from raypipe.cli.common import print_skips, progress, rows_from_args, write_json
+from raypipe.pipeline.pipeline import Pipeline
+from raypipe.runtime import connect
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="run the augmentation pipeline for some epochs and report what came out")
+    add_source_args(p)
+    add_augment_args(p)
+    add_pipeline_args(p)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--eval", action="store_true", help="use the eval transform instead of training augmentation")
+    p.add_argument("--no-shuffle", action="store_true")
+    p.add_argument("--device", default="cpu", help="trainer-side device for the DeviceLoader (cpu, cuda)")
+    p.add_argument("--json", help="write a machine-readable report here")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = build_configs(args)
+    if args.no_shuffle:
+        from dataclasses import replace
+
+        cfg["pipeline"] = replace(cfg["pipeline"], shuffle=False)
+    connect()
+    rows = rows_from_args(args)
+    augment = cfg["eval"] if args.eval else cfg["augment"]
+    pipe = Pipeline(rows, augment, config=cfg["pipeline"], decode=cfg["decode"], content_digest=True)
+    from raypipe.device import DeviceLoader
+
+    print(f"raypipe run: {len(rows)} samples ({rows.kind}) from {args.data}, batch {cfg['pipeline'].batch_size}")
+    epochs = []
+    for epoch in range(args.epochs):
+        run = pipe.epoch(epoch)
+        loader = DeviceLoader(run, device=args.device)
+        with progress(len(rows), f"epoch {epoch}") as bar:
+            for batch in loader:
+                bar.update(int(batch["sample_id"].shape[0]))
+        loader.close()
+        rep = run.report
+        epochs.append(rep.as_dict())
+        print(
+            f"epoch {epoch}: emitted {rep.emitted}/{rep.expected}, skipped {rep.num_skipped}, "
+            f"{rep.images_per_s:.0f} img/s, first batch {rep.first_batch_s:.2f}s"
+        )
+        print_skips(rep.skipped, rep.skipped_paths)
+        print(f"  ids_sha256     {rep.ids_sha256}\n  content_sha256 {rep.content_sha256}")
+    write_json(args.json, {"data": args.data, "samples": len(rows), "epochs": epochs})
+    return 0

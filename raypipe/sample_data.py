@@ -1,0 +1,93 @@
+"""Generate the embedded sample dataset: ImageNet-like JPEGs from real photos shipped by scikit-image.
+
+One class per source photo; each image is a random crop of it (scale, aspect, position), flipped
+or not, colour-shifted, resized to about 500×375 (some portrait) and saved as a JPEG of quality
+85–95 — real-photo statistics and a real, learnable task, with no download. Deterministic for a
+seed: the same arguments write byte-identical files.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageEnhance
+
+__all__ = ["PHOTOS", "write_sample_data"]
+
+# Colour photos first, then greyscale ones (stored as RGB JPEGs like many ImageNet images).
+PHOTOS = (
+    "astronaut.png",
+    "chelsea.png",
+    "coffee.png",
+    "rocket.jpg",
+    "motorcycle_left.png",
+    "hubble_deep_field.jpg",
+    "ihc.png",
+    "retina.jpg",
+    "camera.png",
+    "coins.png",
+    "moon.png",
+    "brick.png",
+    "grass.png",
+    "gravel.png",
+    "cell.png",
+    "clock_motion.png",
+)
+
+
+def _photo_dir() -> Path:
+    import skimage
+
+    return Path(skimage.__file__).parent / "data"
+
+
+def _load(name: str) -> Image.Image:
+    with Image.open(_photo_dir() / name) as im:
+        return im.convert("RGB")
+
+
+def _variant(src: Image.Image, rng: np.random.Generator) -> tuple[Image.Image, int]:
+    w, h = src.size
+    area = w * h * rng.uniform(0.3, 1.0)
+    aspect = float(np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3))))
+    cw = int(min(w, round((area * aspect) ** 0.5)))
+    ch = int(min(h, round((area / aspect) ** 0.5)))
+    x0 = int(rng.integers(0, w - cw + 1))
+    y0 = int(rng.integers(0, h - ch + 1))
+    im = src.crop((x0, y0, x0 + cw, y0 + ch))
+    if rng.random() < 0.5:
+        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    long_side = int(rng.integers(450, 551))
+    out = (long_side, round(long_side * 0.75)) if rng.random() < 0.8 else (round(long_side * 0.75), long_side)
+    im = im.resize(out, Image.Resampling.BICUBIC, reducing_gap=3.0)
+    im = ImageEnhance.Brightness(im).enhance(rng.uniform(0.75, 1.25))
+    im = ImageEnhance.Contrast(im).enhance(rng.uniform(0.75, 1.25))
+    im = ImageEnhance.Color(im).enhance(rng.uniform(0.7, 1.3))
+    return im, int(rng.integers(85, 96))
+
+
+def write_sample_data(
+    out_dir: str | os.PathLike, *, classes: int = 10, per_class: int = 30, seed: int = 0, progress=None
+) -> list[Path]:
+    """Write ``classes`` × ``per_class`` JPEGs to ``out_dir/<class>/<class>_<i>.jpg``; return the paths."""
+    if not 1 <= classes <= len(PHOTOS):
+        raise ValueError(f"classes={classes}: expected 1..{len(PHOTOS)} (one per shipped photo)")
+    if per_class < 1:
+        raise ValueError(f"per_class={per_class}: expected >= 1")
+    out = Path(out_dir)
+    written = []
+    for c, name in enumerate(PHOTOS[:classes]):
+        label = f"{c:02d}_{name.split('.')[0]}"
+        (out / label).mkdir(parents=True, exist_ok=True)
+        src = _load(name)
+        for i in range(per_class):
+            rng = np.random.default_rng([seed, c, i])
+            im, quality = _variant(src, rng)
+            path = out / label / f"{label}_{i:05d}.jpg"
+            im.save(path, "JPEG", quality=quality)
+            written.append(path)
+            if progress is not None:
+                progress(1)
+    return written

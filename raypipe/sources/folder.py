@@ -1,0 +1,92 @@
+"""Image-folder datasets (``root/<class>/**/<image>``), listed exactly as torchvision's ImageFolder.
+
+Classes are the sorted sub-folder names, so label indices match timm and torchvision. Files are
+walked in sorted order, which makes ``sample_id`` (the listing index) stable across runs and
+cluster sizes. Directory symlinks that leave the root are not followed; file symlinks are listed
+and refused (``outside_root``) by the reader, before they are opened, so they are counted.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow.fs as pafs
+
+from raypipe.sources.paths import DatasetRoot
+from raypipe.sources.table import SourceRows, make_rows
+
+__all__ = ["IMG_EXTENSIONS", "list_image_folder"]
+
+# torchvision.datasets.folder.IMG_EXTENSIONS, matched case-insensitively like torchvision does.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def _is_image(name: str) -> bool:
+    return name.lower().endswith(IMG_EXTENSIONS)
+
+
+def _inside(root_real: str, path: str) -> bool:
+    real = os.path.realpath(path)
+    return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
+
+
+def _walk_local(root: DatasetRoot, class_dir: str) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
+        # Prune (in place, which os.walk honours) directory links that escape the root or loop.
+        dirnames[:] = sorted(d for d in dirnames if _inside(root.root, os.path.join(dirpath, d)))
+        for name in sorted(filenames):
+            if _is_image(name):
+                out.append(os.path.relpath(os.path.join(dirpath, name), root.root))
+    return out
+
+
+def _classes_local(root: DatasetRoot) -> list[str]:
+    with os.scandir(root.root) as it:
+        return sorted(e.name for e in it if e.is_dir() and _inside(root.root, e.path))
+
+
+def _walk_order(relpath: str) -> list[tuple[int, str]]:
+    """Sort key reproducing a sorted top-down os.walk: a folder's files, then its sub-folders in order."""
+    *dirs, name = relpath.split("/")
+    return [(1, d) for d in dirs[1:]] + [(0, name)]
+
+
+def _list_remote(root: DatasetRoot) -> tuple[list[str], dict[str, list[str]]]:
+    infos = root.filesystem.get_file_info(pafs.FileSelector(root.root, recursive=True))
+    classes: set[str] = set()
+    files: dict[str, list[str]] = {}
+    for info in infos:
+        rel = root.relative(info.path)
+        parts = rel.split("/")
+        if info.type == pafs.FileType.Directory and len(parts) == 1:
+            classes.add(parts[0])
+        elif info.type == pafs.FileType.File and len(parts) >= 2 and _is_image(parts[-1]):
+            classes.add(parts[0])
+            files.setdefault(parts[0], []).append(rel)
+    for c in files:
+        files[c].sort(key=_walk_order)
+    return sorted(classes), files
+
+
+def list_image_folder(root: DatasetRoot) -> SourceRows:
+    """List an ImageFolder tree into SourceRows; raises ValueError if it has no class folders."""
+    if root.is_local:
+        if not os.path.isdir(root.root):
+            raise ValueError(f"image folder {root.uri!r} is not a directory")
+        classes = _classes_local(root)
+        per_class = {c: _walk_local(root, os.path.join(root.root, c)) for c in classes}
+    else:
+        classes, per_class = _list_remote(root)
+    if not classes:
+        raise ValueError(f"image folder {root.uri!r} has no class sub-folders (expected root/<class>/<image>)")
+    paths: list[str] = []
+    labels: list[int] = []
+    for idx, c in enumerate(classes):
+        found = per_class.get(c, [])
+        paths.extend(found)
+        labels.extend([idx] * len(found))
+    if not paths:
+        exts = ", ".join(IMG_EXTENSIONS)
+        raise ValueError(f"image folder {root.uri!r} has no image files ({exts}) under its class folders")
+    return SourceRows(kind="folder", root=root, table=make_rows(paths, labels), classes=tuple(classes))

@@ -1,0 +1,95 @@
+"""Filesystems and root containment.
+
+Every dataset has a root; every file we read must lie inside it. Local paths are resolved with
+``os.path.realpath`` (so a symlink pointing out of the root is caught) *before* anything is opened.
+Remote URIs (``s3://``, ``gs://``, …) go through pyarrow's filesystems; there symlinks do not
+exist, so a normalised key that leaves the root prefix (``..``) is what we refuse.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+
+from raypipe.kernels.errors import MISSING, OUTSIDE_ROOT, UNREADABLE, SkipImage
+
+__all__ = ["DatasetRoot", "open_root"]
+
+
+def _is_uri(path: str) -> bool:
+    head, sep, _ = path.partition("://")
+    return bool(sep) and head.isalnum() and len(head) > 1
+
+
+@dataclass(frozen=True)
+class DatasetRoot:
+    """A dataset root on some filesystem; picklable so Ray workers can read through it."""
+
+    root: str  # absolute local path (realpath) or a filesystem path without scheme (bucket/prefix)
+    filesystem: pafs.FileSystem | None = None  # None: the local filesystem via os (fastest)
+    uri: str = ""  # what the user gave, for messages
+
+    @property
+    def is_local(self) -> bool:
+        return self.filesystem is None
+
+    def resolve(self, relpath: str) -> str:
+        """Absolute path of ``relpath`` inside the root, or SkipImage(OUTSIDE_ROOT)."""
+        if self.is_local:
+            joined = relpath if os.path.isabs(relpath) else os.path.join(self.root, relpath)
+            real = os.path.realpath(joined)
+            if real != self.root and not real.startswith(self.root.rstrip(os.sep) + os.sep):
+                raise SkipImage(OUTSIDE_ROOT, f"{relpath!r} resolves to {real!r}, outside {self.root!r}")
+            return real
+        rel = relpath
+        if _is_uri(rel):
+            rel = pafs.FileSystem.from_uri(rel)[1]
+        joined = rel if rel.startswith(self.root.rstrip("/") + "/") else posixpath.join(self.root, rel)
+        norm = posixpath.normpath(joined)
+        if ".." in relpath.split("/") or not norm.startswith(self.root.rstrip("/") + "/"):
+            raise SkipImage(OUTSIDE_ROOT, f"{relpath!r} is outside {self.uri or self.root!r}")
+        return norm
+
+    def read_bytes(self, relpath: str) -> bytes:
+        """Read a whole file inside the root; I/O failures become SkipImage with their reason."""
+        path = self.resolve(relpath)
+        try:
+            if self.is_local:
+                with open(path, "rb") as f:
+                    return f.read()
+            with self.filesystem.open_input_stream(path) as f:
+                return f.read()
+        except FileNotFoundError as e:
+            raise SkipImage(MISSING, f"{relpath}: {e}") from None
+        except OSError as e:  # permission denied, a directory, an I/O error on a network filesystem
+            if "not found" in str(e).lower() or "does not exist" in str(e).lower():
+                raise SkipImage(MISSING, f"{relpath}: {e}") from None
+            raise SkipImage(UNREADABLE, f"{relpath}: {e}") from None
+
+    def relative(self, abspath: str) -> str:
+        sep = os.sep if self.is_local else "/"
+        prefix = self.root.rstrip(sep) + sep
+        return abspath[len(prefix):] if abspath.startswith(prefix) else abspath
+
+    def display(self, relpath: str) -> str:
+        """A path users recognise in reports (the URI form for remote roots)."""
+        if self.is_local:
+            return relpath if os.path.isabs(relpath) else os.path.join(self.root, relpath)
+        base = self.uri.rstrip("/") if self.uri else self.root
+        return f"{base}/{relpath}"
+
+
+def open_root(path_or_uri: str, *, filesystem: pafs.FileSystem | None = None) -> DatasetRoot:
+    """Make a DatasetRoot from a local path or any pyarrow filesystem URI (``s3://bucket/prefix``)."""
+    if filesystem is None and not _is_uri(path_or_uri):
+        return DatasetRoot(root=os.path.realpath(path_or_uri), uri=path_or_uri)
+    if filesystem is None:
+        filesystem, path = pafs.FileSystem.from_uri(path_or_uri)
+    else:
+        path = path_or_uri.split("://", 1)[-1]
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        return DatasetRoot(root=os.path.realpath(path), uri=path_or_uri)
+    return DatasetRoot(root=path.rstrip("/"), filesystem=filesystem, uri=path_or_uri)

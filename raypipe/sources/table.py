@@ -1,0 +1,65 @@
+"""The row table every source produces: one row per sample, nothing decoded yet.
+
+Columns: ``sample_id`` int64 (stable for a dataset: its index in a deterministic listing order),
+``label`` int64, ``path`` (relative to the root, or a Parquet file for Parquet rows), ``row``
+int64 (row inside that Parquet file, -1 otherwise) and ``error`` (a skip reason already known
+when listing, e.g. a manifest line with no integer label; null for good rows). Rows that are
+known bad stay in the table so the epoch's accounting still sees every source row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from raypipe.sources.paths import DatasetRoot
+
+__all__ = ["ROW_SCHEMA", "SourceRows", "make_rows"]
+
+ROW_SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.int64()),
+        ("label", pa.int64()),
+        ("path", pa.string()),
+        ("row", pa.int64()),
+        ("error", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class SourceRows:
+    """A listed dataset: the rows plus what a worker needs to read them."""
+
+    kind: str  # "folder" | "parquet" | "manifest"
+    root: DatasetRoot
+    table: pa.Table
+    classes: tuple[str, ...] = ()
+    image_column: str = ""  # Parquet only
+    extra: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    @property
+    def num_classes(self) -> int:
+        if self.classes:
+            return len(self.classes)
+        labels = self.table.column("label").to_numpy()
+        return int(labels.max()) + 1 if len(labels) else 0
+
+
+def make_rows(paths: list[str], labels, rows=None, errors=None) -> pa.Table:
+    n = len(paths)
+    return pa.table(
+        {
+            "sample_id": pa.array(np.arange(n, dtype=np.int64)),
+            "label": pa.array(np.asarray(labels, dtype=np.int64)),
+            "path": pa.array(paths, type=pa.string()),
+            "row": pa.array(np.full(n, -1, np.int64) if rows is None else np.asarray(rows, np.int64)),
+            "error": pa.array([None] * n if errors is None else errors, type=pa.string()),
+        },
+        schema=ROW_SCHEMA,
+    )

@@ -1,0 +1,150 @@
+"""The read + decode + augment stage run by Ray Data on every node.
+
+``AugmentStage(spec)(batch)`` takes a block of source rows and returns the same rows with their
+augmented images. A row that cannot become an image comes back with ``ok=False`` and its skip
+reason instead of raising: one bad file never kills its block or drops its neighbours, and the
+skip travels to the consumer, which is where it is counted (so a retried task cannot count twice).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
+from raypipe.kernels import SkipImage, build_transform, sample_rng
+from raypipe.kernels.errors import DECODE_ERROR, NULL_IMAGE
+from raypipe.sources.paths import DatasetRoot
+
+__all__ = ["StageSpec", "AugmentStage", "augment_block", "OUTPUT_COLUMNS"]
+
+OUTPUT_COLUMNS = ("image", "label", "sample_id", "ok", "reason", "detail", "path")
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Everything a worker needs to turn rows into images for one epoch (small and picklable)."""
+
+    kind: str
+    root: DatasetRoot
+    augment: TrainAugment | EvalAugment
+    decode: DecodeConfig
+    seed: int
+    epoch: int
+    image_column: str = ""
+
+    @property
+    def reuse_key(self) -> tuple:
+        """What a cached stage must match to be reused (seed and epoch are swapped in per call)."""
+        return (self.kind, self.root.root, self.root.uri, self.augment, self.decode, self.image_column)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        h, w = self.augment.input_size
+        return (h, w, 3)
+
+
+class _ParquetReader:
+    """Reads single cells of a Parquet image column, caching a few decoded row groups."""
+
+    def __init__(self, root: DatasetRoot, column: str, cache_groups: int = 4):
+        self.root, self.column = root, column
+        self._files: dict[str, tuple[pq.ParquetFile, np.ndarray]] = {}
+        self._groups: OrderedDict[tuple[str, int], pa.ChunkedArray] = OrderedDict()
+        self._cache_groups = cache_groups
+
+    def _file(self, rel: str):
+        if rel not in self._files:
+            path = self.root.root if rel == "" else self.root.resolve(rel)
+            src = path if self.root.is_local else self.root.filesystem.open_input_file(path)
+            pf = pq.ParquetFile(src)
+            sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+            self._files[rel] = (pf, np.cumsum([0] + sizes))
+        return self._files[rel]
+
+    def read(self, rel: str, row: int) -> bytes:
+        pf, starts = self._file(rel)
+        group = int(np.searchsorted(starts, row, side="right") - 1)
+        key = (rel, group)
+        col = self._groups.get(key)
+        if col is None:
+            col = pf.read_row_group(group, columns=[self.column]).column(self.column)
+            self._groups[key] = col
+            if len(self._groups) > self._cache_groups:
+                self._groups.popitem(last=False)
+        else:
+            self._groups.move_to_end(key)
+        cell = col[row - int(starts[group])].as_py()
+        if isinstance(cell, dict):  # Hugging Face image struct {bytes, path}
+            cell = cell.get("bytes")
+        if cell is None:
+            raise SkipImage(NULL_IMAGE, f"row {row} has a null {self.column!r} cell")
+        return bytes(cell)
+
+
+class AugmentStage:
+    """Callable for ``Dataset.map_batches``: rows in, images (or skip records) out."""
+
+    def __init__(self, spec: StageSpec):
+        self.spec = spec
+        self.transform = build_transform(spec.augment, spec.decode)
+        self._parquet = _ParquetReader(spec.root, spec.image_column) if spec.kind == "parquet" else None
+
+    def _read(self, path: str, row: int) -> bytes:
+        if self._parquet is not None:
+            return self._parquet.read(path, row)
+        return self.spec.root.read_bytes(path)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        n = len(batch["sample_id"])
+        images = np.zeros((n, *self.spec.image_shape), dtype=np.uint8)
+        ok = np.zeros(n, dtype=bool)
+        reason = np.full(n, "", dtype=object)
+        detail = np.full(n, "", dtype=object)
+        shown = np.full(n, "", dtype=object)
+        errors = batch.get("error")
+        for i in range(n):
+            sid = int(batch["sample_id"][i])
+            path = str(batch["path"][i])
+            try:
+                if errors is not None and errors[i]:
+                    why, _, more = str(errors[i]).partition(": ")
+                    raise SkipImage(why, more)
+                data = self._read(path, int(batch["row"][i]))
+                rng = sample_rng(self.spec.seed, self.spec.epoch, sid)
+                self.transform(data, rng, out=images[i])
+                ok[i] = True
+            except SkipImage as e:
+                reason[i], detail[i] = e.reason, e.detail
+            except Exception as e:  # noqa: BLE001 - a bad sample must never kill its block
+                reason[i], detail[i] = DECODE_ERROR, f"{type(e).__name__}: {e}"
+            if not ok[i]:
+                shown[i] = self.spec.root.display(path) + (f"#row={int(batch['row'][i])}" if self._parquet else "")
+        return {
+            "image": images,
+            "label": np.asarray(batch["label"], dtype=np.int64),
+            "sample_id": np.asarray(batch["sample_id"], dtype=np.int64),
+            "ok": ok,
+            "reason": reason,
+            "detail": detail,
+            "path": shown,
+        }
+
+
+# Stateless entry point for task-based compute: Ray reuses worker processes, so caching the stage
+# per process keeps the transform's set-up off the per-block path without an actor pool per epoch.
+_STAGES: dict[tuple, AugmentStage] = {}
+
+
+def augment_block(batch: dict[str, np.ndarray], spec: StageSpec) -> dict[str, np.ndarray]:
+    stage = _STAGES.get(spec.reuse_key)
+    if stage is None:
+        if len(_STAGES) > 8:
+            _STAGES.clear()
+        stage = _STAGES[spec.reuse_key] = AugmentStage(spec)
+    stage.spec = spec  # same transform and reader; this epoch's seed
+    return stage(batch)

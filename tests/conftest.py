@@ -1,0 +1,71 @@
+"""Shared fixtures: a small local Ray (started once, re-started after multi-node tests) and data."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("RAYPIPE_NO_PROGRESS", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip tests marked needs_cuda on machines without a GPU (CI has none)."""
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "needs_cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _restore_rng_state():
+    """Tests must not depend on (or leak) global RNG state."""
+    py, npy = random.getstate(), np.random.get_state()
+    yield
+    random.setstate(py)
+    np.random.set_state(npy)
+
+
+@pytest.fixture
+def ray_local():
+    """A local 2-CPU Ray with no dashboard; kept across tests, restarted if a test shut it down."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            object_store_memory=300 * 1024 * 1024,
+            logging_level="WARNING",
+        )
+    yield ray
+
+
+def pytest_sessionfinish(session, exitstatus):
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+@pytest.fixture(scope="session")
+def sample_dir(tmp_path_factory):
+    """A small image-folder dataset of real-photo JPEGs (4 classes x 12)."""
+    from raypipe.sample_data import write_sample_data
+
+    out = tmp_path_factory.mktemp("sample")
+    write_sample_data(out, classes=4, per_class=12, seed=1)
+    return out

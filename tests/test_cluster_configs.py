@@ -1,0 +1,328 @@
+"""The shipped cluster definitions validate offline, and broken copies fail with clear errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from raypipe.cluster_config import check_kuberay_manifest, ray_schema_path, validate_cluster_config
+from raypipe.config import PipelineConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER_YAML = ROOT / "cluster.yaml"
+RAYCLUSTER = ROOT / "deploy" / "kuberay" / "raycluster.yaml"
+RAYJOB = ROOT / "deploy" / "kuberay" / "rayjob.yaml"
+RESOURCE = "preprocess"
+
+
+def _load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def _write(tmp_path: Path, data, name: str = "broken.yaml") -> Path:
+    path = tmp_path / name
+    if isinstance(data, list):
+        path.write_text(yaml.safe_dump_all(data, sort_keys=False), encoding="utf-8")
+    else:
+        path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _node_types(cfg: dict) -> tuple[str, dict, dict]:
+    types_ = cfg["available_node_types"]
+    head = cfg["head_node_type"]
+    workers = {k: v for k, v in types_.items() if k != head}
+    return head, types_[head], workers
+
+
+# --------------------------------------------------------------------------------------------------
+# cluster.yaml
+
+
+def test_cluster_yaml_validates_with_ray():
+    prepared = validate_cluster_config(CLUSTER_YAML)
+    head, head_spec, workers = _node_types(prepared)
+    assert head_spec["max_workers"] == 0  # filled in by Ray's prepare_config
+    assert {"gpu", "preprocess"} <= set(workers)
+    # prepare_config ran: Ray's defaults are merged in.
+    assert "cluster_synced_files" in prepared
+
+
+def test_cluster_yaml_validates_against_ray_schema_directly():
+    schema = json.loads(ray_schema_path().read_text(encoding="utf-8"))
+    jsonschema.validate(_load(CLUSTER_YAML), schema)
+
+
+def test_cluster_yaml_validates_when_private_api_is_gone(monkeypatch):
+    # A None entry in sys.modules makes `from ray.autoscaler._private.util import ...` raise ImportError.
+    monkeypatch.setitem(sys.modules, "ray.autoscaler._private.util", None)
+    cfg = validate_cluster_config(CLUSTER_YAML)
+    assert cfg["cluster_name"] == "raypipe"
+    broken = _load(CLUSTER_YAML)
+    broken["not_a_ray_key"] = 1
+    with pytest.raises(ValueError, match="not_a_ray_key"):
+        validate_cluster_config(broken)
+
+
+def test_head_runs_no_training_or_preprocessing():
+    head, head_spec, _ = _node_types(_load(CLUSTER_YAML))
+    assert head_spec["resources"]["CPU"] == 0
+    assert head_spec["resources"].get("GPU", 0) == 0
+    assert RESOURCE not in head_spec["resources"]
+
+
+def test_gpu_and_preprocess_node_types():
+    cfg = _load(CLUSTER_YAML)
+    _, _, workers = _node_types(cfg)
+    gpu = {k: v for k, v in workers.items() if v["resources"].get("GPU", 0) > 0}
+    cpu = {k: v for k, v in workers.items() if v["resources"].get("GPU", 0) == 0}
+    assert gpu and cpu
+    for name, spec in gpu.items():
+        # Trainer nodes must not attract augmentation workers that request the custom resource.
+        assert RESOURCE not in spec["resources"], name
+    for name, spec in cpu.items():
+        amount = spec["resources"].get(RESOURCE)
+        assert isinstance(amount, int) and amount >= 1000, name
+    for name, spec in workers.items():
+        assert 0 <= spec["min_workers"] <= spec["max_workers"], name
+    assert cfg["max_workers"] >= sum(s["max_workers"] for s in workers.values())
+    assert cfg["idle_timeout_minutes"] > 0 and cfg["upscaling_speed"] > 0
+    # The per-worker request raypipe documents is a valid pipeline setting and fits 1000x per node.
+    pipe = PipelineConfig(resources={RESOURCE: 0.001})
+    assert min(s["resources"][RESOURCE] for s in cpu.values()) / pipe.resources[RESOURCE] >= 1000
+
+
+def _start_args(commands: list[str]) -> list[str]:
+    return [tok for cmd in commands for tok in shlex.split(cmd.replace(";", " ; "))]
+
+
+def test_dashboard_on_loopback_and_token_auth():
+    cfg = _load(CLUSTER_YAML)
+    head_args = _start_args(cfg["head_start_ray_commands"])
+    worker_args = _start_args(cfg["worker_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in head_args
+    assert not any("0.0.0.0" in a for a in head_args + worker_args)
+    assert "RAY_AUTH_MODE=token" in head_args and "RAY_AUTH_MODE=token" in worker_args
+    # The same token on every node: mounted from the operator's ~/.ray/auth_token.
+    assert any(r.endswith("/.ray/auth_token") for r in cfg["file_mounts"])
+    # Ray's security group opens only SSH; nothing in the config adds dashboard/GCS ports.
+    assert "security_group" not in cfg["provider"]
+
+
+def _unknown_key(cfg):
+    cfg["dashbaord_host"] = "127.0.0.1"
+
+
+def _min_above_max(cfg):
+    cfg["available_node_types"]["preprocess"]["min_workers"] = 5
+    cfg["available_node_types"]["preprocess"]["max_workers"] = 2
+
+
+def _no_head_type(cfg):
+    del cfg["head_node_type"]
+
+
+def _head_type_unknown(cfg):
+    cfg["head_node_type"] = "nope"
+
+
+def _head_has_cpus(cfg):
+    cfg["available_node_types"]["head"]["resources"] = {"CPU": 8}
+
+
+def _fractional_resource(cfg):
+    cfg["available_node_types"]["preprocess"]["resources"][RESOURCE] = 0.5
+
+
+def _unknown_node_type_key(cfg):
+    cfg["available_node_types"]["gpu"]["max_worker"] = 3
+
+
+def _min_workers_over_global_max(cfg):
+    cfg["available_node_types"]["preprocess"]["min_workers"] = 10
+    cfg["available_node_types"]["preprocess"]["max_workers"] = 10
+    cfg["max_workers"] = 4
+
+
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (_unknown_key, "dashbaord_host"),
+        (_min_above_max, "min_workers=5 > max_workers=2"),
+        (_no_head_type, "missing head_node_type"),
+        (_head_type_unknown, "'nope'"),
+        (_head_has_cpus, "resources.CPU must be 0"),
+        (_fractional_resource, "preprocess"),
+        (_unknown_node_type_key, "max_worker"),
+        (_min_workers_over_global_max, "max_workers"),
+    ],
+    ids=lambda v: getattr(v, "__name__", None),
+)
+def test_broken_cluster_yaml_fails_clearly(tmp_path, mutate, needle):
+    cfg = _load(CLUSTER_YAML)
+    mutate(cfg)
+    path = _write(tmp_path, cfg)
+    with pytest.raises(ValueError) as info:
+        validate_cluster_config(path)
+    msg = str(info.value)
+    assert str(path) in msg and needle in msg, msg
+
+
+def test_ray_alone_accepts_min_above_max():
+    """Why validate_cluster_config adds its own check: Ray's validation lets this through."""
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    cfg = _load(CLUSTER_YAML)
+    _min_above_max(cfg)
+    validate_config(prepare_config(cfg))
+
+
+def test_unreadable_cluster_yaml(tmp_path):
+    with pytest.raises(ValueError, match="cannot read"):
+        validate_cluster_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="mapping at the top level"):
+        validate_cluster_config(bad)
+
+
+# --------------------------------------------------------------------------------------------------
+# KubeRay
+
+
+@pytest.mark.parametrize("path", [RAYCLUSTER, RAYJOB], ids=lambda p: p.name)
+def test_kuberay_manifests_pass(path):
+    docs = check_kuberay_manifest(path)
+    assert docs[0]["apiVersion"] == "ray.io/v1"
+
+
+def test_raycluster_dashboard_is_loopback():
+    spec = _load(RAYCLUSTER)["spec"]
+    assert spec["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "127.0.0.1"
+    assert spec["headGroupSpec"]["serviceType"] == "ClusterIP"
+
+
+@pytest.mark.parametrize("path", [RAYCLUSTER, RAYJOB], ids=lambda p: p.name)
+def test_ray_autoscaler_reads_kuberay_groups(path):
+    """Ray's own translation of the CR into autoscaler node types sees the layout we intend."""
+    derive = pytest.importorskip("ray.autoscaler._private.kuberay.autoscaling_config")
+    doc = _load(path)
+    spec = doc["spec"].get("rayClusterSpec", doc["spec"])
+    cr = {"metadata": {"name": doc["metadata"]["name"], "namespace": "default"}, "spec": spec}
+    types_ = derive._derive_autoscaling_config_from_ray_cr(cr)["available_node_types"]
+    assert types_["headgroup"]["resources"]["CPU"] == 0
+    assert types_["gpu"]["resources"]["GPU"] > 0 and RESOURCE not in types_["gpu"]["resources"]
+    assert types_["preprocess"]["resources"][RESOURCE] == 1000
+    assert "GPU" not in types_["preprocess"]["resources"]
+
+
+def _rc(doc):
+    return doc["spec"].get("rayClusterSpec", doc["spec"])
+
+
+def _group(doc, name):
+    return next(g for g in _rc(doc)["workerGroupSpecs"] if g["groupName"] == name)
+
+
+KUBERAY_BREAKAGES = {
+    "api_version": (lambda d: d.update(apiVersion="ray.io/v1alpha1"), "apiVersion"),
+    "no_autoscaling": (lambda d: _rc(d).update(enableInTreeAutoscaling=False), "enableInTreeAutoscaling"),
+    "head_cpus": (lambda d: _rc(d)["headGroupSpec"]["rayStartParams"].update({"num-cpus": "4"}), "num-cpus"),
+    "head_cpus_missing": (lambda d: _rc(d)["headGroupSpec"]["rayStartParams"].pop("num-cpus"), "num-cpus"),
+    "load_balancer": (lambda d: _rc(d)["headGroupSpec"].update(serviceType="LoadBalancer"), "LoadBalancer"),
+    "min_above_max": (lambda d: _group(d, "gpu").update(minReplicas=5, maxReplicas=2), "minReplicas=5"),
+    "no_max": (lambda d: _group(d, "preprocess").pop("maxReplicas"), "maxReplicas"),
+    "no_gpu": (
+        lambda d: [
+            c["resources"][part].pop("nvidia.com/gpu")
+            for c in _group(d, "gpu")["template"]["spec"]["containers"]
+            for part in ("limits", "requests")
+        ],
+        "nvidia.com/gpu",
+    ),
+    "no_custom_resource": (lambda d: _group(d, "preprocess")["rayStartParams"].pop("resources"), RESOURCE),
+    "unquoted_resources": (
+        lambda d: _group(d, "preprocess")["rayStartParams"].update(resources='{"preprocess": 1000}'),
+        "quoted JSON",
+    ),
+    "float_resources": (
+        lambda d: _group(d, "preprocess")["rayStartParams"].update(resources='"{\\"preprocess\\": 0.5}"'),
+        "ints",
+    ),
+    "no_token_auth": (lambda d: _rc(d).pop("authOptions"), "authOptions"),
+    "host_port": (
+        lambda d: _rc(d)["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"][0].update(
+            hostPort=8265
+        ),
+        "hostPort",
+    ),
+}
+
+
+@pytest.mark.parametrize("path", [RAYCLUSTER, RAYJOB], ids=lambda p: p.name)
+@pytest.mark.parametrize("breakage", sorted(KUBERAY_BREAKAGES))
+def test_broken_kuberay_manifest_fails_clearly(tmp_path, path, breakage):
+    mutate, needle = KUBERAY_BREAKAGES[breakage]
+    doc = copy.deepcopy(_load(path))
+    mutate(doc)
+    broken = _write(tmp_path, [doc])
+    with pytest.raises(ValueError) as info:
+        check_kuberay_manifest(broken)
+    msg = str(info.value)
+    assert str(broken) in msg and needle in msg, msg
+
+
+def test_raycluster_dashboard_on_all_interfaces_fails(tmp_path):
+    doc = _load(RAYCLUSTER)
+    doc["spec"]["headGroupSpec"]["rayStartParams"]["dashboard-host"] = "0.0.0.0"
+    with pytest.raises(ValueError, match="dashboard-host must be 127.0.0.1"):
+        check_kuberay_manifest(_write(tmp_path, [doc]))
+    del doc["spec"]["headGroupSpec"]["rayStartParams"]["dashboard-host"]  # KubeRay's default is 0.0.0.0
+    with pytest.raises(ValueError, match="dashboard-host"):
+        check_kuberay_manifest(_write(tmp_path, [doc]))
+
+
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda s: s.pop("shutdownAfterJobFinishes"), "shutdownAfterJobFinishes"),
+        (lambda s: s.update(ttlSecondsAfterFinished="10m"), "ttlSecondsAfterFinished"),
+        (lambda s: s.update(entrypoint=""), "entrypoint"),
+        (lambda s: s.pop("rayClusterSpec"), "clusterSelector"),
+    ],
+)
+def test_broken_rayjob_fails_clearly(tmp_path, mutate, needle):
+    doc = _load(RAYJOB)
+    mutate(doc["spec"])
+    with pytest.raises(ValueError, match=needle):
+        check_kuberay_manifest(_write(tmp_path, [doc]))
+
+
+def test_rayjob_on_existing_cluster_is_accepted(tmp_path):
+    doc = _load(RAYJOB)
+    del doc["spec"]["rayClusterSpec"]
+    doc["spec"]["clusterSelector"] = {"ray.io/cluster": "raypipe"}
+    check_kuberay_manifest(_write(tmp_path, [doc]))
+
+
+def test_public_service_document_fails(tmp_path):
+    svc = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "ray-dashboard"},
+        "spec": {"type": "NodePort", "ports": [{"port": 8265}]},
+    }
+    with pytest.raises(ValueError, match="NodePort"):
+        check_kuberay_manifest(_write(tmp_path, [_load(RAYCLUSTER), svc]))
+
+
+def test_manifest_without_ray_documents_fails(tmp_path):
+    with pytest.raises(ValueError, match="no RayCluster or RayJob"):
+        check_kuberay_manifest(_write(tmp_path, [{"apiVersion": "v1", "kind": "ConfigMap"}]))

@@ -1,0 +1,70 @@
+import dataclasses
+
+import pytest
+
+from raypipe.config import (
+    DecodeConfig,
+    EvalAugment,
+    PipelineConfig,
+    TrainAugment,
+    config_from_dict,
+    load_yaml,
+)
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs, field",
+    [
+        (TrainAugment, {"scale": (0.9, 0.1)}, "scale"),
+        (TrainAugment, {"ratio": (1.0,)}, "ratio"),
+        (TrainAugment, {"hflip": 1.5}, "hflip"),
+        (TrainAugment, {"interpolation": "nearest"}, "interpolation"),
+        (TrainAugment, {"input_size": (1, 224, 224)}, "input_size"),
+        (TrainAugment, {"auto_augment": "bogus-m9"}, "auto_augment"),
+        (TrainAugment, {"color_jitter": (0.4, 0.4)}, "color_jitter"),
+        (EvalAugment, {"crop_pct": 0.0}, "crop_pct"),
+        (EvalAugment, {"crop_mode": "zoom"}, "crop_mode"),
+        (PipelineConfig, {"batch_size": 0}, "batch_size"),
+        (PipelineConfig, {"compute": "threads"}, "compute"),
+        (PipelineConfig, {"max_skip_ratio": 2}, "max_skip_ratio"),
+        (PipelineConfig, {"resources": {"preprocess": -1}}, "resources"),
+        (DecodeConfig, {"max_pixels": 0}, "max_pixels"),
+    ],
+)
+def test_invalid_values_name_the_field(cls, kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        cls(**kwargs)
+
+
+def test_normalises_timm_style_values():
+    aug = TrainAugment(input_size=(3, 160, 128), color_jitter=0.3)
+    assert aug.input_size == (160, 128)
+    assert aug.color_jitter == (0.3, 0.3, 0.3)
+    assert TrainAugment(input_size=96).input_size == (96, 96)
+
+
+def test_configs_are_frozen_and_keyword_only():
+    aug = TrainAugment()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        aug.hflip = 0.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        TrainAugment((224, 224))  # type: ignore[misc]
+
+
+def test_yaml_is_strict(tmp_path):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("augment:\n  hflip: 0.5\n  hflip: 0.2\n")
+    with pytest.raises(ValueError, match="duplicated key 'hflip'"):
+        load_yaml(dup)
+    unknown = {"hflip": 0.5, "hfilp": 0.1}
+    with pytest.raises(ValueError, match="hfilp"):
+        config_from_dict(TrainAugment, unknown)
+    unsafe = tmp_path / "unsafe.yaml"
+    unsafe.write_text("augment: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(Exception, match="could not determine a constructor|constructor"):
+        load_yaml(unsafe)
+
+
+def test_config_from_dict_builds_valid_objects():
+    aug = config_from_dict(TrainAugment, {"scale": [0.2, 1.0], "input_size": 128})
+    assert aug.scale == (0.2, 1.0) and aug.input_size == (128, 128)

@@ -1,0 +1,118 @@
+import numpy as np
+import pytest
+
+from raypipe.pipeline.accounting import EpochLedger, SkipLimitError
+from raypipe.pipeline.pack import BatchSpec, Packer
+
+
+def block(ids, ok=None, shape=(2, 3, 3)):
+    ids = np.asarray(ids, dtype=np.int64)
+    n = len(ids)
+    img = np.zeros((n, *shape), np.uint8)
+    img[:] = (ids % 251).astype(np.uint8)[:, None, None, None]  # pixels encode the sample id
+    ok = np.ones(n, bool) if ok is None else np.asarray(ok, dtype=bool)
+    return {
+        "image": img,
+        "label": ids % 7,
+        "sample_id": ids,
+        "ok": ok,
+        "reason": np.array(["" if o else "truncated" for o in ok], dtype=object),
+        "detail": np.array([""] * n, dtype=object),
+        "path": np.array(["" if o else f"p{i}" for i, o in zip(ids, ok, strict=True)], dtype=object),
+    }
+
+
+def run(packer, blocks):
+    out = [b for blk in blocks for b in packer.add(blk)]
+    return out + list(packer.flush())
+
+
+def test_exact_batches_skip_bad_rows_and_keep_order_of_content():
+    p = Packer(BatchSpec(4, (2, 3, 3)))
+    out = run(p, [block([0, 1, 2], ok=[1, 0, 1]), block([3, 4, 5, 6, 7]), block([8])])
+    assert [len(b["sample_id"]) for b in out] == [4, 4]
+    ids = np.concatenate([b["sample_id"] for b in out])
+    assert sorted(ids) == [0, 2, 3, 4, 5, 6, 7, 8]
+    for b in out:
+        assert b["image"].flags.c_contiguous and b["image"].dtype == np.uint8
+        assert b["label"].dtype == np.int64 and b["sample_id"].dtype == np.int64
+        assert np.all(b["image"][:, 0, 0, 0] == b["sample_id"] % 251)
+        assert np.array_equal(b["label"], b["sample_id"] % 7)
+
+
+def test_drop_last_records_dropped_ids():
+    p = Packer(BatchSpec(4, (2, 3, 3)), drop_last=True)
+    out = run(p, [block(range(10))])
+    assert [len(b["sample_id"]) for b in out] == [4, 4]
+    assert np.concatenate(p.dropped_ids).tolist() == [8, 9]
+
+
+def test_clean_full_block_passes_through_without_copy():
+    p = Packer(BatchSpec(4, (2, 3, 3)))
+    blk = block([1, 2, 3, 4])
+    (out,) = list(p.add(blk))
+    assert out["image"] is blk["image"]
+
+
+def test_batches_do_not_share_buffers():
+    p = Packer(BatchSpec(2, (2, 3, 3)))
+    out = run(p, [block([0, 1, 2], ok=[1, 1, 1]), block([3, 4, 5], ok=[1, 0, 1])])
+    assert not np.shares_memory(out[0]["image"], out[1]["image"])
+    assert out[0]["image"][0, 0, 0, 0] == 0
+
+
+def test_wrong_shape_is_a_clear_error():
+    p = Packer(BatchSpec(2, (4, 4, 3)))
+    with pytest.raises(ValueError, match="expected uint8"):
+        list(p.add(block([0, 1])))
+
+
+def test_ledger_counts_every_row_once():
+    led = EpochLedger(epoch=0, expected=5, with_content=True)
+    blk = block([0, 1, 2, 3, 4], ok=[1, 1, 0, 1, 1])
+    led.record_block(blk)
+    for b in run(Packer(BatchSpec(2, (2, 3, 3))), [blk]):
+        led.record_batch(b)
+    rep = led.finish(1.0, 0.1)
+    assert rep.emitted == 4 and rep.skipped == {"truncated": 1}
+    assert rep.skipped_paths[0]["path"] == "p2"
+    assert len(rep.content_sha256) == 64
+
+
+def test_ledger_detects_loss_and_duplicates():
+    led = EpochLedger(epoch=0, expected=3)
+    led.record_batch({"sample_id": np.array([0, 1]), "image": None})
+    with pytest.raises(RuntimeError, match="lost"):
+        led.finish(1.0, 0.1)
+    led = EpochLedger(epoch=0, expected=2)
+    led.record_batch({"sample_id": np.array([0, 0]), "image": None})
+    with pytest.raises(RuntimeError, match="twice"):
+        led.finish(1.0, 0.1)
+
+
+def test_content_digest_is_order_independent_and_content_sensitive():
+    def digest(blocks):
+        led = EpochLedger(epoch=0, expected=4, with_content=True)
+        for b in blocks:
+            led.record_block(b)
+            led.record_batch(b)
+        return led.finish(1, 1).content_sha256
+
+    a, b = block([0, 1]), block([2, 3])
+    assert digest([a, b]) == digest([b, a])
+    c = block([2, 3])
+    c["image"][0, 0, 0, 0] ^= 1
+    assert digest([a, b]) != digest([a, c])
+
+
+def test_skip_limits_list_paths():
+    led = EpochLedger(epoch=3, expected=4, max_skip_ratio=0.25)
+    blk = block([0, 1, 2, 3], ok=[0, 0, 1, 1])
+    led.record_block(blk)
+    led.record_batch({"sample_id": np.array([2, 3]), "image": None})
+    with pytest.raises(SkipLimitError, match="p0") as e:
+        led.finish(1, 1)
+    assert "p1" in str(e.value) and "epoch 3" in str(e.value)
+    led = EpochLedger(epoch=0, expected=4, max_skips=1)
+    with pytest.raises(SkipLimitError, match="max_skips=1"):
+        led.record_block(blk)
