@@ -32,10 +32,10 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 _JPEG_MODES = {"YCbCr": "RGB", "RGB": "RGB", "Gray": "L"}  # what simplejpeg decodes itself
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 # DCT scales n/8 we use. libjpeg-turbo's 5/8..7/8 IDCTs are slower than a full decode (measured on a
-# 500x375 q90: full 790 us; n=4: 614, n=3: 649, n=5: 909, n=6: 1009, n=7: 1243), but skipping them
-# leaves a 1-2x shrink without antialiasing and breaks the <= 2 levels parity with Pillow. TODO: an
-# antialiased 1-2x shrink, then restrict to (1, 2, 3, 4, 8).
-_FAST_SCALES = (1, 2, 3, 4, 5, 6, 7, 8)
+# 500x375 q90: full 790 us; n=4: 614, n=3: 649, n=5: 909, n=6: 1009, n=7: 1243; re-measured on the
+# bench set, CPU time: full 761, n=1 504, n=2 582, n=3 644, n=4 723, n=5 988, n=6 939, n=7 1111), so
+# we skip them: the remaining 1-2.7x shrink is antialiased by ``geometry.crop_resize`` instead.
+_FAST_SCALES = (1, 2, 3, 4, 8)
 
 
 class ImageInfo(NamedTuple):
