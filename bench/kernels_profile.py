@@ -13,11 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import simplejpeg
+from kernels_speed import make_jpegs  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 from raypipe.config import DecodeConfig, TrainAugment
 from raypipe.kernels import build_transform, crop_resize, decode_for_crop, open_image, rrc_params, sample_rng
-
-from kernels_speed import make_jpegs  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
 def main() -> None:
@@ -36,7 +35,7 @@ def main() -> None:
     # CPU time of this thread, not wall time: the 2-core box is shared, and a descheduled thread
     # would otherwise be charged for another process's work.
     pc = time.thread_time
-    for r in range(args.repeat):
+    for _ in range(args.repeat):
         acc = dict.fromkeys(steps, 0.0)
         for i, d in enumerate(datas):
             t0 = pc()
@@ -56,7 +55,7 @@ def main() -> None:
             t6 = pc()
             simplejpeg.decode_jpeg(d)
             t7 = pc()
-            for s, a, b in zip(steps, (t0, t1, t2, t3, t4, t5, t6), (t1, t2, t3, t4, t5, t6, t7)):
+            for s, a, b in zip(steps, (t0, t1, t2, t3, t4, t5, t6), (t1, t2, t3, t4, t5, t6, t7), strict=True):
                 acc[s] += b - a
         for s in steps:
             runs[s].append(acc[s] / len(datas) * 1e6)
