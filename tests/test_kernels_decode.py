@@ -183,3 +183,21 @@ def test_skipimage_validates_reason():
         SkipImage("nope", "x")
     assert str(SkipImage(EMPTY, "0 bytes")) == "empty: 0 bytes"
     assert len(set(REASONS)) == 10
+
+
+def test_decode_buffer_reuse_gives_the_same_pixels():
+    from raypipe.kernels.decode import DecodeBuffer, decode_for_crop
+
+    buf = DecodeBuffer()
+    cases = [
+        (f.photo_jpeg("chelsea"), (10, 5, 490, 370)),  # full decode
+        (f.photo_jpeg("coffee", (1000, 750)), (20, 10, 980, 740)),  # 3/8 decode
+        (f.gray("JPEG"), (0, 0, 8, 8)),  # grey JPEG, decoded to RGB
+        (f.exif_jpeg(6, (90, 60)), (0, 0, 60, 90)),
+    ]
+    for data, box in cases:
+        src = open_image(data, BIG)
+        plain, b1 = decode_for_crop(src, box, (32, 32))
+        reused, b2 = decode_for_crop(src, box, (32, 32), buffer=buf)
+        assert b1 == b2 and np.array_equal(plain, reused)
+    assert DecodeBuffer(max_bytes=10).get(11) is None

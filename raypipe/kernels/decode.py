@@ -32,10 +32,10 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 _JPEG_MODES = {"YCbCr": "RGB", "RGB": "RGB", "Gray": "L"}  # what simplejpeg decodes itself
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 # DCT scales n/8 we use. libjpeg-turbo's 5/8..7/8 IDCTs are slower than a full decode (measured on a
-# 500x375 q90: full 790 us; n=4: 614, n=3: 649, n=5: 909, n=6: 1009, n=7: 1243), but skipping them
-# leaves a 1-2x shrink without antialiasing and breaks the <= 2 levels parity with Pillow. TODO: an
-# antialiased 1-2x shrink, then restrict to (1, 2, 3, 4, 8).
-_FAST_SCALES = (1, 2, 3, 4, 5, 6, 7, 8)
+# 500x375 q90: full 790 us; n=4: 614, n=3: 649, n=5: 909, n=6: 1009, n=7: 1243; re-measured on the
+# bench set, CPU time: full 761, n=1 504, n=2 582, n=3 644, n=4 723, n=5 988, n=6 939, n=7 1111), so
+# we skip them: the remaining 1-2.7x shrink is antialiased by ``geometry.crop_resize`` instead.
+_FAST_SCALES = (1, 2, 3, 4, 8)
 
 
 class ImageInfo(NamedTuple):
@@ -235,8 +235,35 @@ def _decode_pil(src: Source) -> np.ndarray:
     return arr
 
 
-def _decode_jpeg(src: Source, min_w: int = 0, min_h: int = 0) -> np.ndarray:
+class DecodeBuffer:
+    """Reusable output memory for JPEG decodes (saves a fresh ~0.5 MB allocation and its page faults per
+    image). The array a decode returns is a view of it, valid until the next decode: one owner, not
+    thread-safe. Decodes larger than ``max_bytes`` get their own memory."""
+
+    __slots__ = ("mem", "max_bytes")
+
+    def __init__(self, max_bytes: int = 16 * 2**20):
+        self.mem = np.empty(0, np.uint8)
+        self.max_bytes = max_bytes
+
+    def get(self, nbytes: int) -> np.ndarray | None:
+        if nbytes > self.max_bytes:
+            return None
+        if self.mem.size < nbytes:
+            self.mem = np.empty(nbytes, np.uint8)
+        return self.mem
+
+
+def _decode_jpeg(src: Source, min_w: int = 0, min_h: int = 0, buffer: DecodeBuffer | None = None) -> np.ndarray:
     try:
+        if buffer is not None:
+            sw, sh = src.stored_size
+            n = 8 if min_w <= 0 else _scale_numerator_for(sw, sh, min_w, min_h)
+            mem = buffer.get(-(-sw * n // 8) * -(-sh * n // 8) * 3)
+            if mem is not None:
+                return simplejpeg.decode_jpeg(
+                    src.data, colorspace="RGB", min_width=min_w, min_height=min_h, buffer=mem
+                )
         return simplejpeg.decode_jpeg(src.data, colorspace="RGB", min_width=min_w, min_height=min_h)
     except ValueError as exc:
         if "premature end" in str(exc).lower():
@@ -246,9 +273,9 @@ def _decode_jpeg(src: Source, min_w: int = 0, min_h: int = 0) -> np.ndarray:
     return _decode_pil(Source(src.data, src.info, _pil_open(src.data), src.stored_size))
 
 
-def decode_rgb(src: Source) -> np.ndarray:
-    """Full-size, oriented HxWx3 uint8 RGB."""
-    arr = _decode_jpeg(src) if src.pil is None else _decode_pil(src)
+def decode_rgb(src: Source, buffer: DecodeBuffer | None = None) -> np.ndarray:
+    """Full-size, oriented HxWx3 uint8 RGB (a view of ``buffer`` when one is given and used)."""
+    arr = _decode_jpeg(src, buffer=buffer) if src.pil is None else _decode_pil(src)
     return orient(arr, src.info.orientation)
 
 
@@ -257,14 +284,16 @@ def decode_for_crop(
     box: tuple[float, float, float, float],
     out_size: tuple[int, int],
     dct_scaling: bool = True,
+    buffer: DecodeBuffer | None = None,
 ) -> tuple[np.ndarray, tuple[float, float, float, float]]:
     """Decode as small as ``box`` (x0, y0, x1, y1, displayed pixels) allows for an (H, W) ``out_size``.
 
     Returns the oriented RGB array and the box in that array's coordinates. Only JPEGs are decoded
     scaled (by n/8, the smallest n that keeps the scaled crop >= ``out_size``); others come full size.
+    With ``buffer`` the array may be a view of it (see :class:`DecodeBuffer`).
     """
     if src.pil is not None or not dct_scaling:
-        return decode_rgb(src), box
+        return decode_rgb(src, buffer), box
     o = src.info.orientation
     x0, y0, x1, y1 = box
     oh, ow = out_size
@@ -277,8 +306,8 @@ def decode_for_crop(
     sw, sh = src.stored_size
     n = next(k for k in _FAST_SCALES if -(-sw * k // 8) >= need_w and -(-sh * k // 8) >= need_h)
     if n == 8:
-        return decode_rgb(src), box
-    arr = _decode_jpeg(src, -(-sw * n // 8), -(-sh * n // 8))
+        return decode_rgb(src, buffer), box
+    arr = _decode_jpeg(src, -(-sw * n // 8), -(-sh * n // 8), buffer)
     n = _scale_numerator(sw, sh, arr.shape[1], arr.shape[0])
     if o == 1:
         s = n / 8.0
@@ -306,6 +335,11 @@ def _to_stored(x: float, y: float, w: int, h: int, o: int) -> tuple[float, float
         1: (x, y), 2: (w - x, y), 3: (w - x, h - y), 4: (x, h - y),
         5: (y, x), 6: (y, h - x), 7: (w - y, h - x), 8: (w - y, x),
     }[o]
+
+
+def _scale_numerator_for(sw: int, sh: int, min_w: int, min_h: int) -> int:
+    """The n/8 libjpeg-turbo picks for ``min_width``/``min_height``: the smallest n meeting both."""
+    return next((n for n in range(1, 9) if -(-sw * n // 8) >= min_w and -(-sh * n // 8) >= min_h), 8)
 
 
 def _scale_numerator(sw: int, sh: int, w: int, h: int) -> int:
