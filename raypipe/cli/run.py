@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
 
     print(f"raypipe run: {len(rows)} samples ({rows.kind}) from {args.data}, batch {cfg['pipeline'].batch_size}")
     epochs = []
-    source = EpochSource(pipe)
+    source = EpochSource(pipe, end_epoch=args.epochs)
     with DeviceLoader(source, device=args.device) as loader:  # one loader (one side stream) for the run
         for epoch in range(args.epochs):
             with progress(len(rows), f"epoch {epoch}") as bar:

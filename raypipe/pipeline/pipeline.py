@@ -15,6 +15,7 @@ one rank's epoch: nothing padded, nothing dropped. Augmentation randomness is se
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 
@@ -128,7 +129,12 @@ class Pipeline:
 
 
 class EpochRun:
-    """One epoch's batches (iterate once); ``report`` holds the accounting when it has ended."""
+    """One epoch's batches (iterate once); ``report`` holds the accounting when it has ended.
+
+    ``prestart()`` launches the epoch's Ray execution in the background and waits there for its first
+    block, so the fixed start-up cost of a Ray Data execution (about a second here) can overlap the
+    previous epoch's tail. Timing (``seconds``, ``first_batch_s``) counts from when iteration starts.
+    """
 
     def __init__(self, pipeline: Pipeline, epoch: int, *, rank: int = 0, world_size: int = 1):
         self.pipeline = pipeline
@@ -137,6 +143,11 @@ class EpochRun:
         self.world_size = world_size
         self.report: EpochReport | None = None
         self._started = False
+        self._blocks: Iterator | None = None
+        self._expected = 0
+        self._first_block: dict | None = None
+        self._prestart: threading.Thread | None = None
+        self._prestart_error: BaseException | None = None
 
     def __len__(self) -> int:
         return self.pipeline.num_batches(self.world_size)
@@ -147,26 +158,58 @@ class EpochRun:
         self._started = True
         return self._run()
 
-    def _run(self) -> Iterator[dict[str, np.ndarray]]:
+    def _open(self) -> None:
+        ds, self._expected = self.pipeline.dataset(self.epoch, rank=self.rank, world_size=self.world_size)
+        prefetch = self.pipeline.config.prefetch_blocks
+        self._blocks = iter(ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=prefetch))
+
+    def _warm(self) -> None:
+        try:
+            self._open()
+            self._first_block = next(self._blocks, None)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer in _run
+            self._prestart_error = e
+
+    def prestart(self) -> None:
+        """Start this epoch's execution now, in a background thread (idempotent)."""
+        if self._prestart is None and not self._started:
+            self._prestart = threading.Thread(target=self._warm, name=f"raypipe-prestart-{self.epoch}", daemon=True)
+            self._prestart.start()
+
+    def _block_stream(self) -> Iterator[dict[str, np.ndarray]]:
+        if self._prestart is not None:
+            self._prestart.join()
+            if self._prestart_error is not None:
+                raise self._prestart_error
+            if self._first_block is None:
+                return
+            yield self._first_block
+            self._first_block = None
+        else:
+            self._open()
+        yield from self._blocks
+
+    def _run(self, on_progress=None) -> Iterator[dict[str, np.ndarray]]:
         p, cfg = self.pipeline, self.pipeline.config
         t0 = time.perf_counter()
-        ds, expected = p.dataset(self.epoch, rank=self.rank, world_size=self.world_size)
-        ledger = EpochLedger(
-            epoch=self.epoch,
-            expected=expected,
-            with_content=p.content_digest,
-            max_skip_ratio=cfg.max_skip_ratio,
-            max_skips=cfg.max_skips,
-        )
+        blocks = self._block_stream()
+        ledger = None
         packer = Packer(p.batch_spec, drop_last=cfg.drop_last)
         first = None
+        seen = 0
         # 1. Blocks stream in from Ray (prefetched); 2. skips are recorded; 3. good rows are packed.
-        for block in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=cfg.prefetch_blocks):
+        for block in blocks:
+            if ledger is None:
+                ledger = self._ledger()
             ledger.record_block(block)
+            seen += len(block["ok"])
+            if on_progress is not None:
+                on_progress(seen, self._expected)
             for batch in packer.add(block):
                 ledger.record_batch(batch)
                 first = first if first is not None else time.perf_counter() - t0
                 yield batch
+        ledger = ledger or self._ledger()
         for batch in packer.flush():
             ledger.record_batch(batch)
             first = first if first is not None else time.perf_counter() - t0
@@ -176,33 +219,79 @@ class EpochRun:
         elapsed = time.perf_counter() - t0
         self.report = ledger.finish(elapsed, first if first is not None else elapsed)
 
+    def _ledger(self) -> EpochLedger:
+        p, cfg = self.pipeline, self.pipeline.config
+        return EpochLedger(
+            epoch=self.epoch,
+            expected=self._expected,
+            with_content=p.content_digest,
+            max_skip_ratio=cfg.max_skip_ratio,
+            max_skips=cfg.max_skips,
+        )
+
 
 class EpochSource:
     """A re-iterable view of a pipeline for one rank: each ``iter()`` runs the next epoch.
 
     Hand it to one long-lived ``DeviceLoader`` (one side stream for the whole run). Call
     ``set_epoch(e)`` to resume at epoch ``e``; ``reports`` keeps every finished epoch's accounting.
+    With ``warm_next`` the next epoch's Ray execution starts while this one's last blocks are in
+    flight, hiding Ray Data's per-execution start-up; ``end_epoch`` stops that after the last epoch.
     """
 
-    def __init__(self, pipeline: Pipeline, *, rank: int = 0, world_size: int = 1, start_epoch: int = 0):
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        start_epoch: int = 0,
+        end_epoch: int | None = None,
+        warm_next: bool = True,
+    ):
         self.pipeline = pipeline
         self.rank = rank
         self.world_size = world_size
         self.next_epoch = start_epoch
+        self.end_epoch = end_epoch  # no warm-up past this epoch (a job that knows its length)
+        self.warm_next = warm_next
         self.current: EpochRun | None = None
         self.reports: list[EpochReport] = []
+        self._upcoming: EpochRun | None = None
+        cfg = pipeline.config
+        # Rows still to come when the last blocks are in flight: the prefetch window plus one per worker.
+        self._warm_margin = cfg.block_size * (cfg.prefetch_blocks + (cfg.num_actors or _cluster_cpus()))
 
     def set_epoch(self, epoch: int) -> None:
         self.next_epoch = epoch
 
+    def close(self) -> None:
+        """Drop a warmed-up next epoch that will not be read (its Ray execution is released)."""
+        self._upcoming = None
+
     def __len__(self) -> int:
         return self.pipeline.num_batches(self.world_size)
 
+    def _make(self, epoch: int) -> EpochRun:
+        return self.pipeline.epoch(epoch, rank=self.rank, world_size=self.world_size)
+
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        run = self.current = self.pipeline.epoch(self.next_epoch, rank=self.rank, world_size=self.world_size)
+        epoch = self.next_epoch
+        run = self._upcoming if self._upcoming is not None and self._upcoming.epoch == epoch else self._make(epoch)
+        self._upcoming = None
+        self.current = run
         self.next_epoch += 1
-        yield from run
+        run._started = True
+        yield from run._run(on_progress=self._maybe_warm_next if self.warm_next else None)
         self.reports.append(run.report)
+
+    def _maybe_warm_next(self, seen: int, expected: int) -> None:
+        """Near the end of an epoch (its last blocks in flight), start the next epoch's execution."""
+        if self.end_epoch is not None and self.next_epoch >= self.end_epoch:
+            return
+        if self._upcoming is None and expected - seen <= self._warm_margin:
+            self._upcoming = self._make(self.next_epoch)
+            self._upcoming.prestart()
 
     @property
     def last_report(self) -> EpochReport | None:
