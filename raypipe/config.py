@@ -138,8 +138,8 @@ class TrainAugment:
             if not isinstance(self.auto_augment, str) or not self.auto_augment:
                 _fail("auto_augment", self.auto_augment, "expected a timm policy string")
             head = self.auto_augment.split("-")[0]
-            if head not in ("rand", "augmix", "original", "originalr", "v0", "v0r", "3a", "trivial"):
-                _fail("auto_augment", self.auto_augment, "unknown policy (rand-…, augmix-…, original, v0, 3a)")
+            if head not in ("rand", "augmix", "original", "originalr", "v0", "v0r", "3a"):
+                _fail("auto_augment", self.auto_augment, "unknown policy (rand-, augmix-, original, v0, 3a)")
         _set(self, "mean", _range_mean("mean", self.mean))
 
 

@@ -1,21 +1,62 @@
-"""Skip reasons (provisional copy; the kernels branch owns this file)."""
+"""Why an image was skipped: one list of reasons shared by the kernels and the pipeline stages.
 
-EMPTY = "empty"
-TRUNCATED = "truncated"
-NOT_AN_IMAGE = "not_an_image"
-TOO_LARGE = "too_large"
-DECODE_ERROR = "decode_error"
-MISSING = "missing"
-UNREADABLE = "unreadable"
-OUTSIDE_ROOT = "outside_root"
-BAD_LABEL = "bad_label"
-NULL_IMAGE = "null_image"
-REASONS = (EMPTY, TRUNCATED, NOT_AN_IMAGE, TOO_LARGE, DECODE_ERROR, MISSING, UNREADABLE, OUTSIDE_ROOT,
-           BAD_LABEL, NULL_IMAGE)
+Kernels raise :class:`SkipImage` for bad data and nothing else; the stage turns it into a skip record
+``(sample_id, path, reason)`` so one bad file never kills a block.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EMPTY",
+    "TRUNCATED",
+    "NOT_AN_IMAGE",
+    "TOO_LARGE",
+    "DECODE_ERROR",
+    "MISSING",
+    "UNREADABLE",
+    "OUTSIDE_ROOT",
+    "BAD_LABEL",
+    "NULL_IMAGE",
+    "REASONS",
+    "SkipImage",
+]
+
+# Decode reasons (raised by raypipe.kernels).
+EMPTY = "empty"  # zero bytes
+TRUNCATED = "truncated"  # the decoder reached the end of the data early
+NOT_AN_IMAGE = "not_an_image"  # no known image format (random bytes, text, …)
+TOO_LARGE = "too_large"  # width * height > DecodeConfig.max_pixels, refused from the header
+DECODE_ERROR = "decode_error"  # anything else the decoder raised; the detail has its message
+# I/O reasons (raised by the pipeline's read stage).
+MISSING = "missing"  # the path does not exist
+UNREADABLE = "unreadable"  # the path exists but reading it failed (permissions, I/O error)
+OUTSIDE_ROOT = "outside_root"  # the path escapes the dataset root
+BAD_LABEL = "bad_label"  # the label is missing or not a valid class index
+NULL_IMAGE = "null_image"  # the row has neither bytes nor a path
+
+REASONS = (
+    EMPTY,
+    TRUNCATED,
+    NOT_AN_IMAGE,
+    TOO_LARGE,
+    DECODE_ERROR,
+    MISSING,
+    UNREADABLE,
+    OUTSIDE_ROOT,
+    BAD_LABEL,
+    NULL_IMAGE,
+)
 
 
 class SkipImage(Exception):
-    def __init__(self, reason: str, detail: str = ""):
+    """This sample cannot be used; ``reason`` is one of :data:`REASONS`, ``detail`` says more."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        if reason not in REASONS:
+            raise ValueError(f"reason={reason!r}: expected one of {REASONS}")
         super().__init__(reason, detail)
         self.reason = reason
         self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}" if self.detail else self.reason

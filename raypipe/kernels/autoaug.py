@@ -1,0 +1,52 @@
+"""timm's AutoAugment / RandAugment / AugMix, reused as they are (on PIL images), seeded from our generator.
+
+timm's policies draw from Python's ``random`` and NumPy's global generator. Right before each call we
+seed both from the sample's generator, so the result depends only on (seed, epoch, sample_id). That
+makes a transform using them **not thread-safe** (one transform per process, as Ray workers run them).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from PIL import Image
+from timm.data.auto_augment import augment_and_mix_transform, auto_augment_transform, rand_augment_transform
+from timm.data.transforms import str_to_pil_interp
+
+__all__ = ["aa_hparams", "build_auto_augment", "apply_auto_augment", "jitter_enabled"]
+
+
+def aa_hparams(input_size: tuple[int, int], mean: tuple[float, ...], interpolation: str) -> dict:
+    """The hparams timm's ``transforms_imagenet_train`` passes to its policies."""
+    hp = dict(
+        translate_const=int(min(input_size) * 0.45),
+        img_mean=tuple(min(255, round(255 * x)) for x in mean),
+    )
+    if interpolation and interpolation != "random":
+        hp["interpolation"] = str_to_pil_interp(interpolation)
+    return hp
+
+
+def build_auto_augment(policy: str, input_size: tuple[int, int], mean: tuple[float, ...], interpolation: str):
+    """timm's policy object for ``policy`` (``rand-…``, ``augmix-…``, or an AutoAugment name)."""
+    hp = aa_hparams(input_size, mean, interpolation)
+    if policy.startswith("rand"):
+        return rand_augment_transform(policy, hp)
+    if policy.startswith("augmix"):
+        hp["translate_pct"] = 0.3
+        return augment_and_mix_transform(policy, hp)
+    return auto_augment_transform(policy, hp)
+
+
+def jitter_enabled(policy: str | None) -> bool:
+    """timm disables colour jitter under auto-augment, except for the '3a' policies."""
+    return policy is None or "3a" in policy
+
+
+def apply_auto_augment(op, img: np.ndarray, seed: int) -> np.ndarray:
+    """Run timm's ``op`` on an RGB uint8 array with ``random`` and NumPy's global RNG seeded by ``seed``."""
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFFFFFF)
+    out = op(Image.fromarray(img, "RGB"))
+    return np.asarray(out.convert("RGB") if out.mode != "RGB" else out)

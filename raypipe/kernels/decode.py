@@ -1,0 +1,289 @@
+"""Bytes -> RGB uint8 pixels: header probe, decompression-bomb refusal, DCT-scaled JPEG decode, modes, EXIF.
+
+JPEGs (YCbCr/RGB/grey) go through libjpeg-turbo (``simplejpeg``), which can decode at n/8 scale: when a
+crop will be shrunk anyway we decode the smallest scale that still keeps the crop at least as large as
+the output, so the decoder does up to 64x less work. Everything else (PNG, WebP, BMP, TIFF, PPM, CMYK
+JPEGs, …) goes through Pillow, converted the way timm/torchvision would (``convert('RGB')``) except
+16-bit grey, which is scaled (``>> 8``) instead of clamped. EXIF orientation is applied like
+``PIL.ImageOps.exif_transpose``; a broken EXIF block is ignored, never fatal.
+
+Every failure leaves this module as :class:`~raypipe.kernels.errors.SkipImage`.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import struct
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+import simplejpeg
+from PIL import Image, UnidentifiedImageError
+
+from raypipe.config import DEFAULT_MAX_PIXELS
+from raypipe.kernels import errors
+from raypipe.kernels.errors import SkipImage
+
+__all__ = ["ImageInfo", "Source", "probe_image", "open_image", "decode_rgb", "decode_for_crop", "orient"]
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+_JPEG_MODES = {"YCbCr": "RGB", "RGB": "RGB", "Gray": "L"}  # what simplejpeg decodes itself
+_TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+
+
+class ImageInfo(NamedTuple):
+    """What the header says. ``width``/``height`` are as displayed, i.e. after EXIF orientation."""
+
+    format: str
+    width: int
+    height: int
+    mode: str
+    orientation: int
+
+
+class Source:
+    """An opened (not yet decoded) image: the header facts plus what is needed to decode it."""
+
+    __slots__ = ("data", "info", "pil", "stored_size")
+
+    def __init__(self, data: bytes, info: ImageInfo, pil: Image.Image | None, stored_size: tuple[int, int]):
+        self.data = data
+        self.info = info
+        self.pil = pil  # None: the simplejpeg fast path
+        self.stored_size = stored_size  # (width, height) before orientation
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) as displayed."""
+        return self.info.width, self.info.height
+
+
+# --------------------------------------------------------------------------------------------------
+# EXIF orientation
+
+
+def jpeg_orientation(data: bytes) -> int:
+    """EXIF orientation (1–8) from a JPEG's APP1 segment, read without decoding; 1 if absent or broken."""
+    try:
+        i, n = 2, len(data)
+        while i + 4 <= n and data[i] == 0xFF:
+            marker = data[i + 1]
+            if marker == 0xFF:  # fill byte
+                i += 1
+                continue
+            if marker == 0xDA or marker == 0xD9:  # start of scan / end of image: no more headers
+                return 1
+            (length,) = struct.unpack_from(">H", data, i + 2)
+            if marker == 0xE1 and data[i + 4 : i + 10] == b"Exif\x00\x00":
+                return _tiff_orientation(data[i + 10 : i + 2 + length])
+            i += 2 + length
+    except (struct.error, IndexError, ValueError):
+        pass
+    return 1
+
+
+def _tiff_orientation(tiff: bytes) -> int:
+    order = {b"II": "<", b"MM": ">"}.get(tiff[:2])
+    if order is None:
+        return 1
+    (ifd,) = struct.unpack_from(order + "I", tiff, 4)
+    (count,) = struct.unpack_from(order + "H", tiff, ifd)
+    for k in range(count):
+        tag, typ, _, value = struct.unpack_from(order + "HHI4s", tiff, ifd + 2 + 12 * k)
+        if tag == 0x0112 and typ == 3:
+            (o,) = struct.unpack_from(order + "H", value, 0)
+            return o if 1 <= o <= 8 else 1
+    return 1
+
+
+def _pil_orientation(im: Image.Image) -> int:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Corrupt EXIF data": handled as no orientation
+            o = int(im.getexif().get(0x0112, 1))
+    except Exception:  # noqa: BLE001 - any broken EXIF block means "no orientation", never a failure
+        return 1
+    return o if 1 <= o <= 8 else 1
+
+
+def orient(arr: np.ndarray, orientation: int) -> np.ndarray:
+    """Apply EXIF ``orientation`` to an HWC array (same result as ``ImageOps.exif_transpose``)."""
+    if orientation == 2:
+        arr = arr[:, ::-1]
+    elif orientation == 3:
+        arr = arr[::-1, ::-1]
+    elif orientation == 4:
+        arr = arr[::-1]
+    elif orientation == 5:
+        arr = arr.transpose(1, 0, 2)
+    elif orientation == 6:
+        arr = arr.transpose(1, 0, 2)[:, ::-1]
+    elif orientation == 7:
+        arr = arr[::-1, ::-1].transpose(1, 0, 2)
+    elif orientation == 8:
+        arr = arr.transpose(1, 0, 2)[::-1]
+    else:
+        return arr
+    return np.ascontiguousarray(arr)
+
+
+# --------------------------------------------------------------------------------------------------
+# Opening (header only)
+
+
+def _classify(exc: BaseException) -> SkipImage:
+    """Map a decoder exception to a SkipImage reason."""
+    if isinstance(exc, SkipImage):
+        return exc
+    msg = f"{type(exc).__name__}: {exc}"
+    low = msg.lower()
+    if isinstance(exc, UnidentifiedImageError):
+        return SkipImage(errors.NOT_AN_IMAGE, msg)
+    if isinstance(exc, Image.DecompressionBombError):
+        return SkipImage(errors.TOO_LARGE, msg)
+    if isinstance(exc, EOFError) or "truncated" in low or "premature end" in low:
+        return SkipImage(errors.TRUNCATED, msg)
+    return SkipImage(errors.DECODE_ERROR, msg)
+
+
+def _check_pixels(width: int, height: int, max_pixels: int) -> None:
+    if width * height > max_pixels:
+        detail = f"{width}x{height} = {width * height} pixels > max_pixels={max_pixels}"
+        raise SkipImage(errors.TOO_LARGE, detail)
+
+
+def open_image(data: bytes, max_pixels: int) -> Source:
+    """Read the header; refuse empty, unknown and too-large images before any pixel is decoded."""
+    if data is None or len(data) == 0:
+        raise SkipImage(errors.EMPTY, "0 bytes")
+    data = bytes(data) if not isinstance(data, bytes) else data
+    if data[:3] == _JPEG_MAGIC:
+        try:
+            h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        except ValueError:
+            colorspace = None  # let Pillow have a go and classify the failure
+        if colorspace in _JPEG_MODES:
+            _check_pixels(w, h, max_pixels)
+            o = jpeg_orientation(data)
+            dw, dh = (h, w) if o in _TRANSPOSED else (w, h)
+            return Source(data, ImageInfo("JPEG", dw, dh, _JPEG_MODES[colorspace], o), None, (w, h))
+    try:
+        with warnings.catch_warnings():
+            # Our own max_pixels check replaces Pillow's; its bomb *error* (at 2x its limit) is mapped.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data))
+    except Exception as exc:  # noqa: BLE001 - every decoder failure becomes a SkipImage
+        raise _classify(exc) from None
+    w, h = im.size
+    _check_pixels(w, h, max_pixels)
+    o = _pil_orientation(im)
+    dw, dh = (h, w) if o in _TRANSPOSED else (w, h)
+    return Source(data, ImageInfo(im.format or "unknown", dw, dh, im.mode, o), im, (w, h))
+
+
+def probe_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
+    """Header facts of an encoded image without decoding its pixels; raises SkipImage."""
+    return open_image(data, max_pixels).info
+
+
+# --------------------------------------------------------------------------------------------------
+# Decoding
+
+
+def _pil_to_rgb(im: Image.Image) -> np.ndarray:
+    """Any Pillow mode -> HxWx3 uint8 RGB. 16/32-bit grey is scaled to 8 bits, not clamped."""
+    mode = im.mode
+    if mode == "RGB":
+        return np.asarray(im)
+    if mode.startswith("I;16") or mode == "I":
+        a = np.asarray(im)
+        a = (np.clip(a, 0, 65535).astype(np.uint32) >> 8).astype(np.uint8)
+        return np.repeat(a[:, :, None], 3, axis=2)
+    if mode == "F":
+        a = np.clip(np.rint(np.asarray(im)), 0, 255).astype(np.uint8)
+        return np.repeat(a[:, :, None], 3, axis=2)
+    if mode == "L":
+        return np.repeat(np.asarray(im)[:, :, None], 3, axis=2)
+    with warnings.catch_warnings():
+        # "Palette images with Transparency expressed in bytes should be converted to RGBA": we drop
+        # alpha exactly like timm/torchvision's convert('RGB') does, so the advice does not apply.
+        warnings.simplefilter("ignore", UserWarning)
+        return np.asarray(im.convert("RGB"))
+
+
+def _decode_pil(src: Source) -> np.ndarray:
+    try:
+        src.pil.load()
+        arr = _pil_to_rgb(src.pil)
+    except Exception as exc:  # noqa: BLE001 - every decoder failure becomes a SkipImage
+        raise _classify(exc) from None
+    return arr
+
+
+def _decode_jpeg(src: Source, min_w: int = 0, min_h: int = 0) -> np.ndarray:
+    try:
+        return simplejpeg.decode_jpeg(src.data, colorspace="RGB", min_width=min_w, min_height=min_h)
+    except ValueError as exc:
+        if "premature end" in str(exc).lower():
+            raise SkipImage(errors.TRUNCATED, f"ValueError: {exc}") from None
+    # A recoverable libjpeg warning (e.g. extraneous bytes) is fatal in strict mode: Pillow, like timm,
+    # decodes such files, so let it.
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            pil = Image.open(io.BytesIO(src.data))
+        return _decode_pil(Source(src.data, src.info, pil, src.stored_size))
+    except SkipImage:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise _classify(exc) from None
+
+
+def decode_rgb(src: Source) -> np.ndarray:
+    """Full-size, oriented HxWx3 uint8 RGB."""
+    arr = _decode_jpeg(src) if src.pil is None else _decode_pil(src)
+    return orient(arr, src.info.orientation)
+
+
+def decode_for_crop(
+    src: Source,
+    box: tuple[float, float, float, float],
+    out_size: tuple[int, int],
+    dct_scaling: bool = True,
+) -> tuple[np.ndarray, tuple[float, float, float, float]]:
+    """Decode as small as ``box`` (x0, y0, x1, y1, displayed pixels) allows for an (H, W) ``out_size``.
+
+    Returns the oriented RGB array and the box in that array's coordinates. Only JPEGs are decoded
+    scaled (by n/8, the smallest n that keeps the scaled crop >= ``out_size``); others come full size.
+    """
+    if src.pil is not None or not dct_scaling:
+        return decode_rgb(src), box
+    o = src.info.orientation
+    x0, y0, x1, y1 = box
+    oh, ow = out_size
+    cw, ch = max(x1 - x0, 1e-6), max(y1 - y0, 1e-6)
+    dw, dh = src.size
+    need_w = min(dw, math.ceil(dw * ow / cw))  # displayed width the decode must keep
+    need_h = min(dh, math.ceil(dh * oh / ch))
+    if o in _TRANSPOSED:
+        need_w, need_h = need_h, need_w
+    sw, sh = src.stored_size
+    if need_w >= sw and need_h >= sh:
+        return decode_rgb(src), box
+    arr = _decode_jpeg(src, need_w, need_h)
+    n = _scale_numerator(sw, sh, arr.shape[1], arr.shape[0])
+    arr = orient(arr, o)
+    if n == 8:
+        return arr, box
+    s = n / 8.0
+    return arr, (x0 * s, y0 * s, x1 * s, y1 * s)
+
+
+def _scale_numerator(sw: int, sh: int, w: int, h: int) -> int:
+    """libjpeg-turbo's scale n/8 from the decoded size (it rounds dims up: ceil(dim * n / 8))."""
+    for n in range(1, 9):
+        if -(-sw * n // 8) == w and -(-sh * n // 8) == h:
+            return n
+    return max(1, min(8, round(8 * w / sw)))

@@ -1,0 +1,160 @@
+"""Geometry: RandomResizedCrop parameters (timm's draw, from our generator), eval crop geometry
+(timm's ``transforms_imagenet_eval``) and one fused crop+resize(+flip) with OpenCV.
+
+Parameters are drawn once (``rrc_params``/``eval_geometry``), then applied deterministically
+(``crop_resize``), torchvision-v2 style, so the apply step is testable against Pillow with fixed boxes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import cv2
+import numpy as np
+
+__all__ = ["Box", "EvalGeometry", "rrc_params", "eval_geometry", "crop_resize", "CV2_INTERP"]
+
+cv2.setNumThreads(1)  # one process per core under Ray; OpenCV's own pool would oversubscribe
+
+CV2_INTERP = {"bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC}
+
+Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in pixel-edge coordinates
+
+
+def rrc_params(
+    width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float], rng: np.random.Generator
+) -> tuple[int, int, int, int]:
+    """timm's ``RandomResizedCropAndInterpolation.get_params``: (top, left, h, w), drawn from ``rng``.
+
+    Ten attempts at a box of area ``uniform(scale)`` and log-uniform aspect ``ratio`` that fits; then
+    the centre crop clamped to the ratio range.
+    """
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = rng.uniform(scale[0], scale[1]) * area
+        aspect = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:  # timm accepts 0; a 0-pixel crop cannot be resized
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w = width
+        h = int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        h = height
+        w = int(round(h * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+class EvalGeometry(NamedTuple):
+    """Source ``box`` lands in output rows ``top:top+h``, cols ``left:left+w``; the rest is ``fill``."""
+
+    box: Box
+    top: int
+    left: int
+    h: int
+    w: int
+    fill: tuple[int, int, int] | None
+
+
+def _resized_size(width: int, height: int, size: tuple[int, int], crop_mode: str) -> tuple[int, int]:
+    """(h, w) after timm's eval resize step for ``crop_mode``."""
+    sh, sw = size
+    if crop_mode == "squash":
+        return sh, sw
+    if crop_mode == "center" and sh == sw:  # torchvision Resize(int): shorter side, longer truncated
+        if width <= height:
+            return int(sh * height / width), sh
+        return sh, int(sh * width / height)
+    # timm ResizeKeepRatio: longest=1 for border, 0 for (non-square) center
+    rh, rw = height / sh, width / sw
+    r = max(rh, rw) if crop_mode == "border" else min(rh, rw)
+    return round(height / r), round(width / r)
+
+
+def eval_geometry(
+    width: int, height: int, input_size: tuple[int, int], crop_pct: float, crop_mode: str, mean: tuple
+) -> EvalGeometry:
+    """timm ``transforms_imagenet_eval`` as one source box and one destination rectangle."""
+    oh, ow = input_size
+    scale_size = (math.floor(oh / crop_pct), math.floor(ow / crop_pct))
+    rh, rw = (max(1, v) for v in _resized_size(width, height, scale_size, crop_mode))  # 1-px-thin inputs
+    fy, fx = height / rh, width / rw
+
+    def axis(r: int, c: int, f: float) -> tuple[float, float, int, int]:
+        # torchvision CenterCrop / timm CenterCropOrPad, per axis: pad (content centred) or crop.
+        if c > r:
+            return 0.0, r * f, (c - r) // 2, r
+        start = int(round((r - c) / 2.0))
+        return start * f, (start + c) * f, 0, c
+
+    y0, y1, top, h = axis(rh, oh, fy)
+    x0, x1, left, w = axis(rw, ow, fx)
+    fill = tuple(round(255 * v) for v in mean) if crop_mode == "border" else (0, 0, 0)
+    if h == oh and w == ow:
+        fill = None
+    return EvalGeometry((x0, y0, x1, y1), top, left, h, w, fill)
+
+
+def crop_resize(
+    img: np.ndarray,
+    box: Box,
+    size: tuple[int, int],
+    interpolation: str = "bilinear",
+    *,
+    hflip: bool = False,
+    vflip: bool = False,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Resize the (sub-pixel) ``box`` of HWC uint8 ``img`` to ``size`` (H, W), optionally flipped.
+
+    One ``cv2.warpAffine`` with pixel-centre mapping (Pillow's convention); flips are folded into the
+    affine matrix, so they cost nothing. Shrinking by 2x or more is first reduced by an integer factor
+    with INTER_AREA (an exact box filter), so the result stays antialiased like Pillow's.
+    """
+    oh, ow = size
+    x0, y0, x1, y1 = box
+    sx, sy = (x1 - x0) / ow, (y1 - y0) / oh
+    kx, ky = max(1, int(sx)), max(1, int(sy))
+    if kx > 1 or ky > 1:
+        img, (x0, y0, x1, y1) = _reduce(img, (x0, y0, x1, y1), kx, ky)
+        sx, sy = (x1 - x0) / ow, (y1 - y0) / oh
+    # dst pixel centre (u + .5) -> src centre x0 + (u + .5) * sx, in OpenCV's integer-centre coordinates
+    if hflip:
+        mx, cx = -sx, x1 - 0.5 * sx - 0.5
+    else:
+        mx, cx = sx, x0 + 0.5 * sx - 0.5
+    if vflip:
+        my, cy = -sy, y1 - 0.5 * sy - 0.5
+    else:
+        my, cy = sy, y0 + 0.5 * sy - 0.5
+    m = np.array([[mx, 0.0, cx], [0.0, my, cy]], dtype=np.float64)
+    flags = CV2_INTERP[interpolation] | cv2.WARP_INVERSE_MAP
+    if out is not None and out.flags.c_contiguous and out.shape == (oh, ow, 3) and out.dtype == np.uint8:
+        res = cv2.warpAffine(img, m, (ow, oh), dst=out, flags=flags, borderMode=cv2.BORDER_REPLICATE)
+        if res is not out and res.ctypes.data != out.ctypes.data:
+            out[...] = res
+        return out
+    res = cv2.warpAffine(img, m, (ow, oh), flags=flags, borderMode=cv2.BORDER_REPLICATE)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+def _reduce(img: np.ndarray, box: Box, kx: int, ky: int) -> tuple[np.ndarray, Box]:
+    """Box-filter the integer region around ``box`` by (kx, ky); return it and the box in its coordinates."""
+    H, W = img.shape[:2]
+    ix0, iy0 = max(0, int(math.floor(box[0]))), max(0, int(math.floor(box[1])))
+    ix1, iy1 = min(W, int(math.ceil(box[2]))), min(H, int(math.ceil(box[3])))
+    nw, nh = max(1, (ix1 - ix0) // kx), max(1, (iy1 - iy0) // ky)
+    roi = img[iy0 : iy0 + nh * ky, ix0 : ix0 + nw * kx]
+    small = cv2.resize(roi, (nw, nh), interpolation=cv2.INTER_AREA)
+    return small, ((box[0] - ix0) / kx, (box[1] - iy0) / ky, (box[2] - ix0) / kx, (box[3] - iy0) / ky)
