@@ -1,0 +1,80 @@
+"""uint8 images -> normalised floating point on the device, in the requested memory format.
+
+``(x - mean*255) / (std*255)`` computed in ``img_dtype`` exactly as timm's ``PrefetchLoader`` does
+(mean and std rounded to ``img_dtype`` first), so the two agree bit for bit. The uint8 -> float
+conversion, the layout change (if any) and the subtraction are one kernel writing straight into the
+output, whose memory format is chosen up front: NHWC input viewed as NCHW (``permute(0, 3, 1, 2)``) *is*
+channels_last, so the default path never copies to change layout.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["IMG_DTYPES", "normalize", "parse_img_dtype", "nchw_view"]
+
+IMG_DTYPES = {
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+}
+
+
+def parse_img_dtype(value: str | torch.dtype) -> torch.dtype:
+    """Accept a torch floating dtype or one of ``IMG_DTYPES``' names; ValueError names ``img_dtype``."""
+    if isinstance(value, torch.dtype) and value in (torch.float16, torch.bfloat16, torch.float32):
+        return value
+    if isinstance(value, str) and value.lower() in IMG_DTYPES:
+        return IMG_DTYPES[value.lower()]
+    raise ValueError(f"img_dtype={value!r}: expected float16, bfloat16 or float32")
+
+
+def nchw_view(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """View a 4-D batch as NCHW without copying (NHWC -> channels_last strides)."""
+    return x.permute(0, 3, 1, 2) if layout == "NHWC" else x
+
+
+def normalize(
+    x: torch.Tensor,
+    *,
+    mean: Sequence[float],
+    std: Sequence[float],
+    dtype: torch.dtype = torch.float16,
+    layout: str = "NHWC",
+    channels_last: bool = True,
+    scale: float = 255.0,
+) -> torch.Tensor:
+    """Return ``(x - mean*scale) / (std*scale)`` as an NCHW tensor of ``dtype`` on ``x``'s device.
+
+    ``x`` is a uint8 batch in ``layout`` ("NHWC" or "NCHW"); ``mean``/``std`` are on timm's 0-1 scale.
+    The result is channels_last when ``channels_last`` else contiguous NCHW. ``x`` is not modified.
+
+    >>> x = torch.full((1, 2, 2, 3), 255, dtype=torch.uint8)
+    >>> y = normalize(x, mean=(0.5,) * 3, std=(0.5,) * 3, dtype=torch.float32)
+    >>> y.shape, float(y.max()), y.is_contiguous(memory_format=torch.channels_last)
+    (torch.Size([1, 3, 2, 2]), 1.0, True)
+    """
+    v = nchw_view(x, layout)
+    c = v.shape[1]
+    if len(mean) != c or len(std) != c:
+        raise ValueError(f"mean/std have {len(mean)}/{len(std)} values but the images have {c} channels")
+    m = _channel_constant(tuple(mean), scale, dtype, x.device)
+    s = _channel_constant(tuple(std), scale, dtype, x.device)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty(v.shape, dtype=dtype, device=x.device, memory_format=fmt)
+    torch.sub(v, m, out=out)
+    return out.div_(s)
+
+
+@functools.lru_cache(maxsize=64)
+def _channel_constant(values: tuple, scale: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    # Cached: one tiny host->device copy per (values, dtype, device), not one per batch. Never written.
+    return torch.tensor([v * scale for v in values], dtype=dtype).view(1, -1, 1, 1).to(device)

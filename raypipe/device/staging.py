@@ -1,0 +1,130 @@
+"""Host staging ring, side stream and events: the memory/stream half of the DeviceLoader.
+
+One ``Staging`` lives as long as its loader: one side stream (CUDA), and a ring of slots each holding
+one reusable host buffer per batch key. A buffer is a flat byte array, grown only when a batch needs
+more (so the short last batch of an epoch reuses it); pinned on CUDA so ``non_blocking`` copies are
+truly asynchronous. Two kinds of event keep memory safe:
+
+- ``slot.copied``: recorded on the side stream after the slot's host->device copies; the host waits
+  on it before writing into the slot again (a pinned buffer is never refilled mid-copy);
+- the *ready* event: recorded after the device work of a batch; the consumer's stream waits on it,
+  and every tensor handed over is ``record_stream``-ed on the consumer's stream, so the caching
+  allocator does not give its memory to the side stream while the consumer may still read it.
+
+On a CPU device the same calls run with no stream, no pinning and no events (copies are synchronous).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["Slot", "Staging", "torch_dtype"]
+
+
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+class Slot:
+    """One ring position: a flat host buffer per key and the event of its last copy."""
+
+    __slots__ = ("buffers", "copied")
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.copied: Any = None
+
+
+class Staging:
+    """Ring of ``depth`` host slots plus the side stream, for ``device``."""
+
+    def __init__(self, device: torch.device, depth: int) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device=device) if self.cuda else None
+        self.slots = [Slot() for _ in range(depth)]
+        self._next = 0
+        self.allocations = 0  # host buffers allocated so far (tests check the ring is reused)
+
+    def context(self) -> contextlib.AbstractContextManager:
+        """Make the side stream (and device) current for the calling thread."""
+        if not self.cuda:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.cuda.device(self.device))
+        stack.enter_context(torch.cuda.stream(self.stream))
+        return stack
+
+    def acquire(self) -> Slot:
+        """Next slot of the ring, once its previous copies have finished."""
+        slot = self.slots[self._next]
+        self._next = (self._next + 1) % len(self.slots)
+        if slot.copied is not None:
+            slot.copied.synchronize()
+            slot.copied = None
+        return slot
+
+    def stage(self, slot: Slot, key: str, value: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Copy ``value`` into ``slot``'s buffer for ``key``; return the host tensor viewing it."""
+        if isinstance(value, torch.Tensor):
+            dtype, shape, nbytes = value.dtype, tuple(value.shape), value.numel() * value.element_size()
+        else:
+            value = np.asarray(value)
+            dtype, shape, nbytes = torch_dtype(value.dtype), value.shape, value.nbytes
+        buf = slot.buffers.get(key)
+        if buf is None or buf.numel() < nbytes:
+            slot.buffers[key] = buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=self.cuda)
+            self.allocations += 1
+        view = buf[:nbytes].view(dtype).view(shape)
+        if isinstance(value, torch.Tensor):
+            view.copy_(value)
+        else:
+            np.copyto(view.numpy(), value, casting="no")
+        return view
+
+    def to_device(self, host: torch.Tensor, *, owned: bool) -> torch.Tensor:
+        """Issue the copy to the device (on the current, i.e. side, stream).
+
+        ``owned``: the result goes to the consumer as is, so on CPU it must not alias the ring.
+        """
+        if self.cuda:
+            return host.to(self.device, non_blocking=True)
+        return host.clone() if owned else host
+
+    def copies_issued(self, slot: Slot) -> None:
+        if self.cuda:
+            slot.copied = torch.cuda.Event()
+            slot.copied.record(self.stream)
+
+    def ready(self) -> Any:
+        """Event marking the end of the device work issued so far on the side stream (None on CPU)."""
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
+
+    def hand_over(self, event: Any, tensors: Iterable[torch.Tensor]) -> None:
+        """Called on the consumer's thread: order its stream after ``event``, protect the memory."""
+        if event is None:
+            return
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(event)
+        for t in tensors:
+            if t.device.type == "cuda":
+                t.record_stream(consumer)
+
+    def close(self) -> None:
+        """Wait for pending copies, then drop the host buffers (pinned blocks return to torch's cache)."""
+        for slot in self.slots:
+            if slot.copied is not None:
+                slot.copied.synchronize()
+        self.slots = []
+        if self.stream is not None:
+            self.stream.synchronize()
+        self.stream = None

@@ -1,0 +1,235 @@
+"""DeviceLoader on the CPU device: values, structure, epochs, errors, shutdown (what CI runs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from device_helpers import MEAN, STD, assert_normalized, loader_threads, packed_batches
+
+from raypipe.device import DeviceLoader
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads():
+    before = set(loader_threads())
+    yield
+    leaked = set(loader_threads()) - before
+    assert not leaked, f"leaked loader threads: {leaked}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_normalisation_matches_float64_reference(dtype, channels_last):
+    src = packed_batches(2)
+    with DeviceLoader(src, img_dtype=dtype, channels_last=channels_last, mean=MEAN, std=STD) as loader:
+        outs = list(loader)
+    assert len(outs) == 2
+    for out, batch in zip(outs, src, strict=True):
+        assert_normalized(out["image"], batch["image"], dtype, channels_last)
+        assert out["label"].dtype == torch.int64 and out["label"].tolist() == batch["label"].tolist()
+        assert out["sample_id"].dtype == torch.int64
+        assert out["sample_id"].tolist() == batch["sample_id"].tolist()
+        assert out["path"] is batch["path"]  # untouched pass-through
+        assert list(out) == list(batch)  # key order kept
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_bit_exact_with_timm_prefetch_loader_on_nchw_tuples(dtype):
+    from timm.data.loader import PrefetchLoader, fast_collate
+
+    rng = np.random.default_rng(1)
+    samples = [(rng.integers(0, 256, (3, 16, 16), dtype=np.uint8), int(i)) for i in range(12)]
+    torch_loader = torch.utils.data.DataLoader(samples, batch_size=4, collate_fn=fast_collate)
+    timm_out = list(PrefetchLoader(torch_loader, device=torch.device("cpu"), img_dtype=dtype))
+    with DeviceLoader(torch_loader, img_dtype=dtype, channels_last=False) as loader:
+        assert len(loader) == 3
+        ours = list(loader)
+    assert len(ours) == len(timm_out) == 3
+    for (x, y), (tx, ty) in zip(ours, timm_out, strict=True):
+        assert isinstance(x, torch.Tensor) and x.is_contiguous()
+        assert torch.equal(x, tx)
+        assert torch.equal(y, ty)
+
+
+def test_nchw_numpy_is_detected_and_declared_layout_checked():
+    src = packed_batches(1, extra=False)
+    nchw = [{**b, "image": np.ascontiguousarray(b["image"].transpose(0, 3, 1, 2))} for b in src]
+    with DeviceLoader(nchw, img_dtype="float32") as loader:
+        (out,) = list(loader)
+    assert_normalized(out["image"], src[0]["image"], torch.float32)
+    with DeviceLoader(nchw, layout="NHWC") as loader, pytest.raises(ValueError, match="layout='NHWC'"):
+        list(loader)
+
+
+def test_ambiguous_layout_needs_declaration():
+    src = [{"image": np.zeros((2, 3, 5, 3), np.uint8)}]
+    with DeviceLoader(src) as loader, pytest.raises(ValueError, match="ambiguous"):
+        list(loader)
+    with DeviceLoader(src, layout="NCHW", img_dtype="float32") as loader:
+        (out,) = list(loader)
+    assert tuple(out["image"].shape) == (2, 3, 5, 3)
+
+
+def test_shape_change_within_epoch_is_an_error_naming_the_key():
+    src = packed_batches(1) + packed_batches(1, h=16)
+    with DeviceLoader(src) as loader, pytest.raises(ValueError, match="'image' batch shape"):
+        list(loader)
+
+
+def test_determinism_under_seed_and_epochs_differ():
+    kw = dict(re_prob=0.7, re_mode="pixel", re_count=2, mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=10,
+              mixup_mode="elem", label_smoothing=0.1, img_dtype="float32")  # fmt: skip
+    src = packed_batches(3)
+
+    def run(seed, epochs=2):
+        with DeviceLoader(src, seed=seed, **kw) as loader:
+            return [[(b["image"].clone(), b["label"].clone()) for b in loader] for _ in range(epochs)]
+
+    a, b, c = run(0), run(0), run(1)
+    for ea, eb in zip(a, b, strict=True):
+        for (xa, ya), (xb, yb) in zip(ea, eb, strict=True):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert not torch.equal(a[0][0][0], a[1][0][0]), "epoch 1 must draw new parameters"
+    assert not torch.equal(a[0][0][0], c[0][0][0]), "another seed must draw new parameters"
+    with DeviceLoader(src, seed=0, **kw) as loader:
+        loader.set_epoch(1)
+        again = [bt["image"] for bt in loader]
+    assert torch.equal(again[0], a[1][0][0])
+
+
+def test_reiteration_len_stats_and_ring_reuse():
+    src = packed_batches(4, n=8) + [packed_batches(1, n=5)[0]]  # short last batch
+    loader = DeviceLoader(src, prefetch=2)
+    assert len(loader) == 5
+    for epoch in range(3):
+        ids = [b["sample_id"].tolist() for b in loader]
+        assert len(ids) == 5 and len(ids[-1]) == 5
+        assert loader.stats.epoch == epoch and loader.stats.batches == 5 and loader.stats.samples == 37
+        assert loader.stats.wait_s >= loader.last_wait_s >= 0.0
+        if epoch == 0:
+            allocations = loader._staging.allocations
+    assert loader._staging.allocations == allocations <= 3 * 3, "ring buffers must be reused, not per batch"
+    loader.close()
+
+
+def test_unsized_source_has_no_len():
+    loader = DeviceLoader(iter(packed_batches(1)))
+    with pytest.raises(TypeError):
+        len(loader)
+    loader.close()
+
+
+def test_empty_source_ends_cleanly():
+    with DeviceLoader([]) as loader:
+        assert list(loader) == [] and list(loader) == []
+        assert loader.stats.batches == 0
+
+
+def _failing_source(good):
+    yield from packed_batches(good)
+    raise OSError("disk on fire")
+
+
+def test_source_exception_reaches_consumer_with_traceback():
+    import traceback
+
+    class Source:
+        def __iter__(self):
+            return _failing_source(2)
+
+    seen = 0
+    with DeviceLoader(Source()) as loader:
+        with pytest.raises(OSError, match="disk on fire") as info:
+            for _ in loader:
+                seen += 1
+        assert seen == 2
+        text = "".join(traceback.format_exception(info.value))
+        assert "_failing_source" in text
+        with pytest.raises(OSError, match="disk on fire"):  # another pass starts afresh and fails again
+            list(loader)
+
+
+def test_break_mid_epoch_then_close_leaks_nothing():
+    src = packed_batches(10, n=4, h=8, w=8)
+    loader = DeviceLoader(src, prefetch=1)
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break
+    assert not loader_threads()
+    it = iter(loader)
+    next(it)
+    loader.close()
+    assert not loader_threads()
+    with pytest.raises(RuntimeError, match="closed"):
+        iter(loader)
+    loader.close()  # idempotent
+
+
+def test_generator_source_is_closed_on_break():
+    closed = []
+
+    def gen():
+        try:
+            yield from packed_batches(10, n=2, h=8, w=8)
+        finally:
+            closed.append(True)
+
+    class Source:
+        def __iter__(self):
+            return gen()
+
+    with DeviceLoader(Source(), prefetch=1) as loader:
+        for _ in loader:
+            break
+    assert closed == [True]
+
+
+def test_tuple_with_labels_only_and_soft_targets():
+    src = [(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.tensor([0, 1, 2, 3]))]
+    with DeviceLoader(src, label_smoothing=0.1, num_classes=4, img_dtype="bf16") as loader:
+        ((x, y),) = list(loader)
+    assert x.dtype == torch.bfloat16 and y.dtype == torch.float32 and tuple(y.shape) == (4, 4)
+    torch.testing.assert_close(y.sum(1), torch.ones(4))
+    assert y[0, 0].item() == pytest.approx(0.925)
+
+
+def test_labels_out_of_range_are_rejected():
+    src = packed_batches(1, num_classes=10)
+    with DeviceLoader(src, mixup_alpha=1.0, num_classes=3) as loader:
+        with pytest.raises(ValueError, match="num_classes"):
+            list(loader)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"re_mode": "foo"}, "re_mode"),
+        ({"img_dtype": "int8"}, "img_dtype"),
+        ({"mean": (0.5, 0.5)}, "std"),
+        ({"std": (0.5, 0.0, 0.5)}, "std"),
+        ({"re_prob": 1.5}, "re_prob"),
+        ({"mix_prob": -0.1}, "mix_prob"),
+        ({"switch_prob": 2}, "switch_prob"),
+        ({"re_count": 0}, "re_count"),
+        ({"prefetch": 0}, "prefetch"),
+        ({"mixup_mode": "rows"}, "mixup_mode"),
+        ({"mixup_alpha": 1.0}, "num_classes"),
+        ({"label_smoothing": 0.1, "num_classes": 0}, "num_classes"),
+        ({"cutmix_minmax": (0.9, 0.1)}, "cutmix_minmax"),
+        ({"re_min_aspect": 0}, "re_min_aspect"),
+        ({"layout": "HWC"}, "layout"),
+        ({"device": "tpu"}, "device"),
+        ({"seed": -1}, "seed"),
+    ],
+)
+def test_bad_keywords_raise_value_error_naming_them(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        DeviceLoader([], **kwargs)
+
+
+def test_cuda_device_without_cuda_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(ValueError, match="device"):
+        DeviceLoader([], device="cuda")
