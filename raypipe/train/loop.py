@@ -101,6 +101,22 @@ def _bar(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="img", leave=False, dynamic_ncols=True)
 
 
+@contextlib.contextmanager
+def _frozen_batchnorm(model: torch.nn.Module, active: bool):
+    """BatchNorm on running statistics for this step: batch statistics of ONE sample are undefined
+    (torch raises), and the epoch's last batch may hold one sample — we train on it, not drop it."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training]
+    if active:
+        for m in norms:
+            m.eval()
+    try:
+        yield
+    finally:
+        if active:
+            for m in norms:
+                m.train()
+
+
 def _train_epoch(model, loader, optimizer, loss_fn, autocast, scaler, rec: RankEpoch, ids: list | None) -> None:
     model.train()
     join = _distributed()
@@ -114,7 +130,7 @@ def _train_epoch(model, loader, optimizer, loss_fn, autocast, scaler, rec: RankE
     with ctx:
         for batch in loader:
             x, y = batch["image"], batch["label"]
-            with autocast():
+            with autocast(), _frozen_batchnorm(model, int(x.shape[0]) == 1):
                 loss = loss_fn(model(x), y)
             optimizer.zero_grad(set_to_none=True)
             if scaler is not None:
