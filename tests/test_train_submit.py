@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -92,6 +93,7 @@ def ray_head(tmp_path):
             except subprocess.TimeoutExpired:
                 continue
         log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.mark.timeout(300)
