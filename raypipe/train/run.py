@@ -29,10 +29,27 @@ def resolve_storage(path: str) -> str:
     return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
+def _check_cpus(job: TrainJobConfig) -> None:
+    """Warn when the trainers would leave no CPU for one augmentation task: the job would wait forever
+    (on an autoscaling cluster more nodes may still come, so this is not an error)."""
+    if job.preprocess_resource:
+        return  # augmentation has its own nodes
+    total = ray.cluster_resources().get("CPU", 0.0)
+    left = total - job.num_workers * job.cpus_per_worker
+    if left < job.pipeline.cpus_per_actor:
+        print(
+            f"warning: {job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} leave {left:g} of "
+            f"{total:g} CPUs, less than one augmentation task needs (cpus_per_actor="
+            f"{job.pipeline.cpus_per_actor}); the job waits until the cluster grows",
+            flush=True,
+        )
+
+
 def run_training(job: TrainJobConfig) -> dict:
     """Run the job on the connected Ray cluster; return a summary (run dir, last epoch's metrics)."""
     name = job.name or f"{job.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     storage = resolve_storage(job.storage_path)
+    _check_cpus(job)
     train_rows, val_rows, data = job_rows(job)
     num_classes = job.num_classes or train_rows.num_classes
     print(
