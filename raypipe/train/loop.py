@@ -155,6 +155,15 @@ def _train_epoch(model, loader, optimizer, loss_fn, autocast, scaler, rec: RankE
 
 
 @torch.no_grad()
+def _sync_buffers(model: torch.nn.Module) -> None:
+    """Rank 0's BatchNorm statistics everywhere: each rank's last step updated its own copy after DDP's
+    last broadcast, and eval (and the checkpoint, from rank 0) should see one model."""
+    if _distributed():
+        for b in model.buffers():
+            dist.broadcast(b, src=0)
+
+
+@torch.no_grad()
 def _evaluate(model, loader, autocast, num_classes: int, rec: RankEpoch) -> None:
     model.eval()
     k = min(5, num_classes)
@@ -235,6 +244,7 @@ def train_loop_per_worker(config: dict) -> None:
             lr = optimizer.param_groups[0]["lr"]
             _train_epoch(model, train_loader, optimizer, loss_fn, autocast, scaler, rec, ids)
             _account(rec, train_src)
+            _sync_buffers(raw_model)
             _evaluate(raw_model, eval_loader, autocast, num_classes, rec)
             scheduler.step(epoch + 1)
             if ids is not None:
