@@ -235,6 +235,9 @@ def train_loop_per_worker(config: dict) -> None:
     train_loader.set_epoch(start_epoch)
     eval_loader.set_epoch(start_epoch)
     history = run_dir.read_json("metrics.json", []) if rank == 0 else []
+    # Entries past the checkpoint were written by an attempt that died before checkpointing: they run again.
+    ran_before = {h["epoch"] for h in history if h["epoch"] >= start_epoch}
+    history = [h for h in history if h["epoch"] < start_epoch]
     if rank == 0 and resumed_from is not None:
         print(f"resuming {config['run_name']} at epoch {start_epoch + 1}/{job.epochs} from its checkpoint", flush=True)
     try:
@@ -256,8 +259,8 @@ def train_loop_per_worker(config: dict) -> None:
                 checkpoint = None
                 if rank == 0:
                     print(format_line(metrics, job.epochs), flush=True)
-                    metrics["repeated"] = any(h["epoch"] == epoch for h in history)
-                    history = [h for h in history if h["epoch"] != epoch] + [metrics]
+                    metrics["repeated"] = epoch in ran_before
+                    history.append(metrics)
                     run_dir.write_json("metrics.json", history)
                     state = {
                         "model": raw_model.state_dict(),
