@@ -11,8 +11,13 @@ __all__ = ["connect"]
 
 
 def connect(*, num_cpus: int | None = None, object_store_memory: int | None = None, quiet: bool = True) -> None:
-    """``ray.init`` once: joins ``RAY_ADDRESS`` (or the job's cluster under ``ray job submit``), else
-    starts a local Ray with no dashboard. Token auth is Ray's default in 2.60 and is left on."""
+    """``ray.init`` once: joins ``RAY_ADDRESS`` (set by ``ray job submit``; ``RAY_ADDRESS=auto`` joins a
+    cluster started with ``ray start`` on this machine), else starts a private local Ray with no
+    dashboard. Never joins some other local cluster by accident (Ray's bare ``ray.init()`` would).
+    Token auth is Ray's default in 2.60 and is left on."""
+    if quiet:
+        # Ray Data logs every execution plan at INFO; raypipe prints its own per-epoch summary.
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
     if ray.is_initialized():
         return
     kwargs: dict = {"logging_level": logging.WARNING if quiet else logging.INFO, "log_to_driver": True}
@@ -20,6 +25,7 @@ def connect(*, num_cpus: int | None = None, object_store_memory: int | None = No
         ray.init(**kwargs)
         return
     ray.init(
+        address="local",
         num_cpus=num_cpus,
         object_store_memory=object_store_memory,
         include_dashboard=False,

@@ -43,6 +43,7 @@ def ray_local():
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # never join a cluster some other process started on this machine
             num_cpus=2,
             include_dashboard=False,
             object_store_memory=300 * 1024 * 1024,

@@ -114,10 +114,10 @@ def png16(values: np.ndarray) -> bytes:
 
 
 def exif_jpeg(orientation: int, size: tuple[int, int] = (90, 60)) -> bytes:
-    """A gradient JPEG (stored W x H = ``size``) tagged with EXIF ``orientation``."""
+    """A photo JPEG (stored W x H = ``size``) tagged with EXIF ``orientation``."""
     exif = Image.Exif()
     exif[0x0112] = orientation
-    return encode(gradient(size), "JPEG", quality=95, exif=exif.tobytes())
+    return encode(photo("chelsea", size), "JPEG", quality=95, exif=exif.tobytes())
 
 
 def broken_exif_jpeg() -> bytes:

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from raypipe.config import (
@@ -43,7 +45,7 @@ def test_normalises_timm_style_values():
 
 def test_configs_are_frozen_and_keyword_only():
     aug = TrainAugment()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         aug.hflip = 0.0  # type: ignore[misc]
     with pytest.raises(TypeError):
         TrainAugment((224, 224))  # type: ignore[misc]

@@ -163,6 +163,9 @@ def test_break_mid_epoch_then_close_leaks_nothing():
     assert not loader_threads()
     with pytest.raises(RuntimeError, match="closed"):
         iter(loader)
+    unstarted = iter(DeviceLoader(src))  # never advanced: no thread to leak
+    assert not loader_threads()
+    del unstarted
     loader.close()  # idempotent
 
 

@@ -19,8 +19,11 @@ from raypipe.config import EvalAugment
 from raypipe.kernels import build_transform, color, crop_resize, decode_for_crop, open_image, rrc_params
 
 PIL_INTERP = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
-# (x0, y0, x1, y1) on a 500x375 photo: 'big' is shrunk (DCT scaling kicks in), 'small' is enlarged.
+# (x0, y0, x1, y1) on a 500x375 photo: 'big' is shrunk ~2x (full decode: only 1/8..4/8 DCT scales are
+# faster than a full decode), 'small' is enlarged; 'dct' on a 1000x750 photo is DCT-scaled (3/8).
 BOXES = {"big": (10, 5, 490, 370), "mid": (50, 40, 330, 300), "small": (200, 100, 300, 180)}
+PHOTO_SIZE = {"dct": (1000, 750)}
+BOXES["dct"] = (20, 10, 980, 740)
 
 
 def pil_rgb(data: bytes) -> Image.Image:
@@ -32,11 +35,12 @@ def pil_rgb(data: bytes) -> Image.Image:
 def test_crop_resize_matches_pillow(interp, box_name):
     box = BOXES[box_name]
     for name in f.PHOTOS:
-        data = f.photo_jpeg(name)
+        size = PHOTO_SIZE.get(box_name, (500, 375))
+        data = f.photo_jpeg(name, size)
         ref = pil_rgb(data).resize((224, 224), PIL_INTERP[interp], box=box)
         pixels, b = decode_for_crop(open_image(data, 10**9), box, (224, 224))
-        if box_name == "big":
-            assert pixels.shape[0] < 375, "expected a DCT-scaled decode for a big crop"
+        if box_name == "dct":
+            assert pixels.shape[0] < size[1], "expected a DCT-scaled decode for a big crop"
         ours = crop_resize(pixels, b, (224, 224), interp)
         assert mae(ours, ref) <= 2.0, (name, mae(ours, ref))
         # torchvision's resized_crop (what timm's RRC calls) crops first, then resizes

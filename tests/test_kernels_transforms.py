@@ -96,3 +96,18 @@ def test_aa_uses_only_the_sample_rng():
 def test_build_transform_rejects_other_types():
     with pytest.raises(TypeError):
         build_transform(object())
+
+
+def test_rand_augment_survives_zero_bit_posterize():
+    """timm's 'inc1' posterize reaches 0 bits with mstd noise; Pillow >= 12 refuses it, we don't."""
+    from PIL import Image
+
+    from raypipe.kernels.autoaug import _posterize
+
+    im = Image.fromarray(f.photo("chelsea", (32, 24)))
+    assert not np.asarray(_posterize(im, 0)).any()
+    assert np.array_equal(np.asarray(_posterize(im, 8)), np.asarray(im))
+    t = build_transform(TrainAugment(input_size=48, auto_augment="rand-m10-mstd1.0-inc1"))
+    data = f.photo_jpeg("chelsea", (120, 90))
+    for i in range(150):
+        t(data, sample_rng(0, 0, i))

@@ -5,9 +5,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from raypipe.kernels.errors import OUTSIDE_ROOT, SkipImage
 from raypipe.sources import detect_kind, open_root, open_source
 from raypipe.sources.paths import DatasetRoot
-from raypipe.kernels.errors import OUTSIDE_ROOT, SkipImage
 
 
 def _touch(path, data=b"x"):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+import psutil
+
 from raypipe.cli.args import add_augment_args, add_pipeline_args, add_source_args, build_configs
 from raypipe.cli.common import print_skips, progress, rows_from_args, write_json
-from raypipe.pipeline.pipeline import Pipeline
+from raypipe.pipeline.pipeline import EpochSource, Pipeline
 from raypipe.runtime import connect
 
 
@@ -19,6 +21,7 @@ def add_parser(sub) -> None:
     p.add_argument("--eval", action="store_true", help="use the eval transform instead of training augmentation")
     p.add_argument("--no-shuffle", action="store_true")
     p.add_argument("--device", default="cpu", help="trainer-side device for the DeviceLoader (cpu, cuda)")
+    p.add_argument("--object-store-mb", type=int, help="cap the local Ray object store (ignored with RAY_ADDRESS)")
     p.add_argument("--json", help="write a machine-readable report here")
     p.set_defaults(func=main)
 
@@ -29,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         cfg["pipeline"] = replace(cfg["pipeline"], shuffle=False)
-    connect()
+    connect(object_store_memory=args.object_store_mb * 2**20 if args.object_store_mb else None)
     rows = rows_from_args(args)
     augment = cfg["eval"] if args.eval else cfg["augment"]
     pipe = Pipeline(rows, augment, config=cfg["pipeline"], decode=cfg["decode"], content_digest=True)
@@ -37,20 +40,21 @@ def main(args: argparse.Namespace) -> int:
 
     print(f"raypipe run: {len(rows)} samples ({rows.kind}) from {args.data}, batch {cfg['pipeline'].batch_size}")
     epochs = []
-    for epoch in range(args.epochs):
-        run = pipe.epoch(epoch)
-        loader = DeviceLoader(run, device=args.device)
-        with progress(len(rows), f"epoch {epoch}") as bar:
-            for batch in loader:
-                bar.update(int(batch["sample_id"].shape[0]))
-        loader.close()
-        rep = run.report
-        epochs.append(rep.as_dict())
-        print(
-            f"epoch {epoch}: emitted {rep.emitted}/{rep.expected}, skipped {rep.num_skipped}, "
-            f"{rep.images_per_s:.0f} img/s, first batch {rep.first_batch_s:.2f}s"
-        )
-        print_skips(rep.skipped, rep.skipped_paths)
-        print(f"  ids_sha256     {rep.ids_sha256}\n  content_sha256 {rep.content_sha256}")
+    source = EpochSource(pipe)
+    with DeviceLoader(source, device=args.device) as loader:  # one loader (one side stream) for the run
+        for epoch in range(args.epochs):
+            with progress(len(rows), f"epoch {epoch}") as bar:
+                for batch in loader:
+                    bar.update(int(batch["sample_id"].shape[0]))
+            rep = source.last_report
+            rss_mb = psutil.Process().memory_info().rss / 2**20
+            extra = {"driver_rss_mb": round(rss_mb, 1), "data_stall_s": round(loader.stats.wait_s, 3)}
+            epochs.append(rep.as_dict() | extra)
+            print(
+                f"epoch {epoch}: emitted {rep.emitted}/{rep.expected}, skipped {rep.num_skipped}, "
+                f"{rep.images_per_s:.0f} img/s, first batch {rep.first_batch_s:.2f}s, driver RSS {rss_mb:.0f} MB"
+            )
+            print_skips(rep.skipped, rep.skipped_paths)
+            print(f"  ids_sha256     {rep.ids_sha256}\n  content_sha256 {rep.content_sha256}")
     write_json(args.json, {"data": args.data, "samples": len(rows), "epochs": epochs})
     return 0

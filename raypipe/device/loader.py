@@ -188,12 +188,7 @@ class DeviceLoader:
         self._stop(self._active)  # a new pass ends an unfinished previous one
         epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
         self.stats, self.last_wait_s = LoaderStats(epoch=epoch), 0.0
-        ep = self._active = _Epoch(self.prefetch)
-        ep.thread = threading.Thread(
-            target=self._produce, args=(ep, epoch), name=f"raypipe-device-loader-{id(self):x}", daemon=True
-        )
-        ep.thread.start()
-        return self._consume(ep)
+        return self._consume(epoch)
 
     def close(self) -> None:
         """Stop the producer thread, wait for pending copies, free the ring. Idempotent."""
@@ -211,7 +206,14 @@ class DeviceLoader:
 
     # -- consumer side ----------------------------------------------------------------------------
 
-    def _consume(self, ep: _Epoch) -> Iterator[Any]:
+    def _consume(self, epoch: int) -> Iterator[Any]:
+        # The thread starts with the first next(): an iterator never advanced holds no thread.
+        self._stop(self._active)
+        ep = self._active = _Epoch(self.prefetch)
+        ep.thread = threading.Thread(
+            target=self._produce, args=(ep, epoch), name=f"raypipe-device-loader-{id(self):x}", daemon=True
+        )
+        ep.thread.start()
         try:
             while True:
                 # 6. take the next ready batch; the time blocked here is the data stall

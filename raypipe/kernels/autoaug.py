@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 from timm.data.auto_augment import augment_and_mix_transform, auto_augment_transform, rand_augment_transform
 from timm.data.transforms import str_to_pil_interp
 
@@ -32,11 +32,33 @@ def build_auto_augment(policy: str, input_size: tuple[int, int], mean: tuple[flo
     """timm's policy object for ``policy`` (``rand-…``, ``augmix-…``, or an AutoAugment name)."""
     hp = aa_hparams(input_size, mean, interpolation)
     if policy.startswith("rand"):
-        return rand_augment_transform(policy, hp)
-    if policy.startswith("augmix"):
+        op = rand_augment_transform(policy, hp)
+    elif policy.startswith("augmix"):
         hp["translate_pct"] = 0.3
-        return augment_and_mix_transform(policy, hp)
-    return auto_augment_transform(policy, hp)
+        op = augment_and_mix_transform(policy, hp)
+    else:
+        op = auto_augment_transform(policy, hp)
+    _patch_posterize(op)
+    return op
+
+
+def _posterize(img: Image.Image, bits_to_keep: int, **_) -> Image.Image:
+    """timm's posterize, safe for 0 bits: timm's 'increasing' levels ask for 0 bits at magnitude 10
+    (reachable with ``mstd``), which Pillow >= 12 refuses; older Pillow gave a black image, as here."""
+    if bits_to_keep >= 8:
+        return img
+    if bits_to_keep < 1:
+        return Image.new(img.mode, img.size)
+    return ImageOps.posterize(img, bits_to_keep)
+
+
+def _patch_posterize(op) -> None:
+    ops = list(getattr(op, "ops", []))
+    for sub in getattr(op, "policy", []):
+        ops.extend(sub)
+    for o in ops:
+        if getattr(o, "name", "").startswith("Posterize"):
+            o.aug_fn = _posterize
 
 
 def jitter_enabled(policy: str | None) -> bool:

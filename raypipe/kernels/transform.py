@@ -15,7 +15,7 @@ import numpy as np
 
 from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
 from raypipe.kernels import autoaug, color
-from raypipe.kernels.decode import decode_for_crop, open_image
+from raypipe.kernels.decode import DecodeBuffer, decode_for_crop, open_image
 from raypipe.kernels.geometry import crop_resize, eval_geometry, rrc_params
 
 __all__ = ["TrainTransform", "EvalTransform", "build_transform", "sample_rng"]
@@ -46,6 +46,7 @@ class TrainTransform:
         self._setup()
 
     def _setup(self) -> None:
+        self._buffer = DecodeBuffer()  # per transform object; not pickled
         a = self.aug
         if a.auto_augment:
             self._aa = autoaug.build_auto_augment(a.auto_augment, a.input_size, a.mean, a.interpolation)
@@ -78,7 +79,7 @@ class TrainTransform:
         sigma = color.blur_sigma(rng) if blur else None
 
         box = (float(left), float(top), float(left + w), float(top + h))
-        pixels, box = decode_for_crop(src, box, a.input_size, self.decode.dct_scaling)
+        pixels, box = decode_for_crop(src, box, a.input_size, self.decode.dct_scaling, self._buffer)
         post = aa_seed is not None or jitter is not None or gray or sigma is not None
         direct = None if post else out
         img = crop_resize(pixels, box, a.input_size, interp, hflip=hflip, vflip=vflip, out=direct)

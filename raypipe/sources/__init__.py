@@ -28,14 +28,14 @@ __all__ = [
 KINDS = ("folder", "parquet", "manifest")
 
 
-def detect_kind(data: str) -> str:
+def detect_kind(data: str, *, filesystem: pafs.FileSystem | None = None) -> str:
     """'manifest' for .csv/.jsonl, 'parquet' for a .parquet file or a folder holding them, else 'folder'."""
     lower = data.lower().rstrip("/")
     if lower.endswith((".csv", ".jsonl", ".ndjson")):
         return "manifest"
     if lower.endswith(".parquet"):
         return "parquet"
-    root = open_root(data)
+    root = open_root(data, filesystem=filesystem)
     if root.is_local:
         if not os.path.exists(root.root):
             raise ValueError(f"dataset {data!r} does not exist")
@@ -58,15 +58,22 @@ def open_source(
     label_column: str = "label",
     path_column: str = "path",
     root: str | None = None,
+    filesystem: pafs.FileSystem | None = None,
 ) -> SourceRows:
-    """List any supported dataset (local path or pyarrow filesystem URI) into SourceRows."""
+    """List any supported dataset (local path or pyarrow filesystem URI) into SourceRows.
+
+    ``filesystem`` (e.g. ``pyarrow.fs.S3FileSystem(endpoint_override=…)``) is used instead of the one
+    the URI implies; it travels to the Ray workers with the rows, so its options must be picklable.
+    """
     if isinstance(data, SourceRows):
         return data
-    kind = kind or detect_kind(data)
+    kind = kind or detect_kind(data, filesystem=filesystem)
     if kind == "folder":
-        return list_image_folder(open_root(data))
+        return list_image_folder(open_root(data, filesystem=filesystem))
     if kind == "parquet":
-        return list_parquet(data, image_column=image_column, label_column=label_column)
+        return list_parquet(data, image_column=image_column, label_column=label_column, filesystem=filesystem)
     if kind == "manifest":
-        return list_manifest(data, root=root, path_column=path_column, label_column=label_column)
+        return list_manifest(
+            data, root=root, path_column=path_column, label_column=label_column, filesystem=filesystem
+        )
     raise ValueError(f"kind={kind!r}: expected one of {KINDS}")

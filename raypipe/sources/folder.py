@@ -46,6 +46,12 @@ def _classes_local(root: DatasetRoot) -> list[str]:
         return sorted(e.name for e in it if e.is_dir() and _inside(root.root, e.path))
 
 
+def _walk_order(relpath: str) -> list[tuple[int, str]]:
+    """Sort key reproducing a sorted top-down os.walk: a folder's files, then its sub-folders in order."""
+    *dirs, name = relpath.split("/")
+    return [(1, d) for d in dirs[1:]] + [(0, name)]
+
+
 def _list_remote(root: DatasetRoot) -> tuple[list[str], dict[str, list[str]]]:
     infos = root.filesystem.get_file_info(pafs.FileSelector(root.root, recursive=True))
     classes: set[str] = set()
@@ -58,10 +64,8 @@ def _list_remote(root: DatasetRoot) -> tuple[list[str], dict[str, list[str]]]:
         elif info.type == pafs.FileType.File and len(parts) >= 2 and _is_image(parts[-1]):
             classes.add(parts[0])
             files.setdefault(parts[0], []).append(rel)
-    # Sorting per directory level equals sorting the '/'-split parts (os.walk order: files before subdirs
-    # is not guaranteed remotely; sort by (dir, name) so the order is deterministic and documented).
     for c in files:
-        files[c].sort(key=lambda p: (p.count("/") > 1, p.split("/")))
+        files[c].sort(key=_walk_order)
     return sorted(classes), files
 
 

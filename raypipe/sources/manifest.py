@@ -20,8 +20,8 @@ from raypipe.sources.table import SourceRows, make_rows
 __all__ = ["list_manifest"]
 
 
-def _read_text(uri: str) -> str:
-    root = open_root(uri)
+def _read_text(uri: str, filesystem) -> str:
+    root = open_root(uri, filesystem=filesystem)
     if root.is_local:
         with open(root.root, encoding="utf-8") as f:
             return f.read()
@@ -60,18 +60,23 @@ def _records(text: str, fmt: str, where: str):
 
 
 def list_manifest(
-    uri: str, *, root: str | None = None, path_column: str = "path", label_column: str = "label"
+    uri: str,
+    *,
+    root: str | None = None,
+    path_column: str = "path",
+    label_column: str = "label",
+    filesystem=None,
 ) -> SourceRows:
     """List a ``.csv`` (with a header) or ``.jsonl`` manifest into SourceRows."""
     lower = uri.lower()
     fmt = "csv" if lower.endswith(".csv") else "jsonl"
     if root is None:
         root = posixpath.dirname(uri) if "://" in uri else os.path.dirname(os.path.abspath(uri))
-    droot: DatasetRoot = open_root(root)
+    droot: DatasetRoot = open_root(root, filesystem=filesystem)
     paths: list[str] = []
     labels: list[int] = []
     errors: list[str | None] = []
-    for n, rec in enumerate(_records(_read_text(uri), fmt, uri)):
+    for n, rec in enumerate(_records(_read_text(uri, filesystem), fmt, uri)):
         if path_column not in rec:
             raise ValueError(f"{uri}: record {n} has no {path_column!r} column (keys: {sorted(rec)})")
         path = rec.get(path_column)

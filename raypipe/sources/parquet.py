@@ -44,9 +44,11 @@ def _open(root: DatasetRoot, rel: str) -> pq.ParquetFile:
     return pq.ParquetFile(root.filesystem.open_input_file(path))
 
 
-def list_parquet(uri: str, *, image_column: str = "image", label_column: str = "label") -> SourceRows:
+def list_parquet(
+    uri: str, *, image_column: str = "image", label_column: str = "label", filesystem: pafs.FileSystem | None = None
+) -> SourceRows:
     """List Parquet file(s) at ``uri`` (a file or a folder of ``*.parquet``) into SourceRows."""
-    probe = open_root(uri)
+    probe = open_root(uri, filesystem=filesystem)
     if probe.is_local:
         single = os.path.isfile(probe.root)
     else:

@@ -1,0 +1,63 @@
+"""Tables, ratios and the bar chart for ``raypipe bench``."""
+
+from __future__ import annotations
+
+from raypipe.benchmark.measure import Result
+
+__all__ = ["ratios", "format_table", "plot"]
+
+
+def ratios(results: dict[str, Result]) -> dict[str, float | None]:
+    """3/4 (raypipe / timm), 3/5 (raypipe / naive Ray Data), 3/1 (raypipe / decode limit)."""
+
+    def r(a: str, b: str) -> float | None:
+        if a in results and b in results and results[b].images_per_s > 0:
+            return round(results[a].images_per_s / results[b].images_per_s, 2)
+        return None
+
+    return {
+        "raypipe/timm": r("raypipe", "timm"),
+        "raypipe/naive_ray_data": r("raypipe", "naive Ray Data"),
+        "raypipe/decode_limit": r("raypipe", "decode limit"),
+        "first_batch raypipe/timm": (
+            round(results["raypipe"].first_batch_s / results["timm"].first_batch_s, 2)
+            if "raypipe" in results and "timm" in results and results["timm"].first_batch_s > 0
+            else None
+        ),
+    }
+
+
+def format_table(title: str, results: dict[str, Result]) -> str:
+    head = f"{'loader':<16} {'img/s':>8} {'1st batch s':>11} {'driver MB':>9} {'workers MB':>10} {'store MB':>8}"
+    lines = [title, head, "-" * len(head)]
+    for res in results.values():
+        store = "-" if res.peak_object_store_mb is None else f"{res.peak_object_store_mb:.0f}"
+        first = f"{res.first_batch_s:.2f}" if res.first_batch_s else "-"
+        rss = f"{res.peak_rss_mb:.0f}" if res.peak_rss_mb else "-"
+        kids = f"{res.peak_children_rss_mb:.0f}" if res.peak_children_rss_mb else "-"
+        lines.append(f"{res.name:<16} {res.images_per_s:>8.0f} {first:>11} {rss:>9} {kids:>10} {store:>8}")
+    for k, v in ratios(results).items():
+        lines.append(f"  {k}: {'-' if v is None else f'{v:.2f}x'}")
+    return "\n".join(lines)
+
+
+def plot(path: str, suites: dict[str, dict[str, Result]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(suites), figsize=(6 * len(suites), 4), squeeze=False)
+    for ax, (title, results) in zip(axes[0], suites.items(), strict=True):
+        names = list(results)
+        values = [results[n].images_per_s for n in names]
+        colors = ["tab:blue" if n.startswith("raypipe") else "tab:gray" for n in names]
+        ax.barh(names, values, color=colors)
+        ax.invert_yaxis()
+        ax.set_xlabel("images / s")
+        ax.set_title(title)
+        for y, v in enumerate(values):
+            ax.text(v, y, f" {v:.0f}", va="center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

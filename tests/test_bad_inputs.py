@@ -1,0 +1,128 @@
+"""The bad-input corpus end to end: every file is emitted as a 3-channel image or skipped with its
+own reason, the totals add up, and ``raypipe scan`` reports the same classification."""
+
+import json
+import os
+
+import image_factory as f
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raypipe.cli.main import main as cli
+from raypipe.config import DecodeConfig, PipelineConfig, TrainAugment
+from raypipe.pipeline import Pipeline, SkipLimitError
+
+pytestmark = pytest.mark.timeout(240)
+
+# file name -> expected reason ("" = must come out as a good image)
+CORPUS = {
+    "good.jpg": ("", lambda: f.photo_jpeg(size=(120, 90))),
+    "truncated.jpg": ("truncated", f.truncated_jpeg),
+    "zero.jpg": ("empty", f.empty),
+    "random.jpg": ("not_an_image", f.random_bytes),
+    "text.jpg": ("not_an_image", f.text_bytes),
+    "bomb.png": ("too_large", f.huge_png),
+    "cmyk.jpg": ("", f.cmyk_jpeg),
+    "gray.jpg": ("", lambda: f.gray("JPEG")),
+    "gray.png": ("", lambda: f.gray("PNG")),
+    "palette.png": ("", lambda: f.palette_png(True)),
+    "la.png": ("", lambda: f.alpha_png("LA")),
+    "rgba.png": ("", lambda: f.alpha_png("RGBA")),
+    "deep.png": ("", lambda: f.png16(np.full((40, 50), 40000, np.uint16))),
+    "exif6.jpg": ("", lambda: f.exif_jpeg(6)),
+    "badexif.jpg": ("", f.broken_exif_jpeg),
+}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    base = tmp_path_factory.mktemp("corpus")
+    root = base / "data"
+    cls = root / "cls"
+    cls.mkdir(parents=True)
+    expected = {}
+    for name, (reason, make) in CORPUS.items():
+        (cls / name).write_bytes(make())
+        expected[name] = reason
+    (base / "secret.jpg").write_bytes(f.photo_jpeg(size=(64, 48)))
+    os.symlink(base / "secret.jpg", cls / "escape.jpg")
+    expected["escape.jpg"] = "outside_root"
+    (cls / "locked.jpg").write_bytes(f.photo_jpeg(size=(64, 48)))
+    os.chmod(cls / "locked.jpg", 0)
+    # root reads mode-000 files anyway; elsewhere it is an unreadable file
+    expected["locked.jpg"] = "" if os.geteuid() == 0 else "unreadable"
+    (cls / "adir.jpg").mkdir()  # a directory named like an image is not a sample
+    (cls / "deleted.jpg").write_bytes(f.photo_jpeg(size=(64, 48)))
+    expected["deleted.jpg"] = "missing"
+    return root, expected
+
+
+def _classify(report, batches) -> dict[str, str]:
+    return {os.path.basename(s["path"]): s["reason"] for s in report.skipped_paths}
+
+
+def test_corpus_through_the_pipeline(ray_local, corpus):
+    root, expected = corpus
+    from raypipe.sources import open_source
+
+    rows = open_source(str(root))  # listing happens before deletion, as in a real race
+    (root / "cls" / "deleted.jpg").unlink()
+    try:
+        pipe = Pipeline(rows, TrainAugment(input_size=40), config=PipelineConfig(batch_size=4, block_size=32),
+                        decode=DecodeConfig(max_pixels=50_000_000))
+        run = pipe.epoch(0)
+        batches = list(run)
+    finally:
+        (root / "cls" / "deleted.jpg").write_bytes(f.photo_jpeg(size=(64, 48)))
+    rep = run.report
+    got = _classify(rep, batches)
+    want = {k: v for k, v in expected.items() if v}
+    assert got == want
+    assert "cls/adir.jpg" not in rows.table.column("path").to_pylist()
+    assert rep.emitted + rep.num_skipped == rep.expected == len(rows)
+    assert rep.emitted == sum(1 for v in expected.values() if not v)
+    for b in batches:
+        assert b["image"].dtype == np.uint8 and b["image"].shape[-1] == 3
+
+
+def test_skip_ratio_error_lists_the_paths(ray_local, corpus):
+    root, expected = corpus
+    pipe = Pipeline(str(root), TrainAugment(input_size=40), config=PipelineConfig(batch_size=4, max_skip_ratio=0.1))
+    with pytest.raises(SkipLimitError) as e:
+        for _ in pipe.epoch(0):
+            pass
+    for name in ("truncated.jpg", "bomb.png", "escape.jpg"):
+        assert name in str(e.value)
+
+
+def test_scan_reports_the_same_classification(ray_local, corpus, tmp_path, capsys):
+    root, expected = corpus
+    out = tmp_path / "scan.json"
+    assert cli(["scan", str(root), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    got = {os.path.basename(s["path"]): s["reason"] for s in report["skipped_paths"]}
+    want = {k: v for k, v in expected.items() if v and k != "deleted.jpg"}  # it exists again now
+    assert got == want
+    assert report["ok"] + sum(report["skipped"].values()) == report["total"]
+    assert "skipped" in capsys.readouterr().out
+
+
+def test_manifest_and_parquet_bad_rows(ray_local, tmp_path):
+    img = tmp_path / "a.jpg"
+    img.write_bytes(f.photo_jpeg(size=(64, 48)))
+    man = tmp_path / "m.jsonl"
+    man.write_text(
+        '{"path": "a.jpg", "label": 1}\n{"path": "a.jpg"}\n{"path": "a.jpg", "label": "x"}\n'
+        '{"path": "../a.jpg", "label": 0}\n'
+    )
+    run = Pipeline(str(man), TrainAugment(input_size=32), config=PipelineConfig(batch_size=2)).epoch(0)
+    list(run)
+    assert run.report.emitted == 1 and run.report.skipped == {"bad_label": 2, "outside_root": 1}
+    table = pa.table({"image": pa.array([img.read_bytes(), None, b"junk"], pa.binary()), "label": [0, 1, None]})
+    pq.write_table(table, tmp_path / "d.parquet")
+    pipe = Pipeline(str(tmp_path / "d.parquet"), TrainAugment(input_size=32), config=PipelineConfig(batch_size=2))
+    run = pipe.epoch(0)
+    list(run)
+    assert run.report.emitted == 1 and run.report.skipped == {"bad_label": 1, "null_image": 1}

@@ -1,0 +1,126 @@
+"""Faults: a killed augmentation worker, a lost node, a consumer that stops early.
+
+After each fault the epoch must complete with exactly the expected sample ids (no loss, no
+duplicate) and the same content digest as an undisturbed run.
+"""
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+import ray
+
+from raypipe.config import PipelineConfig, TrainAugment
+from raypipe.pipeline import Pipeline
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+AUG = TrainAugment(input_size=96, color_jitter=None)
+
+
+@pytest.fixture(scope="module")
+def faults_dir(tmp_path_factory):
+    from raypipe.sample_data import write_sample_data
+
+    out = tmp_path_factory.mktemp("faults")
+    write_sample_data(out, classes=4, per_class=60, seed=2)
+    return out
+
+
+def _stage_workers() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if cmd.startswith("ray::") and ("augment_block" in cmd or "AugmentStage" in cmd):
+            found.append(proc)
+    return found
+
+
+def _run(pipe, epoch=0, on_first_batch=None):
+    run = pipe.epoch(epoch)
+    ids = []
+    for i, batch in enumerate(run):
+        ids.extend(batch["sample_id"].tolist())
+        if i == 0 and on_first_batch is not None:
+            on_first_batch()
+    return ids, run.report
+
+
+def _kill_one_worker():
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        workers = _stage_workers()
+        if workers:
+            os.kill(workers[0].pid, signal.SIGKILL)
+            return workers[0].pid
+        time.sleep(0.05)
+    raise AssertionError("no augmentation worker process found to kill")
+
+
+@pytest.mark.parametrize("compute", ["tasks", "actors"])
+def test_killed_worker_mid_epoch_loses_nothing(ray_local, faults_dir, compute):
+    cfg = PipelineConfig(batch_size=16, block_size=8, prefetch_blocks=1, compute=compute, num_actors=2)
+    pipe = Pipeline(str(faults_dir), AUG, config=cfg, content_digest=True)
+    clean_ids, clean = _run(pipe)
+    killed = []
+    ids, rep = _run(pipe, on_first_batch=lambda: killed.append(_kill_one_worker()))
+    assert killed, "the fault was not injected"
+    assert len(ids) == len(set(ids)) == 240
+    assert sorted(ids) == sorted(clean_ids)
+    assert rep.content_sha256 == clean.content_sha256
+    assert rep.num_skipped == 0
+
+
+def test_consumer_stops_early_then_next_epoch_is_clean(ray_local, faults_dir):
+    pipe = Pipeline(str(faults_dir), AUG, config=PipelineConfig(batch_size=16, block_size=16))
+    threads_before = {t.name for t in threading.enumerate()}
+    run = pipe.epoch(0)
+    for _ in run:
+        break
+    del run
+    ids, rep = _run(pipe, epoch=1)
+    assert sorted(ids) == list(range(240)) and rep.emitted == 240
+    from raypipe.device import DeviceLoader
+    from raypipe.pipeline import EpochSource
+
+    loader = DeviceLoader(EpochSource(pipe, start_epoch=2), device="cpu")
+    for _ in loader:
+        break
+    n = sum(int(b["image"].shape[0]) for b in loader)  # the next pass starts cleanly and is complete
+    loader.close()
+    assert n == 240
+    time.sleep(0.5)
+    leaked = {t.name for t in threading.enumerate()} - threads_before
+    assert not [t for t in leaked if t.startswith("raypipe")], leaked
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_node_removed_mid_epoch(faults_dir, replace):
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 200 * 2**20})
+    try:
+        victim = cluster.add_node(num_cpus=1, object_store_memory=150 * 2**20)
+        ray.init(address=cluster.address, logging_level="WARNING")
+        cluster.wait_for_nodes()
+        cfg = PipelineConfig(batch_size=16, block_size=8, prefetch_blocks=1, num_actors=2)
+        pipe = Pipeline(str(faults_dir), AUG, config=cfg, content_digest=True)
+        clean_ids, clean = _run(pipe)
+
+        def remove():
+            cluster.remove_node(victim, allow_graceful=False)
+            if replace:
+                cluster.add_node(num_cpus=1, object_store_memory=150 * 2**20)
+
+        ids, rep = _run(pipe, on_first_batch=remove)
+        assert len(ids) == len(set(ids)) == 240
+        assert sorted(ids) == sorted(clean_ids)
+        assert rep.content_sha256 == clean.content_sha256
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

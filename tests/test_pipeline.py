@@ -1,0 +1,148 @@
+"""The Ray pipeline in local Ray: exact accounting, determinism, sharding, bad inputs."""
+
+import os
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raypipe.config import EvalAugment, PipelineConfig, TrainAugment
+from raypipe.pipeline import Pipeline, SkipLimitError, shard_indices
+
+pytestmark = pytest.mark.timeout(240)
+
+AUG = TrainAugment(input_size=32, color_jitter=None)
+
+
+def run_epoch(pipe, epoch=0, **kw):
+    run = pipe.epoch(epoch, **kw)
+    batches = list(run)
+    return batches, run.report
+
+
+@pytest.fixture(scope="module")
+def bad_dir(tmp_path_factory, sample_dir):
+    """The sample data plus one class of broken files mixed with good ones."""
+    root = tmp_path_factory.mktemp("bad")
+    shutil.copytree(sample_dir, root, dirs_exist_ok=True)
+    cls = sorted(os.listdir(root))[0]
+    good = sorted((root / cls).iterdir())[0].read_bytes()
+    (root / cls / "trunc.jpg").write_bytes(good[: len(good) // 3])
+    (root / cls / "empty.jpg").write_bytes(b"")
+    (root / cls / "noise.jpg").write_bytes(np.random.default_rng(0).bytes(5000))
+    (root / cls / "text.png").write_bytes(b"hello, I am not a picture\n" * 20)
+    return root
+
+
+def test_every_sample_once_exact_batches(ray_local, sample_dir):
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=10, block_size=7))
+    batches, rep = run_epoch(pipe)
+    sizes = [len(b["sample_id"]) for b in batches]
+    assert sizes[:-1] == [10] * (len(sizes) - 1) and sizes[-1] == 48 - 10 * (len(sizes) - 1)
+    ids = np.concatenate([b["sample_id"] for b in batches])
+    assert sorted(ids.tolist()) == list(range(48))
+    assert rep.emitted == 48 and rep.num_skipped == 0 and rep.expected == 48
+    for b in batches:
+        assert b["image"].dtype == np.uint8 and b["image"].shape[1:] == (32, 32, 3)
+        assert b["image"].flags.c_contiguous
+        assert b["label"].dtype == np.int64
+    labels = dict(zip(pipe.rows.table.column("sample_id").to_pylist(), pipe.rows.table.column("label").to_pylist(),
+                      strict=True))
+    for b in batches:
+        assert [labels[int(s)] for s in b["sample_id"]] == b["label"].tolist()
+
+
+def test_drop_last_is_accounted(ray_local, sample_dir):
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=20, drop_last=True))
+    batches, rep = run_epoch(pipe)
+    assert [len(b["sample_id"]) for b in batches] == [20, 20]
+    assert rep.emitted == 40 and rep.dropped_last == 8
+
+
+def test_content_is_deterministic_whatever_the_workers(ray_local, sample_dir):
+    digests = []
+    for cfg in (
+        PipelineConfig(batch_size=16, num_actors=1, block_size=5),
+        PipelineConfig(batch_size=7, num_actors=2, block_size=16),
+        PipelineConfig(batch_size=16, num_actors=2, compute="actors"),
+    ):
+        pipe = Pipeline(str(sample_dir), AUG, config=cfg, content_digest=True)
+        digests.append(run_epoch(pipe)[1].content_sha256)
+    assert len(set(digests)) == 1
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16), content_digest=True)
+    assert run_epoch(pipe, epoch=1)[1].content_sha256 != digests[0]
+    other_seed = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16, seed=7), content_digest=True)
+    assert run_epoch(other_seed)[1].content_sha256 != digests[0]
+
+
+def test_shards_are_disjoint_and_cover(ray_local, sample_dir):
+    for epoch in (0, 1):
+        parts = [shard_indices(48, seed=3, epoch=epoch, shuffle=True, rank=r, world_size=3) for r in range(3)]
+        allidx = np.concatenate(parts)
+        assert sorted(allidx.tolist()) == list(range(48))
+    assert not np.array_equal(
+        shard_indices(48, seed=3, epoch=0, shuffle=True), shard_indices(48, seed=3, epoch=1, shuffle=True)
+    )
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8))
+    seen = []
+    for rank in range(2):
+        batches, rep = run_epoch(pipe, rank=rank, world_size=2)
+        assert rep.expected == 24
+        seen += np.concatenate([b["sample_id"] for b in batches]).tolist()
+    assert sorted(seen) == list(range(48))
+
+
+def test_bad_files_are_skipped_with_reasons_neighbours_survive(ray_local, bad_dir):
+    pipe = Pipeline(str(bad_dir), AUG, config=PipelineConfig(batch_size=16, block_size=64))
+    batches, rep = run_epoch(pipe)
+    assert rep.expected == 52
+    assert rep.emitted == 48  # all good images, including the ones sharing a block with bad ones
+    assert rep.emitted + rep.num_skipped == rep.expected
+    by_path = {os.path.basename(s["path"]): s["reason"] for s in rep.skipped_paths}
+    assert by_path == {"trunc.jpg": "truncated", "empty.jpg": "empty", "noise.jpg": "not_an_image",
+                       "text.png": "not_an_image"}
+
+
+def test_skip_limit_lists_paths(ray_local, bad_dir):
+    pipe = Pipeline(str(bad_dir), AUG, config=PipelineConfig(batch_size=16, max_skip_ratio=0.01))
+    with pytest.raises(SkipLimitError) as e:
+        run_epoch(pipe)
+    for name in ("trunc.jpg", "empty.jpg", "noise.jpg", "text.png"):
+        assert name in str(e.value)
+
+
+def test_parquet_pipeline_with_null_cell(ray_local, sample_dir, tmp_path):
+    files = sorted(p for p in sample_dir.rglob("*.jpg"))[:10]
+    images = [f.read_bytes() for f in files]
+    images[3] = None
+    table = pa.table({"img": pa.array(images, pa.binary()), "y": pa.array([i % 2 for i in range(10)], pa.int64())})
+    pq.write_table(table, tmp_path / "part-0.parquet", row_group_size=4)
+    pipe = Pipeline(
+        __import__("raypipe.sources", fromlist=["x"]).open_source(str(tmp_path), image_column="img", label_column="y"),
+        EvalAugment(input_size=24),
+        config=PipelineConfig(batch_size=4, shuffle=False),
+    )
+    batches, rep = run_epoch(pipe)
+    assert rep.emitted == 9 and rep.skipped == {"null_image": 1}
+    ids = np.concatenate([b["sample_id"] for b in batches]).tolist()
+    assert sorted(ids) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    labels = np.concatenate([b["label"] for b in batches]).tolist()
+    assert labels == [i % 2 for i in ids]
+
+
+def test_manifest_escape_and_bad_label_counted(ray_local, sample_dir, tmp_path):
+    files = sorted(p for p in sample_dir.rglob("*.jpg"))[:4]
+    lines = ["path,label"] + [f"{os.path.relpath(f, sample_dir)},1" for f in files]
+    lines += [f"{os.path.relpath(files[0], sample_dir)},notanint", "../escape.jpg,0", "missing.jpg,2"]
+    (tmp_path / "escape.jpg").write_bytes(files[0].read_bytes())
+    man = sample_dir / "m.csv"
+    man.write_text("\n".join(lines) + "\n")
+    try:
+        pipe = Pipeline(str(man), AUG, config=PipelineConfig(batch_size=4))
+        _, rep = run_epoch(pipe)
+    finally:
+        man.unlink()
+    assert rep.emitted == 4
+    assert rep.skipped == {"bad_label": 1, "missing": 1, "outside_root": 1}
