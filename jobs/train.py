@@ -1,0 +1,32 @@
+"""Train a timm model with raypipe on Ray. With no arguments: sample data, a small model, a few minutes.
+
+    python jobs/train.py                                   # local Ray, embedded default job
+    ray job submit --working-dir . -- python jobs/train.py -c jobs/configs/resnet50_imagenet.yaml …
+
+Thin on purpose: parse, connect, hand over to ``raypipe.train``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:  # `import raypipe` without `pip install` (a checkout, or Ray's working_dir)
+    sys.path.insert(0, REPO)
+# Workers of a Ray that this process starts inherit its environment, so they find the package too.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from raypipe.runtime import connect
+    from raypipe.train import parse_job, run_training
+
+    job = parse_job(argv)
+    connect()
+    run_training(job)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

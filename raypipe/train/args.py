@@ -1,0 +1,220 @@
+"""The training job's flags (timm train.py names) and strict YAML, merged into a frozen ``TrainJobConfig``.
+
+Precedence: ``TrainJobConfig`` defaults (the embedded default job) < ``-c/--config`` YAML < flags
+given on the command line. The YAML is flat and uses the flags' dest names (``batch_size``,
+``img_size``, ``num_workers`` …); an unknown or duplicated key is an error. The augmentation and
+pipeline flags are raypipe's shared ones (``raypipe.cli.args``), so their names and checks match
+``raypipe run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from raypipe.cli.args import add_augment_args, add_pipeline_args, build_configs
+from raypipe.config import DecodeConfig, EvalAugment, PipelineConfig, TrainAugment, load_yaml
+
+__all__ = ["TrainJobConfig", "build_parser", "parse_job", "job_from_namespace", "DEFAULTS"]
+
+# The embedded default job: sample data, a small model, a few minutes on 2 CPU cores.
+DEFAULTS: dict[str, Any] = {
+    "img_size": 64,
+    "batch_size": 32,
+    "scale": (0.35, 1.0),
+    "cpus_per_actor": 1.0,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainJobConfig:
+    """Everything a training run needs; validated on construction, picklable for Ray workers."""
+
+    data: str | None = None  # None: generate the sample dataset into sample_dir
+    val_data: str | None = None
+    val_split: float = 0.1
+    kind: str | None = None
+    sample_dir: str = "sample_data"
+    sample_per_class: int = 100
+    model: str = "resnet10t"
+    num_classes: int | None = None  # None: from the dataset
+    epochs: int = 8
+    lr: float = 2e-3
+    opt: str = "adamw"
+    momentum: float = 0.9
+    sched: str = "cosine"
+    warmup_epochs: int = 1
+    warmup_lr: float = 1e-5
+    min_lr: float = 1e-5
+    weight_decay: float = 0.05
+    reprob: float = 0.0
+    remode: str = "pixel"
+    recount: int = 1
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    smoothing: float = 0.0
+    amp: bool = False
+    channels_last: bool = False
+    num_workers: int = 1
+    use_gpu: bool = False
+    cpus_per_worker: float = 0.5
+    storage_path: str = "runs"
+    name: str | None = None
+    max_failures: int = 0
+    preprocess_resource: str | None = None
+    record_ids: bool = False  # each rank writes the sample ids it trained on (tests, audits)
+    augment: TrainAugment = field(default_factory=TrainAugment)
+    eval: EvalAugment = field(default_factory=EvalAugment)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def __post_init__(self) -> None:
+        def fail(name: str, why: str) -> None:
+            raise ValueError(f"{name}={getattr(self, name)!r}: {why}")
+
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_num(v: Any) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+        for name in ("epochs", "num_workers", "recount", "sample_per_class"):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
+                fail(name, "expected a positive int")
+        if not is_int(self.warmup_epochs) or self.warmup_epochs < 0:
+            fail("warmup_epochs", "expected an int >= 0")
+        if not is_int(self.max_failures) or self.max_failures < -1:
+            fail("max_failures", "expected an int >= 0, or -1 to retry forever")
+        for name in ("lr", "warmup_lr", "min_lr", "weight_decay", "momentum", "mixup", "cutmix"):
+            if not is_num(getattr(self, name)) or getattr(self, name) < 0:
+                fail(name, "expected a number >= 0")
+        if not self.lr > 0:
+            fail("lr", "expected > 0")
+        for name in ("reprob", "smoothing"):
+            if not is_num(getattr(self, name)) or not 0 <= getattr(self, name) <= 1:
+                fail(name, "expected a number in [0, 1]")
+        if not is_num(self.val_split) or not 0 <= self.val_split < 1:
+            fail("val_split", "expected 0 <= val_split < 1")
+        if self.remode not in ("const", "rand", "pixel"):
+            fail("remode", "expected const, rand or pixel")
+        if not is_num(self.cpus_per_worker) or not 0 <= self.cpus_per_worker <= 256:
+            fail("cpus_per_worker", "expected 0 <= cpus_per_worker <= 256 (fractions allowed)")
+        if self.num_classes is not None and (not is_int(self.num_classes) or self.num_classes < 1):
+            fail("num_classes", "expected a positive int or None")
+        if not isinstance(self.model, str) or not self.model:
+            fail("model", "expected a timm model name")
+        if self.name is not None and (not self.name or "/" in self.name or self.name.startswith(".")):
+            fail("name", "expected a plain directory name")
+        if self.preprocess_resource is not None and not self.preprocess_resource:
+            fail("preprocess_resource", "expected a Ray resource name")
+        for name in ("amp", "channels_last", "use_gpu", "record_ids"):
+            if not isinstance(getattr(self, name), bool):
+                fail(name, "expected true or false")
+
+    @property
+    def soft_targets(self) -> bool:
+        """Mixup/cutmix on: the DeviceLoader makes soft targets (smoothing folded in)."""
+        return self.mixup > 0 or self.cutmix > 0
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["pipeline"]["resources"] = dict(self.pipeline.resources)
+        return out
+
+
+# dest -> TrainJobConfig field, for the job's own flags
+_JOB_FIELDS = (
+    "data", "val_data", "val_split", "kind", "sample_dir", "sample_per_class", "model", "num_classes", "epochs",
+    "lr", "opt", "momentum", "sched", "warmup_epochs", "warmup_lr", "min_lr", "weight_decay", "reprob", "remode",
+    "recount", "mixup", "cutmix", "smoothing", "amp", "channels_last", "num_workers", "use_gpu", "cpus_per_worker",
+    "storage_path", "name", "max_failures", "preprocess_resource", "record_ids",
+)  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="jobs/train.py",
+        description="Train a timm model on Ray: augmentation on the cluster, one DDP worker per GPU.",
+    )
+    g = p.add_argument_group("data and model")
+    g.add_argument("--data", help="image folder, Parquet or CSV/JSONL manifest (default: generated sample data)")
+    g.add_argument("--val-data", help="evaluation dataset (default: a held-out --val-split of --data)")
+    g.add_argument("--val-split", type=float, help="fraction held out for eval, chosen by a hash of sample_id")
+    g.add_argument("--kind", choices=("folder", "parquet", "manifest"), help="dataset kind (detected if omitted)")
+    g.add_argument("--sample-dir", help="where the sample dataset is generated when --data is not given")
+    g.add_argument("--sample-per-class", type=int, help="sample dataset images per class (10 classes)")
+    g.add_argument("--model", help="timm model name (pretrained=False)")
+    g.add_argument("--num-classes", type=int, help="classifier outputs (default: from the dataset)")
+    g = p.add_argument_group("optimisation (timm train.py names)")
+    g.add_argument("--epochs", type=int)
+    g.add_argument("--lr", type=float, help="learning rate")
+    g.add_argument("--opt", help="timm optimizer name (sgd, adamw, lamb, …)")
+    g.add_argument("--momentum", type=float)
+    g.add_argument("--sched", help="timm scheduler name (cosine, step, …)")
+    g.add_argument("--warmup-epochs", type=int)
+    g.add_argument("--warmup-lr", type=float)
+    g.add_argument("--min-lr", type=float)
+    g.add_argument("--weight-decay", type=float)
+    g.add_argument("--reprob", type=float, help="random erasing probability (on the trainer's device)")
+    g.add_argument("--remode", choices=("const", "rand", "pixel"), help="random erasing mode")
+    g.add_argument("--recount", type=int, help="random erasing count")
+    g.add_argument("--mixup", type=float, help="mixup alpha (0: off)")
+    g.add_argument("--cutmix", type=float, help="cutmix alpha (0: off)")
+    g.add_argument("--smoothing", type=float, help="label smoothing")
+    g.add_argument("--amp", action="store_true", default=None, help="mixed precision (fp16 on CUDA, bf16 on CPU)")
+    g.add_argument("--channels-last", action="store_true", default=None, help="channels_last model and input")
+    g = p.add_argument_group("Ray")
+    g.add_argument("--num-workers", type=int, help="training workers (one per GPU with --use-gpu)")
+    g.add_argument("--use-gpu", action="store_true", default=None, help="one GPU per training worker")
+    g.add_argument("--cpus-per-worker", type=float, help="CPUs each training worker reserves (fractions allowed)")
+    g.add_argument("--storage-path", help="run storage (local path, or s3://… shared by all nodes)")
+    g.add_argument("--name", help="run name; re-running with the same name resumes from its last checkpoint")
+    g.add_argument("--max-failures", type=int, help="restarts from the last checkpoint after a worker dies")
+    g.add_argument("--preprocess-resource", help="Ray resource augmentation workers ask 0.001 of (cluster.yaml)")
+    g.add_argument("--record-ids", action="store_true", default=None, help="write the sample ids each rank trained on")
+    add_augment_args(p)
+    add_pipeline_args(p)  # also -b/--batch-size, --seed and -c/--config
+    return p
+
+
+def _known_keys(parser: argparse.ArgumentParser) -> set[str]:
+    return {a.dest for a in parser._actions if a.dest not in ("help", "config")}
+
+
+def job_from_namespace(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> TrainJobConfig:
+    """Merge defaults < YAML (``args.config``) < given flags into a validated ``TrainJobConfig``."""
+    parser = parser or build_parser()
+    known = _known_keys(parser)
+    merged: dict[str, Any] = dict(DEFAULTS)
+    if getattr(args, "config", None):
+        data = load_yaml(args.config)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{args.config}: unknown key(s) {unknown}; keys are the flags' dest names")
+        merged.update(data)
+    for dest in known:
+        value = getattr(args, dest, None)
+        if value is not None:
+            merged[dest] = value
+    ns = argparse.Namespace(**{dest: merged.get(dest) for dest in known})
+    sections = build_configs(ns)
+    job = {k: merged[k] for k in _JOB_FIELDS if merged.get(k) is not None}
+    pipeline = sections["pipeline"]
+    if job.get("preprocess_resource"):
+        pipeline = dataclasses.replace(pipeline, resources={job["preprocess_resource"]: 0.001})
+    return TrainJobConfig(
+        **job, augment=sections["augment"], eval=sections["eval"], pipeline=pipeline, decode=sections["decode"]
+    )
+
+
+def parse_job(argv: list[str] | None = None) -> TrainJobConfig:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return job_from_namespace(args, parser)
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits

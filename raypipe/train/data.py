@@ -1,0 +1,65 @@
+"""The job's datasets: listed once on the driver, split train/eval by a hash of ``sample_id``."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from raypipe.sources import SourceRows, open_source
+from raypipe.train.args import TrainJobConfig
+
+__all__ = ["held_out_mask", "split_rows", "job_rows", "SAMPLE_CLASSES"]
+
+log = logging.getLogger(__name__)
+SAMPLE_CLASSES = 10
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """A well-mixed 64-bit hash (splitmix64's finaliser), vectorised; wraps modulo 2**64 by design."""
+    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def held_out_mask(sample_ids: np.ndarray, fraction: float) -> np.ndarray:
+    """True for ids in the held-out split: a function of the id alone, so the split is the same on
+    every run, every cluster size and after rows are appended to the dataset."""
+    buckets = _splitmix64(np.asarray(sample_ids, dtype=np.int64)) % np.uint64(1_000_000)
+    return buckets < np.uint64(round(fraction * 1_000_000))
+
+
+def split_rows(rows: SourceRows, fraction: float) -> tuple[SourceRows, SourceRows]:
+    """(train, held-out) views of ``rows``; sample ids are kept, not renumbered."""
+    mask = held_out_mask(rows.table.column("sample_id").to_numpy(), fraction)
+    val = rows.table.filter(pa.array(mask))
+    train = rows.table.filter(pa.array(~mask))
+    return dataclasses.replace(rows, table=train), dataclasses.replace(rows, table=val)
+
+
+def _ensure_sample_data(job: TrainJobConfig) -> str:
+    from raypipe.sample_data import write_sample_data
+
+    out = Path(job.sample_dir).resolve()
+    marker = out / ".complete"
+    if not marker.exists():
+        print(f"writing sample data: {SAMPLE_CLASSES} classes x {job.sample_per_class} JPEGs to {out}", flush=True)
+        write_sample_data(out, classes=SAMPLE_CLASSES, per_class=job.sample_per_class)
+        marker.write_text(f"classes={SAMPLE_CLASSES} per_class={job.sample_per_class}\n", encoding="utf-8")
+    return str(out)
+
+
+def job_rows(job: TrainJobConfig) -> tuple[SourceRows, SourceRows, str]:
+    """List the train and eval rows once (on the driver) and name the data they came from."""
+    data = job.data or _ensure_sample_data(job)
+    rows = open_source(data, kind=job.kind)
+    if job.val_data:
+        return rows, open_source(job.val_data, kind=job.kind), data
+    if job.val_split <= 0:
+        raise ValueError("no eval data: give --val-data or a --val-split > 0")
+    train, val = split_rows(rows, job.val_split)
+    return train, val, data

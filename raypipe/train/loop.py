@@ -1,0 +1,277 @@
+"""The per-worker training loop Ray Train runs on every rank.
+
+Each rank r of N reads its own shard of every epoch (``EpochSource``: a seeded permutation dealt
+round-robin, ``perm[r::N]``), so each sample is trained on exactly once per epoch across ranks
+(docs/training.md). Shards differ by at most one row and by their skipped images, so ranks may
+take different numbers of steps: DDP's ``Join`` lets a rank that ran out shadow the others'
+all-reduces instead of hanging, and nothing is padded or dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import ray
+import ray.train
+import ray.train.torch
+import torch
+import torch.distributed as dist
+
+from raypipe.device import DeviceLoader
+from raypipe.pipeline import EpochSource, Pipeline
+from raypipe.train.args import TrainJobConfig
+from raypipe.train.metrics import RankEpoch, RunDir, combine, format_line
+
+__all__ = ["train_loop_per_worker", "STATE_FILE"]
+
+STATE_FILE = "state.pt"
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _gather(obj):
+    if not _distributed():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _losses(job: TrainJobConfig):
+    from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+
+    if job.soft_targets:
+        return SoftTargetCrossEntropy()  # the DeviceLoader folds smoothing into the mixed targets
+    if job.smoothing > 0:
+        return LabelSmoothingCrossEntropy(smoothing=job.smoothing)
+    return torch.nn.CrossEntropyLoss()
+
+
+def _amp(job: TrainJobConfig, device: torch.device):
+    if not job.amp:
+        return contextlib.nullcontext, None
+    if device.type == "cuda":
+        scaler = torch.amp.GradScaler("cuda")
+        return (lambda: torch.autocast("cuda", dtype=torch.float16)), scaler
+    return (lambda: torch.autocast("cpu", dtype=torch.bfloat16)), None
+
+
+def _loader(source, job: TrainJobConfig, device, num_classes: int, *, train: bool) -> DeviceLoader:
+    kwargs = dict(
+        device=device,
+        img_dtype=torch.float16 if (device.type == "cuda" and job.amp) else torch.float32,
+        channels_last=job.channels_last,
+        seed=job.pipeline.seed,
+        num_classes=num_classes,
+    )
+    if train:
+        kwargs.update(re_prob=job.reprob, re_mode=job.remode, re_count=job.recount)
+        if job.soft_targets:
+            kwargs.update(mixup_alpha=job.mixup, cutmix_alpha=job.cutmix, label_smoothing=job.smoothing)
+    return DeviceLoader(source, **kwargs)
+
+
+def _load_state(model, optimizer, scheduler) -> int:
+    """Restore from Ray Train's latest checkpoint; return the epoch to start at (0 when none)."""
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is None:
+        return 0
+    with ckpt.as_directory() as d:
+        # Our own file, written by rank 0 of this run; weights_only refuses anything but tensors/containers.
+        state = torch.load(os.path.join(d, STATE_FILE), map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return int(state["epoch"]) + 1
+
+
+def _bar(total: int, desc: str):
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="img", leave=False, dynamic_ncols=True)
+
+
+@contextlib.contextmanager
+def _frozen_batchnorm(model: torch.nn.Module, active: bool):
+    """BatchNorm on running statistics for this step: batch statistics of ONE sample are undefined
+    (torch raises), and the epoch's last batch may hold one sample — we train on it, not drop it."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training]
+    if active:
+        for m in norms:
+            m.eval()
+    try:
+        yield
+    finally:
+        if active:
+            for m in norms:
+                m.train()
+
+
+def _train_epoch(model, loader, optimizer, loss_fn, autocast, scaler, rec: RankEpoch, ids: list | None) -> None:
+    model.train()
+    join = _distributed()
+    ctx = contextlib.nullcontext()
+    if join:
+        from torch.distributed.algorithms.join import Join
+
+        ctx = Join([model])  # a rank that ran out of batches shadows the others' all-reduces
+    bar = _bar(len(loader.source) * loader.source.pipeline.config.batch_size, f"train {rec.rank}")
+    t0 = time.perf_counter()
+    with ctx:
+        for batch in loader:
+            x, y = batch["image"], batch["label"]
+            with autocast(), _frozen_batchnorm(model, int(x.shape[0]) == 1):
+                loss = loss_fn(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
+            n = int(x.shape[0])
+            rec.steps += 1
+            rec.samples += n
+            rec.loss_sum += float(loss.detach()) * n
+            if ids is not None:
+                ids.append(batch["sample_id"].cpu().numpy())
+            if bar is not None:
+                bar.update(n)
+    rec.train_s = time.perf_counter() - t0
+    rec.wait_s = loader.stats.wait_s
+    if bar is not None:
+        bar.close()
+
+
+@torch.no_grad()
+def _sync_buffers(model: torch.nn.Module) -> None:
+    """Rank 0's BatchNorm statistics everywhere: each rank's last step updated its own copy after DDP's
+    last broadcast, and eval (and the checkpoint, from rank 0) should see one model."""
+    if _distributed():
+        for b in model.buffers():
+            dist.broadcast(b, src=0)
+
+
+@torch.no_grad()
+def _evaluate(model, loader, autocast, num_classes: int, rec: RankEpoch) -> None:
+    model.eval()
+    k = min(5, num_classes)
+    t0 = time.perf_counter()
+    for batch in loader:
+        x, y = batch["image"], batch["label"]
+        with autocast():
+            out = model(x)
+        rec.eval_loss_sum += float(torch.nn.functional.cross_entropy(out.float(), y, reduction="sum"))
+        top = out.topk(k, dim=1).indices
+        hit = top.eq(y[:, None])
+        rec.eval_correct1 += int(hit[:, 0].sum())
+        rec.eval_correct5 += int(hit.any(dim=1).sum())
+        rec.eval_count += int(y.shape[0])
+    rec.eval_s = time.perf_counter() - t0
+
+
+def _account(rec: RankEpoch, source: EpochSource) -> None:
+    rep = source.last_report
+    rec.emitted, rec.expected = rep.emitted, rep.expected
+    rec.skipped, rec.skipped_paths = dict(rep.skipped), list(rep.skipped_paths)
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """Ray Train entry point. ``config``: ``job`` (TrainJobConfig), ``train_rows``/``val_rows``
+    (object refs to the driver's listed SourceRows), ``num_classes``, ``run_name``, ``storage_path``."""
+    import timm
+    from timm.optim import create_optimizer_v2
+    from timm.scheduler import create_scheduler_v2
+
+    job: TrainJobConfig = config["job"]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    num_classes = int(config["num_classes"])
+    run_dir = RunDir(config["storage_path"], config["run_name"])
+    train_rows, val_rows = ray.get([config["train_rows"], config["val_rows"]])
+
+    torch.manual_seed(job.pipeline.seed)  # same initial weights on every rank (DDP also broadcasts them)
+    model = timm.create_model(job.model, pretrained=False, num_classes=num_classes).to(device)
+    if job.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = create_optimizer_v2(
+        model, opt=job.opt, lr=job.lr, weight_decay=job.weight_decay, momentum=job.momentum
+    )
+    scheduler, _ = create_scheduler_v2(
+        optimizer, sched=job.sched, num_epochs=job.epochs, warmup_epochs=job.warmup_epochs,
+        warmup_lr=job.warmup_lr, min_lr=job.min_lr,
+    )  # fmt: skip
+    start_epoch = _load_state(model, optimizer, scheduler)
+    resumed_from = start_epoch if start_epoch > 0 else None
+    scheduler.step(start_epoch)
+    raw_model = model
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    loss_fn = _losses(job)
+    autocast, scaler = _amp(job, device)
+
+    train_pipe = Pipeline(train_rows, job.augment, config=job.pipeline, decode=job.decode)
+    eval_cfg = dataclasses.replace(job.pipeline, shuffle=False, drop_last=False, max_skip_ratio=None, max_skips=None)
+    eval_pipe = Pipeline(val_rows, job.eval, config=eval_cfg, decode=job.decode)
+    train_src = EpochSource(train_pipe, rank=rank, world_size=world, start_epoch=start_epoch)
+    eval_src = EpochSource(eval_pipe, rank=rank, world_size=world, start_epoch=start_epoch)
+    # One loader per split for the whole run: one side stream and one pinned ring, reused by every epoch.
+    train_loader = _loader(train_src, job, device, num_classes, train=True)
+    eval_loader = _loader(eval_src, job, device, num_classes, train=False)
+    train_loader.set_epoch(start_epoch)
+    eval_loader.set_epoch(start_epoch)
+    history = run_dir.read_json("metrics.json", []) if rank == 0 else []
+    # Entries past the checkpoint were written by an attempt that died before checkpointing: they run again.
+    ran_before = {h["epoch"] for h in history if h["epoch"] >= start_epoch}
+    history = [h for h in history if h["epoch"] < start_epoch]
+    if rank == 0 and resumed_from is not None:
+        print(f"resuming {config['run_name']} at epoch {start_epoch + 1}/{job.epochs} from its checkpoint", flush=True)
+    try:
+        for epoch in range(start_epoch, job.epochs):
+            rec = RankEpoch(rank=rank)
+            ids: list | None = [] if job.record_ids else None
+            lr = optimizer.param_groups[0]["lr"]
+            _train_epoch(model, train_loader, optimizer, loss_fn, autocast, scaler, rec, ids)
+            _account(rec, train_src)
+            _sync_buffers(raw_model)
+            _evaluate(raw_model, eval_loader, autocast, num_classes, rec)
+            scheduler.step(epoch + 1)
+            if ids is not None:
+                trained = np.concatenate(ids).tolist() if ids else []
+                run_dir.write_json(f"ids/epoch{epoch:04d}_rank{rank:03d}.json", trained)
+            records = _gather(rec)
+            metrics = combine(epoch, records, lr=lr, resumed_from_epoch=resumed_from) if rank == 0 else {}
+            with tempfile.TemporaryDirectory() as tmp:
+                checkpoint = None
+                if rank == 0:
+                    print(format_line(metrics, job.epochs), flush=True)
+                    metrics["repeated"] = epoch in ran_before
+                    history.append(metrics)
+                    run_dir.write_json("metrics.json", history)
+                    state = {
+                        "model": raw_model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "epoch": epoch,
+                    }
+                    torch.save(state, os.path.join(tmp, STATE_FILE))
+                    checkpoint = ray.train.Checkpoint.from_directory(tmp)
+                flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and v is not None}
+                ray.train.report(flat, checkpoint=checkpoint)  # a barrier for all ranks
+    finally:
+        train_loader.close()
+        eval_loader.close()

@@ -1,0 +1,100 @@
+"""Driver side of the training job: list the data once, build the ``TorchTrainer``, run it.
+
+Resuming: Ray Train V2 (2.60) keeps a checkpoint-manager snapshot in ``<storage_path>/<name>/``
+and reloads it when a trainer starts with the same ``RunConfig(name, storage_path)``, so
+``ray.train.get_checkpoint()`` in the loop returns the previous run's latest checkpoint. Re-running
+a job with the same ``--name`` therefore continues where it stopped; within one run,
+``--max-failures`` restarts the workers from the latest checkpoint the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import ray
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+from raypipe.train.args import TrainJobConfig
+from raypipe.train.data import job_rows
+from raypipe.train.loop import train_loop_per_worker
+from raypipe.train.metrics import RunDir
+
+__all__ = ["run_training", "resolve_storage"]
+
+
+def resolve_storage(path: str) -> str:
+    """Ray Train wants an absolute local path or a URI."""
+    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
+def _check_cpus(job: TrainJobConfig) -> None:
+    """Warn when the trainers would leave no CPU for one augmentation task: the job would wait forever
+    (on an autoscaling cluster more nodes may still come, so this is not an error)."""
+    if job.preprocess_resource:
+        return  # augmentation has its own nodes
+    total = ray.cluster_resources().get("CPU", 0.0)
+    left = total - job.num_workers * job.cpus_per_worker
+    if left < job.pipeline.cpus_per_actor:
+        print(
+            f"warning: {job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} leave {left:g} of "
+            f"{total:g} CPUs, less than one augmentation task needs (cpus_per_actor="
+            f"{job.pipeline.cpus_per_actor}); the job waits until the cluster grows",
+            flush=True,
+        )
+
+
+def run_training(job: TrainJobConfig) -> dict:
+    """Run the job on the connected Ray cluster; return a summary (run dir, last epoch's metrics)."""
+    name = job.name or f"{job.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    storage = resolve_storage(job.storage_path)
+    _check_cpus(job)
+    train_rows, val_rows, data = job_rows(job)
+    num_classes = job.num_classes or train_rows.num_classes
+    print(
+        f"raypipe train: {job.model} on {data}: {len(train_rows)} train / {len(val_rows)} eval samples, "
+        f"{num_classes} classes, {job.num_workers} worker(s), run {storage}/{name}",
+        flush=True,
+    )
+    config = {
+        "job": job,
+        # Listed once here; every worker reads the same rows from the object store.
+        "train_rows": ray.put(train_rows),
+        "val_rows": ray.put(val_rows),
+        "num_classes": num_classes,
+        "run_name": name,
+        "storage_path": storage,
+    }
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(
+            num_workers=job.num_workers,
+            use_gpu=job.use_gpu,
+            resources_per_worker={"CPU": job.cpus_per_worker, **({"GPU": 1} if job.use_gpu else {})},
+        ),
+        run_config=RunConfig(
+            name=name,
+            storage_path=storage,
+            failure_config=FailureConfig(max_failures=job.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+        ),
+    )
+    result = trainer.fit()
+    history = RunDir(storage, name).read_json("metrics.json", [])
+    summary = {
+        "run_dir": f"{storage}/{name}",
+        "metrics_json": f"{storage}/{name}/metrics.json",
+        "checkpoint": result.checkpoint.path if result.checkpoint else None,
+        "epochs": len(history),
+        "last": history[-1] if history else None,
+    }
+    if history:
+        last = history[-1]
+        print(
+            f"done: {len(history)} epoch(s); eval top-1 {last['eval_top1']:.2f}%, top-5 {last['eval_top5']:.2f}%; "
+            f"metrics {summary['metrics_json']}",
+            flush=True,
+        )
+    return summary

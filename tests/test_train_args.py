@@ -1,0 +1,96 @@
+"""Training job flags and YAML: precedence, strictness, what reaches the pipeline configs."""
+
+from __future__ import annotations
+
+import pytest
+
+from raypipe.train.args import DEFAULTS, TrainJobConfig, parse_job
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _yaml(tmp_path, text: str) -> str:
+    p = tmp_path / "job.yaml"
+    p.write_text(text, encoding="utf-8")
+    return str(p)
+
+
+def test_defaults_are_the_embedded_job():
+    job = parse_job([])
+    assert job.data is None and job.model == "resnet10t"
+    assert job.augment.input_size == (DEFAULTS["img_size"],) * 2
+    assert job.eval.input_size == job.augment.input_size
+    assert job.pipeline.batch_size == DEFAULTS["batch_size"]
+    assert job.pipeline.resources == {}
+
+
+def test_flags_override_yaml_override_defaults(tmp_path):
+    cfg = _yaml(tmp_path, "model: resnet18\nepochs: 7\nbatch_size: 48\nimg_size: 96\nlr: 0.5\nscale: [0.5, 1.0]\n")
+    job = parse_job(["-c", cfg, "--epochs", "3", "-b", "8", "--amp", "--preprocess-resource", "preprocess"])
+    assert job.model == "resnet18"  # YAML over default
+    assert job.lr == 0.5
+    assert job.epochs == 3  # flag over YAML
+    assert job.pipeline.batch_size == 8
+    assert job.augment.input_size == (96, 96) and job.augment.scale == (0.5, 1.0)
+    assert job.amp is True
+    assert dict(job.pipeline.resources) == {"preprocess": 0.001}
+
+
+def test_timm_flag_names(tmp_path):
+    job = parse_job(
+        "--model m --data d --val-data v --epochs 2 --batch-size 4 --input-size 3 40 48 --lr 0.1 --opt sgd "
+        "--sched step --warmup-epochs 0 --weight-decay 0 --scale 0.2 1 --ratio 0.5 2 --hflip 0 --color-jitter 0 "
+        "--aa rand-m9-mstd0.5 --reprob 0.25 --remode const --recount 2 --mixup 0.2 --cutmix 1.0 --smoothing 0.1 "
+        "--channels-last --seed 3 --num-workers 2 --use-gpu --cpus-per-worker 0.25 --storage-path /s "
+        "--name r --max-failures 2".split()
+    )
+    assert job.augment.input_size == (40, 48) and job.augment.color_jitter is None
+    assert job.augment.auto_augment == "rand-m9-mstd0.5" and job.pipeline.seed == 3
+    assert (job.reprob, job.remode, job.recount, job.mixup, job.cutmix, job.smoothing) == (
+        0.25, "const", 2, 0.2, 1.0, 0.1,
+    )  # fmt: skip
+    assert job.soft_targets and job.use_gpu and job.num_workers == 2 and job.cpus_per_worker == 0.25
+    assert (job.storage_path, job.name, job.max_failures, job.opt, job.sched) == ("/s", "r", 2, "sgd", "step")
+
+
+def test_unknown_yaml_key_is_an_error(tmp_path, capsys):
+    cfg = _yaml(tmp_path, "epochs: 2\nbatch_sise: 8\n")
+    with pytest.raises(SystemExit):
+        parse_job(["-c", cfg])
+    assert "unknown key(s) ['batch_sise']" in capsys.readouterr().err
+
+
+def test_duplicated_yaml_key_is_an_error(tmp_path, capsys):
+    cfg = _yaml(tmp_path, "epochs: 2\nepochs: 3\n")
+    with pytest.raises(SystemExit):
+        parse_job(["-c", cfg])
+    assert "duplicated key 'epochs'" in capsys.readouterr().err
+
+
+def test_bad_values_name_the_field(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse_job(["--val-split", "1.5"])
+    assert "val_split=1.5" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="cpus_per_worker"):
+        TrainJobConfig(cpus_per_worker=-1)
+
+
+@pytest.mark.parametrize("name", ["resnet50_imagenet.yaml", "tiny_cpu.yaml"])
+def test_shipped_configs_load(name):
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "jobs" / "configs" / name
+    job = parse_job(["-c", str(path)])
+    assert job.epochs >= 1
+
+
+def test_val_split_is_stable_and_disjoint():
+    import numpy as np
+
+    from raypipe.train.data import held_out_mask
+
+    ids = np.arange(20_000)
+    mask = held_out_mask(ids, 0.1)
+    assert abs(mask.mean() - 0.1) < 0.01
+    assert np.array_equal(mask[:5000], held_out_mask(ids[:5000], 0.1))  # a function of the id alone
+    assert not held_out_mask(ids, 0.0).any()
