@@ -227,8 +227,10 @@ def train_loop_per_worker(config: dict) -> None:
     train_pipe = Pipeline(train_rows, job.augment, config=job.pipeline, decode=job.decode)
     eval_cfg = dataclasses.replace(job.pipeline, shuffle=False, drop_last=False, max_skip_ratio=None, max_skips=None)
     eval_pipe = Pipeline(val_rows, job.eval, config=eval_cfg, decode=job.decode)
-    train_src = EpochSource(train_pipe, rank=rank, world_size=world, start_epoch=start_epoch)
-    eval_src = EpochSource(eval_pipe, rank=rank, world_size=world, start_epoch=start_epoch)
+    # The next train epoch's Ray execution warms up while this one drains (and overlaps eval);
+    # eval is short and read right after training, so it is not warmed ahead.
+    train_src = EpochSource(train_pipe, rank=rank, world_size=world, start_epoch=start_epoch, end_epoch=job.epochs)
+    eval_src = EpochSource(eval_pipe, rank=rank, world_size=world, start_epoch=start_epoch, warm_next=False)
     # One loader per split for the whole run: one side stream and one pinned ring, reused by every epoch.
     train_loader = _loader(train_src, job, device, num_classes, train=True)
     eval_loader = _loader(eval_src, job, device, num_classes, train=False)
