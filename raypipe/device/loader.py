@@ -191,12 +191,16 @@ class DeviceLoader:
         return self._consume(epoch)
 
     def close(self) -> None:
-        """Stop the producer thread, wait for pending copies, free the ring. Idempotent."""
+        """Stop the producer thread, wait for pending copies, free the ring, and close the source if it
+        has a ``close()`` (e.g. an ``EpochSource`` with a warmed-up next epoch). Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._stop(self._active)
         self._staging.close()
+        close_source = getattr(self.source, "close", None)
+        if callable(close_source):
+            close_source()
 
     def __enter__(self) -> DeviceLoader:
         return self

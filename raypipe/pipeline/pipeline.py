@@ -15,6 +15,7 @@ one rank's epoch: nothing padded, nothing dropped. Augmentation randomness is se
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +33,13 @@ from raypipe.stages.augment import AugmentStage, StageSpec, augment_block
 __all__ = ["Pipeline", "EpochRun", "EpochSource", "shard_indices"]
 
 log = logging.getLogger(__name__)
+
+_END = object()
+
+
+class _Failure:
+    def __init__(self, error: BaseException):
+        self.error = error
 
 
 def shard_indices(n: int, *, seed: int, epoch: int, shuffle: bool, rank: int = 0, world_size: int = 1) -> np.ndarray:
@@ -131,8 +139,8 @@ class Pipeline:
 class EpochRun:
     """One epoch's batches (iterate once); ``report`` holds the accounting when it has ended.
 
-    ``prestart()`` launches the epoch's Ray execution in the background and waits there for its first
-    block, so the fixed start-up cost of a Ray Data execution (about a second here) can overlap the
+    Its Ray execution runs on a background thread that queues finished blocks. ``prestart()`` starts
+    that early, so the fixed start-up cost of a Ray Data execution (about a second here) overlaps the
     previous epoch's tail. Timing (``seconds``, ``first_batch_s``) counts from when iteration starts.
     """
 
@@ -143,11 +151,11 @@ class EpochRun:
         self.world_size = world_size
         self.report: EpochReport | None = None
         self._started = False
-        self._blocks: Iterator | None = None
         self._expected = 0
-        self._first_block: dict | None = None
-        self._prestart: threading.Thread | None = None
-        self._prestart_error: BaseException | None = None
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, pipeline.config.prefetch_blocks))
+        self._stop = threading.Event()
+        self._opened = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def __len__(self) -> int:
         return self.pipeline.num_batches(self.world_size)
@@ -158,36 +166,63 @@ class EpochRun:
         self._started = True
         return self._run()
 
-    def _open(self) -> None:
-        ds, self._expected = self.pipeline.dataset(self.epoch, rank=self.rank, world_size=self.world_size)
-        prefetch = self.pipeline.config.prefetch_blocks
-        self._blocks = iter(ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=prefetch))
+    def _pump(self) -> None:
+        """Thread body: run this epoch's Ray execution and queue its blocks for the consumer.
 
-    def _warm(self) -> None:
+        The Ray Data iterator is created, read and closed on this one thread, never handed between
+        threads, and the bounded queue keeps at most ``prefetch_blocks`` finished blocks waiting.
+        """
+        blocks = None
         try:
-            self._open()
-            self._first_block = next(self._blocks, None)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer in _run
-            self._prestart_error = e
+            ds, self._expected = self.pipeline.dataset(self.epoch, rank=self.rank, world_size=self.world_size)
+            self._opened.set()
+            prefetch = self.pipeline.config.prefetch_blocks
+            blocks = iter(ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=prefetch))
+            for block in blocks:
+                if not self._put(block):
+                    return
+            self._put(_END)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
+            self._opened.set()
+            self._put(_Failure(e))
+        finally:
+            close = getattr(blocks, "close", None)
+            if close is not None:
+                close()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def prestart(self) -> None:
-        """Start this epoch's execution now, in a background thread (idempotent)."""
-        if self._prestart is None and not self._started:
-            self._prestart = threading.Thread(target=self._warm, name=f"raypipe-prestart-{self.epoch}", daemon=True)
-            self._prestart.start()
+        """Start this epoch's Ray execution now, in the background (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._pump, name=f"raypipe-epoch-{self.epoch}", daemon=True)
+            self._thread.start()
+
+    def cancel(self) -> None:
+        """Stop the background execution (the consumer stopped early or the run was dropped)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
 
     def _block_stream(self) -> Iterator[dict[str, np.ndarray]]:
-        if self._prestart is not None:
-            self._prestart.join()
-            if self._prestart_error is not None:
-                raise self._prestart_error
-            if self._first_block is None:
-                return
-            yield self._first_block
-            self._first_block = None
-        else:
-            self._open()
-        yield from self._blocks
+        self.prestart()
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _END:
+                    return
+                if isinstance(item, _Failure):
+                    raise item.error
+                yield item
+        finally:
+            self.cancel()
 
     def _run(self, on_progress=None) -> Iterator[dict[str, np.ndarray]]:
         p, cfg = self.pipeline, self.pipeline.config
@@ -200,6 +235,7 @@ class EpochRun:
         # 1. Blocks stream in from Ray (prefetched); 2. skips are recorded; 3. good rows are packed.
         for block in blocks:
             if ledger is None:
+                self._opened.wait()
                 ledger = self._ledger()
             ledger.record_block(block)
             seen += len(block["ok"])
@@ -209,7 +245,9 @@ class EpochRun:
                 ledger.record_batch(batch)
                 first = first if first is not None else time.perf_counter() - t0
                 yield batch
-        ledger = ledger or self._ledger()
+        if ledger is None:
+            self._opened.wait()
+            ledger = self._ledger()
         for batch in packer.flush():
             ledger.record_batch(batch)
             first = first if first is not None else time.perf_counter() - t0
@@ -266,7 +304,9 @@ class EpochSource:
         self.next_epoch = epoch
 
     def close(self) -> None:
-        """Drop a warmed-up next epoch that will not be read (its Ray execution is released)."""
+        """Stop a warmed-up next epoch that will not be read (its Ray execution is released)."""
+        if self._upcoming is not None:
+            self._upcoming.cancel()
         self._upcoming = None
 
     def __len__(self) -> int:
@@ -277,7 +317,9 @@ class EpochSource:
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         epoch = self.next_epoch
-        run = self._upcoming if self._upcoming is not None and self._upcoming.epoch == epoch else self._make(epoch)
+        if self._upcoming is not None and self._upcoming.epoch != epoch:
+            self.close()  # set_epoch moved on: the warmed-up run is for another epoch
+        run = self._upcoming or self._make(epoch)
         self._upcoming = None
         self.current = run
         self.next_epoch += 1
