@@ -70,9 +70,10 @@ def check_correctness(dev, rows):
     timm_out = [x.cpu() for x, _ in timm_loader]
     with dev.DeviceLoader(batches, device="cuda", channels_last=False) as loader:
         ours = [x.cpu() for x, _ in loader]
-    same = all(torch.equal(a, b) for a, b in zip(ours, timm_out, strict=True))
-    rows.append(("fp16 normalise vs timm PrefetchLoader", "bit-exact" if same else "differs",
-                 "PASS" if same else "FAIL"))  # fmt: skip
+    # Ours is one fused multiply-add, timm's sub then div: equal within fp16 rounding.
+    diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(ours, timm_out, strict=True))
+    rows.append(("fp16 normalise vs timm PrefetchLoader", f"max |diff| {diff:.1e}",
+                 "PASS" if diff <= 4e-3 else "FAIL"))  # fmt: skip
 
 
 def check_h2d(rows, n, size, iters):

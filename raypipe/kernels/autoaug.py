@@ -11,14 +11,14 @@ import random
 
 import numpy as np
 from PIL import Image, ImageOps
-from timm.data.auto_augment import augment_and_mix_transform, auto_augment_transform, rand_augment_transform
-from timm.data.transforms import str_to_pil_interp
 
 __all__ = ["aa_hparams", "build_auto_augment", "apply_auto_augment", "jitter_enabled"]
 
 
 def aa_hparams(input_size: tuple[int, int], mean: tuple[float, ...], interpolation: str) -> dict:
     """The hparams timm's ``transforms_imagenet_train`` passes to its policies."""
+    from timm.data.transforms import str_to_pil_interp  # timm (and torch) only when a policy is used
+
     hp = dict(
         translate_const=int(min(input_size) * 0.45),
         img_mean=tuple(min(255, round(255 * x)) for x in mean),
@@ -30,6 +30,8 @@ def aa_hparams(input_size: tuple[int, int], mean: tuple[float, ...], interpolati
 
 def build_auto_augment(policy: str, input_size: tuple[int, int], mean: tuple[float, ...], interpolation: str):
     """timm's policy object for ``policy`` (``rand-…``, ``augmix-…``, or an AutoAugment name)."""
+    from timm.data.auto_augment import augment_and_mix_transform, auto_augment_transform, rand_augment_transform
+
     hp = aa_hparams(input_size, mean, interpolation)
     if policy.startswith("rand"):
         op = rand_augment_transform(policy, hp)
