@@ -110,7 +110,7 @@ class Pipeline:
         # One object per block: from_arrow(list) hands all blocks to a single task (measured: serial).
         ds = ray.data.from_arrow_refs([ray.put(b) for b in blocks])
         spec = self.stage_spec(epoch)
-        workers = cfg.num_actors or max(1, _cluster_cpus() // max(1, int(cfg.cpus_per_actor)))
+        workers = cfg.num_actors or max(1, int(_cluster_cpus() / cfg.cpus_per_actor))
         common = dict(batch_size=cfg.block_size, batch_format="numpy", num_cpus=cfg.cpus_per_actor)
         if cfg.resources:
             common["resources"] = dict(cfg.resources)
