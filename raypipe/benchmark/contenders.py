@@ -59,8 +59,9 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
     from raypipe.pipeline import EpochSource, Pipeline
 
     pipe = Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size))
-    source = EpochSource(pipe)
-    loader = DeviceLoader(source, device="cpu", img_dtype="float16")
+    source = EpochSource(pipe, end_epoch=epochs)
+    # float32, like timm's PrefetchLoader default, so both trainer sides do the same work on the CPU.
+    loader = DeviceLoader(source, device="cpu", img_dtype="float32")
     try:
         return measure_epochs(
             "raypipe",
@@ -68,7 +69,7 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
             epochs=epochs,
             count=lambda b: int(b["image"].shape[0]),
             object_store=True,
-            note="Ray tasks -> exact batches -> DeviceLoader(cpu, fp16)",
+            note="Ray tasks -> exact batches -> DeviceLoader(cpu, fp32)",
         )
     finally:
         loader.close()
