@@ -31,3 +31,28 @@ def connect(*, num_cpus: int | None = None, object_store_memory: int | None = No
         include_dashboard=False,
         **kwargs,
     )
+
+
+_MMAP_PINNED = False
+
+
+def pin_mmap_threshold(nbytes: int = 1 << 20) -> bool:
+    """Make glibc serve every allocation >= ``nbytes`` with its own mmap, returned to the OS on free.
+
+    glibc raises its mmap threshold (up to 32 MB) each time a large mmapped block is freed, after
+    which our 10-40 MB batch buffers come from per-thread heap arenas that keep their pages: the
+    driver's RSS then climbs for a few epochs (measured +350 MB over 3 epochs of 20k images) before
+    it levels off. Fixing the threshold keeps RSS flat. No-op (False) off glibc.
+    """
+    global _MMAP_PINNED
+    if _MMAP_PINNED:
+        return True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        m_mmap_threshold = -3
+        _MMAP_PINNED = bool(libc.mallopt(m_mmap_threshold, int(nbytes)))
+    except (OSError, AttributeError):
+        return False
+    return _MMAP_PINNED

@@ -1,4 +1,4 @@
-"""Load: a 20,000-image epoch whose output (~1 GB) is twice the capped object store, 1 + 3 times."""
+"""Load: a 20,000-image epoch whose output (~1 GB) is twice the capped object store, three times."""
 
 import json
 import os
@@ -32,17 +32,16 @@ def big_dir(tmp_path_factory):
 def test_long_epochs_with_capped_object_store(big_dir, tmp_path):
     out = tmp_path / "run.json"
     env = dict(os.environ, RAYPIPE_NO_PROGRESS="1")
-    cmd = [sys.executable, "-m", "raypipe.cli.main", "run", str(big_dir), "--epochs", "4", "--img-size", "128",
+    cmd = [sys.executable, "-m", "raypipe.cli.main", "run", str(big_dir), "--epochs", "3", "--img-size", "128",
            "-b", "256", "--object-store-mb", "500", "--json", str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=850)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     epochs = json.loads(out.read_text())["epochs"]
-    assert [e["emitted"] for e in epochs] == [N_IMAGES] * 4
+    assert [e["emitted"] for e in epochs] == [N_IMAGES] * 3
     assert all(e["skipped"] == {} for e in epochs)
     assert len({e["ids_sha256"] for e in epochs}) == 1
     # Per epoch ~1 GB of packed images flows through a 500 MB store; the driver must not keep any of it.
-    # Epoch 0 warms the allocator (glibc raises its mmap threshold once the first big batches are freed,
-    # measured +350 MB once); after that RSS must stay flat over the next three epochs.
+    # Without raypipe.runtime.pin_mmap_threshold RSS climbed 1229 -> 1447 -> 1605 MB here; with it, flat.
     rss = [e["driver_rss_mb"] for e in epochs]
-    assert max(rss[1:]) - min(rss[1:]) < 100, f"driver RSS grew across epochs: {rss}"
+    assert max(rss) - min(rss) < 100, f"driver RSS grew across epochs: {rss}"
     print("load test:", [(e["images_per_s"], e["driver_rss_mb"]) for e in epochs])

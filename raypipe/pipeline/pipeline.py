@@ -27,6 +27,7 @@ import ray
 from raypipe.config import DecodeConfig, EvalAugment, PipelineConfig, TrainAugment
 from raypipe.pipeline.accounting import EpochLedger, EpochReport
 from raypipe.pipeline.pack import BatchSpec, Packer
+from raypipe.runtime import pin_mmap_threshold
 from raypipe.sources import SourceRows, open_source
 from raypipe.stages.augment import AugmentStage, StageSpec, augment_block
 
@@ -69,6 +70,7 @@ class Pipeline:
         decode: DecodeConfig | None = None,
         content_digest: bool = False,
     ):
+        pin_mmap_threshold()  # keep the consumer's RSS flat across epochs (see its docstring)
         self.rows = source if isinstance(source, SourceRows) else open_source(source)
         self.augment = augment
         self.config = config or PipelineConfig()
