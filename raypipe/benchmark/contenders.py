@@ -75,6 +75,16 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
         loader.close()
 
 
+def _patch_timm_posterize(transform) -> None:
+    """timm's rand-augment asks Pillow >= 12 for 0-bit posterize, which raises; give timm the same fix
+    raypipe's kernels use (black image, as older Pillow did) so both sides run the same policy."""
+    from raypipe.kernels.autoaug import _patch_posterize
+
+    for t in getattr(transform, "transforms", [transform]):
+        if hasattr(t, "ops") or hasattr(t, "policy"):
+            _patch_posterize(t)
+
+
 def _timm_kwargs(aug: TrainAugment) -> dict:
     h, w = aug.input_size
     return dict(
@@ -110,6 +120,7 @@ def timm_loader(data: str, aug: TrainAugment, *, batch_size: int, epochs: int, w
         mean=kw["mean"],
         std=kw["std"],
     )
+    _patch_timm_posterize(dataset.transform)
     return measure_epochs(
         "timm",
         lambda epoch: loader,
@@ -137,6 +148,7 @@ def _pil_batch(batch: dict, aug: TrainAugment) -> dict:
         interpolation=kw["interpolation"],
         use_prefetcher=True,  # uint8 tensors out, like timm's fast path
     )
+    _patch_timm_posterize(tf)
     out = []
     for data in batch["bytes"]:
         with Image.open(io.BytesIO(data)) as im:
