@@ -75,6 +75,21 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
         loader.close()
 
 
+def raypipe_packed(data: str, aug: TrainAugment, *, batch_size: int, epochs: int) -> Result:
+    """The pipeline's packed uint8 batches as a GPU trainer receives them, before the device side."""
+    from raypipe.pipeline import EpochSource, Pipeline
+
+    source = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size)), end_epoch=epochs)
+    return measure_epochs(
+        "raypipe packed",
+        lambda epoch: source,
+        epochs=epochs,
+        count=lambda b: int(b["image"].shape[0]),
+        object_store=True,
+        note="Ray tasks -> exact uint8 batches (no DeviceLoader: on a GPU machine that work is on the GPU)",
+    )
+
+
 def _patch_timm_posterize(transform) -> None:
     """timm's rand-augment asks Pillow >= 12 for 0-bit posterize, which raises; give timm the same fix
     raypipe's kernels use (black image, as older Pillow did) so both sides run the same policy."""

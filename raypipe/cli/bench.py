@@ -16,7 +16,7 @@ SUITES = {
     "RRC224 + hflip": dict(color_jitter=None),
     "RRC224 + hflip + rand-m9-mstd0.5-inc1": dict(color_jitter=None, auto_augment="rand-m9-mstd0.5-inc1"),
 }
-LOADERS = ("decode", "kernel", "raypipe", "timm", "naive")
+LOADERS = ("decode", "kernel", "raypipe", "packed", "timm", "naive")
 
 
 def add_parser(sub) -> None:
@@ -45,6 +45,8 @@ def _run_one(name: str, aug: TrainAugment, args: argparse.Namespace, files: list
         return contenders.kernel_per_core(files, aug)
     if name == "raypipe":
         return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e)
+    if name == "packed":
+        return contenders.raypipe_packed(args.data, aug, batch_size=b, epochs=e)
     if name == "timm":
         return contenders.timm_loader(args.data, aug, batch_size=b, epochs=e, workers=cores)
     return contenders.naive_ray_data(args.data, aug, batch_size=b, epochs=e)
