@@ -3,21 +3,10 @@
 from __future__ import annotations
 
 import pickle
-import random
 
 import numpy as np
-import pytest
 
 from raypipe.kernels import sample_rng
-
-
-@pytest.fixture(autouse=True)
-def restore_global_rng():
-    """Auto-augment seeds ``random`` and NumPy's global RNG: put them back after each test."""
-    py, np_state = random.getstate(), np.random.get_state()
-    yield
-    random.setstate(py)
-    np.random.set_state(np_state)
 
 
 def mae(a: np.ndarray, b) -> float:

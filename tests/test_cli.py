@@ -64,3 +64,17 @@ def test_preview_writes_a_grid(ray_local, sample_dir, tmp_path):
     with Image.open(out) as im:
         assert im.size == (3 * 48, 2 * (48 + 14))
     assert cli(["preview", str(sample_dir), "--out", str(out), "--eval", "--count", "4", "--img-size", "32"]) == 0
+
+
+def test_bench_smoke(ray_local, sample_dir, tmp_path):
+    out, png = tmp_path / "b.json", tmp_path / "b.png"
+    args = ["bench", str(sample_dir), "--only", "decode", "kernel", "packed", "--suites", "plain", "--epochs", "2",
+            "--img-size", "32", "-b", "8", "--json", str(out), "--plot", str(png)]
+    assert cli(args) == 0
+    report = json.loads(out.read_text())
+    (suite,) = report["suites"].values()
+    names = [r["name"] for r in suite["results"]]
+    assert names == ["decode limit", "raypipe kernel", "raypipe packed"]
+    assert all(r["images_per_s"] > 0 for r in suite["results"])
+    with Image.open(png) as im:
+        assert im.format == "PNG"

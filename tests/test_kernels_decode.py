@@ -9,7 +9,7 @@ import warnings
 import image_factory as f
 import numpy as np
 import pytest
-from kernel_checks import mae, restore_global_rng  # noqa: F401 - autouse fixture
+from kernel_checks import mae
 from PIL import Image, ImageOps
 
 from raypipe.config import DecodeConfig, EvalAugment

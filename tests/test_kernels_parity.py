@@ -10,7 +10,7 @@ import image_factory as f
 import numpy as np
 import pytest
 import torchvision.transforms.functional as TF
-from kernel_checks import mae, restore_global_rng  # noqa: F401 - autouse fixture
+from kernel_checks import mae
 from PIL import Image
 from timm.data.transforms import RandomResizedCropAndInterpolation
 from timm.data.transforms_factory import transforms_imagenet_eval

@@ -5,7 +5,7 @@ from __future__ import annotations
 import image_factory as f
 import numpy as np
 import pytest
-from kernel_checks import check_transform, restore_global_rng  # noqa: F401 - autouse fixture
+from kernel_checks import check_transform
 
 from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
 from raypipe.kernels import EvalTransform, SkipImage, TrainTransform, build_transform, sample_rng

@@ -6,7 +6,7 @@ import ray
 from raypipe.config import PipelineConfig, TrainAugment
 from raypipe.pipeline import Pipeline
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.isolated, pytest.mark.timeout(300)]
 
 
 def _digest(data, **cfg):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 
@@ -15,7 +16,7 @@ from raypipe.train.data import job_rows
 from raypipe.train.run import run_training
 
 
-@pytest.fixture
+@contextlib.contextmanager
 def two_nodes():
     ray.shutdown()  # the shared ray_local fixture may have left a local Ray running
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
@@ -28,8 +29,9 @@ def two_nodes():
         cluster.shutdown()
 
 
-@pytest.mark.timeout(240)
-def test_every_sample_trained_once_per_epoch_across_ranks(two_nodes, tmp_path):
+@pytest.mark.isolated
+@pytest.mark.timeout(300)
+def test_every_sample_trained_once_per_epoch_across_ranks(tmp_path):
     data = tiny_dataset(tmp_path / "data", corrupt=3)
     job = tiny_job(data, tmp_path / "runs", "once", "--num-workers", "2", "--epochs", "2", "--record-ids")
     train_rows, _, _ = job_rows(job)
@@ -38,7 +40,8 @@ def test_every_sample_trained_once_per_epoch_across_ranks(two_nodes, tmp_path):
     corrupt_ids = {s for s, p in zip(table["sample_id"], table["path"], strict=True) if "zz_corrupt" in p}
     assert corrupt_ids, "the held-out split took every corrupt file; change the dataset seed"
 
-    summary = run_training(job)
+    with two_nodes():
+        summary = run_training(job)
 
     run = tmp_path / "runs" / "once"
     metrics = json.loads((run / "metrics.json").read_text())

@@ -54,40 +54,27 @@ def kernel_per_core(files: list[bytes], aug: TrainAugment) -> Result:
     return _timed_pass("raypipe kernel", files, fn, 1, "decode+augment, 1 process, 1 core")
 
 
-def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: int) -> Result:
+def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: int, device_side: bool = True) -> Result:
+    """The full pipeline into a CPU DeviceLoader, or (``device_side=False``) the packed uint8 batches
+    as a GPU trainer receives them, before the device side (which a GPU machine runs on the GPU)."""
     from raypipe.device import DeviceLoader
     from raypipe.pipeline import EpochSource, Pipeline
 
-    pipe = Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size))
-    source = EpochSource(pipe, end_epoch=epochs)
+    source = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size)), end_epoch=epochs)
     # float32, like timm's PrefetchLoader default, so both trainer sides do the same work on the CPU.
-    loader = DeviceLoader(source, device="cpu", img_dtype="float32")
+    loader = DeviceLoader(source, device="cpu", img_dtype="float32") if device_side else source
     try:
         return measure_epochs(
-            "raypipe",
+            "raypipe" if device_side else "raypipe packed",
             lambda epoch: loader,
             epochs=epochs,
             count=lambda b: int(b["image"].shape[0]),
             object_store=True,
-            note="Ray tasks -> exact batches -> DeviceLoader(cpu, fp32)",
+            note="Ray tasks -> exact batches -> DeviceLoader(cpu, fp32)" if device_side
+            else "Ray tasks -> exact uint8 batches, no device side",
         )
     finally:
         loader.close()
-
-
-def raypipe_packed(data: str, aug: TrainAugment, *, batch_size: int, epochs: int) -> Result:
-    """The pipeline's packed uint8 batches as a GPU trainer receives them, before the device side."""
-    from raypipe.pipeline import EpochSource, Pipeline
-
-    source = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size)), end_epoch=epochs)
-    return measure_epochs(
-        "raypipe packed",
-        lambda epoch: source,
-        epochs=epochs,
-        count=lambda b: int(b["image"].shape[0]),
-        object_store=True,
-        note="Ray tasks -> exact uint8 batches (no DeviceLoader: on a GPU machine that work is on the GPU)",
-    )
 
 
 def _patch_timm_posterize(transform) -> None:

@@ -46,7 +46,7 @@ def _run_one(name: str, aug: TrainAugment, args: argparse.Namespace, files: list
     if name == "raypipe":
         return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e)
     if name == "packed":
-        return contenders.raypipe_packed(args.data, aug, batch_size=b, epochs=e)
+        return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e, device_side=False)
     if name == "timm":
         return contenders.timm_loader(args.data, aug, batch_size=b, epochs=e, workers=cores)
     return contenders.naive_ray_data(args.data, aug, batch_size=b, epochs=e)
