@@ -40,7 +40,8 @@ def profile_pipeline(args: argparse.Namespace) -> None:
             n += int(batch["image"].shape[0])
         dt, c1 = time.perf_counter() - t0, me.cpu_times()
         driver = (c1.user - c0.user + c1.system - c0.system) / dt
-        print(f"epoch {epoch}: {n / dt:7.0f} img/s  driver {driver:.2f} cores  machine {psutil.cpu_percent(None):.0f} %")
+        machine = psutil.cpu_percent(None)
+        print(f"epoch {epoch}: {n / dt:7.0f} img/s  driver {driver:.2f} cores  machine {machine:.0f} %")
 
 
 def profile_normalise(args: argparse.Namespace) -> None:
