@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raypipe._handoff import put_unless_stopped
 from raypipe.device._checks import check_int, fail
 from raypipe.device.batch import LAYOUTS, BatchSpec, Parts, check_parts, join_batch, make_spec, split_batch
 from raypipe.device.erasing import Erasing, apply_erasing_, draw_erasing
@@ -77,13 +78,7 @@ class _Epoch:
 
     def put(self, item: Any) -> bool:
         """Blocking put that gives up (False) once the epoch is being stopped."""
-        while not self.stop.is_set():
-            try:
-                self.queue.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopped(self.queue, item, self.stop)
 
 
 class DeviceLoader:

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
+from raypipe._handoff import put_unless_stopped
 from raypipe.config import DecodeConfig, EvalAugment, PipelineConfig, TrainAugment
 from raypipe.pipeline.accounting import EpochLedger, EpochReport
 from raypipe.pipeline.pack import BatchSpec, Packer
@@ -193,13 +194,7 @@ class EpochRun:
                 close()
 
     def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopped(self._queue, item, self._stop)
 
     def prestart(self) -> None:
         """Start this epoch's Ray execution now, in the background (idempotent)."""
