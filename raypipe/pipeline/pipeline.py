@@ -89,6 +89,10 @@ class Pipeline:
         b = self.config.batch_size
         return per_rank // b if self.config.drop_last else -(-per_rank // b)
 
+    def num_workers(self) -> int:
+        """Concurrent augmentation tasks (or actors): ``num_actors``, else cluster CPUs / cpus_per_actor."""
+        return self.config.num_actors or max(1, int(_cluster_cpus() / self.config.cpus_per_actor))
+
     def stage_spec(self, epoch: int) -> StageSpec:
         return StageSpec(
             kind=self.rows.kind,
@@ -113,7 +117,7 @@ class Pipeline:
         # One object per block: from_arrow(list) hands all blocks to a single task (measured: serial).
         ds = ray.data.from_arrow_refs([ray.put(b) for b in blocks])
         spec = self.stage_spec(epoch)
-        workers = cfg.num_actors or max(1, int(_cluster_cpus() / cfg.cpus_per_actor))
+        workers = self.num_workers()
         common = dict(batch_size=cfg.block_size, batch_format="numpy", num_cpus=cfg.cpus_per_actor)
         if cfg.resources:
             common["resources"] = dict(cfg.resources)
@@ -209,7 +213,6 @@ class EpochRun:
             self._thread.join(timeout=60)
 
     def _block_stream(self) -> Iterator[dict[str, np.ndarray]]:
-        self.prestart()
         try:
             while True:
                 item = self._queue.get()
@@ -224,16 +227,15 @@ class EpochRun:
     def _run(self, on_progress=None) -> Iterator[dict[str, np.ndarray]]:
         p, cfg = self.pipeline, self.pipeline.config
         t0 = time.perf_counter()
+        self.prestart()
+        self._opened.wait()  # the shard is built: the number of rows this epoch is known
+        ledger = self._ledger()
         blocks = self._block_stream()
-        ledger = None
         packer = Packer(p.batch_spec, drop_last=cfg.drop_last)
         first = None
         seen = 0
         # 1. Blocks stream in from Ray (prefetched); 2. skips are recorded; 3. good rows are packed.
         for block in blocks:
-            if ledger is None:
-                self._opened.wait()
-                ledger = self._ledger()
             ledger.record_block(block)
             seen += len(block["ok"])
             if on_progress is not None:
@@ -242,9 +244,6 @@ class EpochRun:
                 ledger.record_batch(batch)
                 first = first if first is not None else time.perf_counter() - t0
                 yield batch
-        if ledger is None:
-            self._opened.wait()
-            ledger = self._ledger()
         for batch in packer.flush():
             ledger.record_batch(batch)
             first = first if first is not None else time.perf_counter() - t0
@@ -295,7 +294,7 @@ class EpochSource:
         self._upcoming: EpochRun | None = None
         cfg = pipeline.config
         # Rows still to come when the last blocks are in flight: the prefetch window plus one per worker.
-        self._warm_margin = cfg.block_size * (cfg.prefetch_blocks + (cfg.num_actors or _cluster_cpus()))
+        self._warm_margin = cfg.block_size * (cfg.prefetch_blocks + pipeline.num_workers())
 
     def set_epoch(self, epoch: int) -> None:
         self.next_epoch = epoch
