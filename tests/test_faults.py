@@ -30,13 +30,44 @@ def faults_dir(tmp_path_factory):
     return out
 
 
-def _stage_workers() -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if cmd.startswith("ray::") and ("augment_block" in cmd or "AugmentStage" in cmd):
-            found.append(proc)
-    return found
+def _ray_workers() -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if " ".join(p.info["cmdline"] or []).startswith("ray::")]
+
+
+def _title(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class _WorkerKiller(threading.Thread):
+    """SIGKILLs the first Ray worker seen running the augmentation stage.
+
+    It polls while the consumer keeps iterating: a task-pool worker only carries the stage's name
+    in its process title while a task runs, so waiting for it with the consumer blocked could wait
+    on a pipeline that backpressure has paused.
+    """
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.killed: list[int] = []
+        self.stop = threading.Event()
+
+    def run(self):
+        pids = _ray_workers()
+        last_scan = time.monotonic()
+        while not self.stop.is_set():
+            for pid in pids:
+                title = _title(pid)
+                if title.startswith("ray::") and ("augment_block" in title or "AugmentStage" in title):
+                    os.kill(pid, signal.SIGKILL)
+                    self.killed.append(pid)
+                    return
+            if time.monotonic() - last_scan > 0.2:  # new workers may have started
+                pids, last_scan = _ray_workers(), time.monotonic()
+            time.sleep(0.001)
 
 
 def _run(pipe, epoch=0, on_first_batch=None):
@@ -49,25 +80,16 @@ def _run(pipe, epoch=0, on_first_batch=None):
     return ids, run.report
 
 
-def _kill_one_worker():
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        workers = _stage_workers()
-        if workers:
-            os.kill(workers[0].pid, signal.SIGKILL)
-            return workers[0].pid
-        time.sleep(0.05)
-    raise AssertionError("no augmentation worker process found to kill")
-
-
 @pytest.mark.parametrize("compute", ["tasks", "actors"])
 def test_killed_worker_mid_epoch_loses_nothing(ray_local, faults_dir, compute):
     cfg = PipelineConfig(batch_size=16, block_size=8, prefetch_blocks=1, compute=compute, num_actors=2)
     pipe = Pipeline(str(faults_dir), AUG, config=cfg, content_digest=True)
     clean_ids, clean = _run(pipe)
-    killed = []
-    ids, rep = _run(pipe, on_first_batch=lambda: killed.append(_kill_one_worker()))
-    assert killed, "the fault was not injected"
+    killer = _WorkerKiller()
+    ids, rep = _run(pipe, on_first_batch=killer.start)
+    killer.stop.set()
+    killer.join()
+    assert killer.killed, "the fault was not injected: no stage worker was seen running after the first batch"
     assert len(ids) == len(set(ids)) == 240
     assert sorted(ids) == sorted(clean_ids)
     assert rep.content_sha256 == clean.content_sha256
