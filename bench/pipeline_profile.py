@@ -32,16 +32,36 @@ def profile_pipeline(args: argparse.Namespace) -> None:
     pipe = Pipeline(args.data, TrainAugment(input_size=args.img_size, color_jitter=None), config=cfg)
     source = EpochSource(pipe, warm_next=not args.no_warm, end_epoch=args.epochs)
     it = DeviceLoader(source, device="cpu", img_dtype=args.img_dtype) if args.device_loader else source
-    me = psutil.Process()
     for epoch in range(args.epochs):
         psutil.cpu_percent(None)
-        c0, t0, n = me.cpu_times(), time.perf_counter(), 0
+        c0, t0, n = _cpu_by_role(), time.perf_counter(), 0
         for batch in it:
             n += int(batch["image"].shape[0])
-        dt, c1 = time.perf_counter() - t0, me.cpu_times()
-        driver = (c1.user - c0.user + c1.system - c0.system) / dt
+        dt, c1 = time.perf_counter() - t0, _cpu_by_role()
         machine = psutil.cpu_percent(None)
-        print(f"epoch {epoch}: {n / dt:7.0f} img/s  driver {driver:.2f} cores  machine {machine:.0f} %")
+        roles = "  ".join(f"{k} {(c1.get(k, 0) - c0.get(k, 0)) / dt:.2f}" for k in sorted(c1))
+        print(f"epoch {epoch}: {n / dt:7.0f} img/s  machine {machine:.0f} %  cores: {roles}")
+
+
+def _cpu_by_role() -> dict[str, float]:
+    """CPU seconds so far of this process ("driver"), Ray workers, and Ray's own daemons."""
+    me = psutil.Process().pid
+    out: dict[str, float] = {}
+    for proc in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        t = proc.info["cpu_times"]
+        if t is None:
+            continue
+        if proc.info["pid"] == me:
+            role = "driver"
+        elif cmd.startswith("ray::"):
+            role = "workers"
+        elif "raylet" in cmd or "gcs_server" in cmd or "/ray/" in cmd or "dashboard" in cmd:
+            role = "ray-daemons"
+        else:
+            continue
+        out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
 
 
 def profile_normalise(args: argparse.Namespace) -> None:

@@ -118,6 +118,55 @@ def test_reiteration_len_stats_and_ring_reuse():
     loader.close()
 
 
+def test_cpu_outputs_are_recycled_once_released_and_never_while_held():
+    src = packed_batches(12, n=8, seed=3)
+    loader = DeviceLoader(src, prefetch=2, img_dtype="float32")
+    pool = loader._staging.outputs
+    for batch in loader:  # each batch is dropped before the next: the pool recycles
+        del batch
+    assert 0 < pool.allocations <= pool.capacity < 12
+    before = pool.allocations
+    kept = list(loader)  # the consumer holds every batch: nothing may be overwritten
+    assert pool.allocations - before >= 12 - pool.capacity
+    for out, batch in zip(kept, src, strict=True):
+        assert_normalized(out["image"], batch["image"], torch.float32)
+    views = [b["image"][:, :1] for b in kept]  # a view alone keeps its buffer busy too
+    del kept
+    again = list(loader)
+    for out, view, batch in zip(again, views, src, strict=True):
+        assert_normalized(out["image"], batch["image"], torch.float32)
+        assert torch.equal(view, out["image"][:, :1])
+    loader.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("channels_last", [True, False])
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_cpu_two_pass_normalise_equals_the_one_pass_kernel_bit_for_bit(dtype, channels_last, layout):
+    from raypipe.device.normalize import _affine, nchw_view, normalize
+
+    x = torch.from_numpy(packed_batches(1, n=4, h=9, w=7)[0]["image"])
+    if layout == "NCHW":
+        x = x.permute(0, 3, 1, 2).contiguous()
+    mul, add = _affine(MEAN, STD, 255.0, dtype, x.device)
+    one_pass = torch.addcmul(add, nchw_view(x, layout), mul)  # what the GPU path runs
+    got = normalize(x, mean=MEAN, std=STD, dtype=dtype, layout=layout, channels_last=channels_last)
+    assert torch.equal(got, one_pass.to(dtype))
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    assert got.is_contiguous(memory_format=fmt)
+
+
+def test_normalise_out_must_match():
+    from raypipe.device.normalize import normalize
+
+    x = torch.zeros(2, 4, 4, 3, dtype=torch.uint8)
+    ok = torch.empty(2, 3, 4, 4).contiguous(memory_format=torch.channels_last)
+    assert normalize(x, mean=MEAN, std=STD, dtype=torch.float32, out=ok) is ok
+    for bad in (torch.empty(2, 3, 4, 4), ok.half(), torch.empty(1, 3, 4, 4)):
+        with pytest.raises(ValueError, match="out is"):
+            normalize(x, mean=MEAN, std=STD, dtype=torch.float32, out=bad)
+
+
 def test_unsized_source_has_no_len():
     loader = DeviceLoader(iter(packed_batches(1)))
     with pytest.raises(TypeError):

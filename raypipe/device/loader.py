@@ -40,7 +40,7 @@ from raypipe.device._checks import check_int, fail
 from raypipe.device.batch import LAYOUTS, BatchSpec, Parts, check_parts, join_batch, make_spec, split_batch
 from raypipe.device.erasing import Erasing, apply_erasing_, draw_erasing
 from raypipe.device.mixup import Mixing, apply_mixing_, draw_mixing, plan_target
-from raypipe.device.normalize import normalize, parse_img_dtype
+from raypipe.device.normalize import nchw_view, normalize, parse_img_dtype
 from raypipe.device.staging import Staging
 
 __all__ = ["DeviceLoader", "LoaderStats"]
@@ -308,9 +308,11 @@ class DeviceLoader:
     def _transform(self, moved: Iterator, rng: np.random.Generator, noise: torch.Generator) -> Iterator:
         # 4. normalise, erase, mix on the side stream; 5. record the batch's ready event
         for parts, spec, dev in moved:
+            img = dev["image"]
+            shape = tuple(nchw_view(img, spec.layout).shape)
             x = normalize(
-                dev["image"], mean=self.mean, std=self.std, dtype=self.img_dtype,
-                layout=spec.layout, channels_last=self.channels_last,
+                img, mean=self.mean, std=self.std, dtype=self.img_dtype, layout=spec.layout,
+                channels_last=self.channels_last, out=self._staging.output(shape, self.img_dtype, self.channels_last),
             )  # fmt: skip
             n, c, h, w = x.shape
             if self.erasing.enabled:

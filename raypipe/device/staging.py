@@ -11,19 +11,22 @@ truly asynchronous. Two kinds of event keep memory safe:
   and every tensor handed over is ``record_stream``-ed on the consumer's stream, so the caching
   allocator does not give its memory to the side stream while the consumer may still read it.
 
-On a CPU device the same calls run with no stream, no pinning and no events (copies are synchronous).
+On a CPU device the same calls run with no stream, no pinning and no events (copies are synchronous),
+and the normalised outputs come from an ``OutputPool``: a fresh 77 MB fp32 batch costs more in page
+faults (~240 µs/img at 224 px) than the normalisation itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["Slot", "Staging", "torch_dtype"]
+__all__ = ["OutputPool", "Slot", "Staging", "torch_dtype"]
 
 
 def torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -50,6 +53,7 @@ class Staging:
         self.slots = [Slot() for _ in range(depth)]
         self._next = 0
         self.allocations = 0  # host buffers allocated so far (tests check the ring is reused)
+        self.outputs = None if self.cuda else OutputPool(depth + 2)  # queued + consumer's + one spare
 
     def context(self) -> contextlib.AbstractContextManager:
         """Make the side stream (and device) current for the calling thread."""
@@ -96,6 +100,10 @@ class Staging:
             return host.to(self.device, non_blocking=True)
         return host.clone() if owned else host
 
+    def output(self, shape: tuple[int, ...], dtype: torch.dtype, channels_last: bool) -> torch.Tensor | None:
+        """An output tensor to write the batch into, or None to let the device's allocator decide (CUDA)."""
+        return None if self.outputs is None else self.outputs.empty(shape, dtype, channels_last)
+
     def copies_issued(self, slot: Slot) -> None:
         if self.cuda:
             slot.copied = torch.cuda.Event()
@@ -125,6 +133,44 @@ class Staging:
             if slot.copied is not None:
                 slot.copied.synchronize()
         self.slots = []
+        self.outputs = None
         if self.stream is not None:
             self.stream.synchronize()
         self.stream = None
+
+
+class OutputPool:
+    """Recycled CPU output buffers, reused only once nothing handed out still refers to them.
+
+    Each buffer is a numpy byte array wrapped with ``torch.from_numpy``; the tensor storage holds one
+    reference to the array for as long as any tensor or view on it lives, so ``sys.getrefcount`` tells
+    whether the consumer (or anything it passed the batch to) still has it. A consumer that keeps every
+    batch simply makes the pool allocate, never overwrite. At most ``capacity`` buffers are kept.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._buffers: list[np.ndarray] = []
+        self.allocations = 0
+
+    def _free(self, i: int) -> bool:
+        # references: the list's and getrefcount's argument; a live tensor storage adds one
+        return sys.getrefcount(self._buffers[i]) <= 2
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+        """An uninitialised NCHW tensor of ``shape`` (channels_last memory if asked)."""
+        n, c, h, w = shape
+        nbytes = n * c * h * w * dtype.itemsize
+        fits = (i for i in range(len(self._buffers)) if self._buffers[i].nbytes >= nbytes and self._free(i))
+        found = next(fits, None)
+        if found is None:
+            buf = np.empty(max(nbytes, 1), dtype=np.uint8)
+            self.allocations += 1
+            if len(self._buffers) < self.capacity:
+                self._buffers.append(buf)
+        else:
+            buf = self._buffers[found]
+        flat = torch.from_numpy(buf)[:nbytes].view(dtype)
+        if channels_last:
+            return flat.view(n, h, w, c).permute(0, 3, 1, 2)
+        return flat.view(n, c, h, w)
