@@ -110,3 +110,24 @@ def test_decoder_errors_are_value_errors():
         region.decode_region(good, 8, 0, 0, 8, 8, np.zeros(100, np.uint8), 1500)
     with pytest.raises(TypeError):
         region.decode_region(good, 8, 0, 0, 8, 8, b"read-only", 1500)
+
+
+def test_a_working_dir_copy_without_the_build_uses_the_installed_one(tmp_path):
+    """``ray job submit --working-dir .`` ships the sources without *.so and puts them first on
+    sys.path; the copy must still find the node's installed build."""
+    import shutil
+    import subprocess
+    import sys
+
+    import raypipe
+
+    package = os.path.dirname(raypipe.__file__)
+    shutil.copytree(package, tmp_path / "raypipe", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    code = (
+        "import raypipe, raypipe.kernels.decode as d; "
+        "print(raypipe.__file__); print(d._decode_region is not None)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    where, found = out.stdout.split()
+    assert where.startswith(str(tmp_path)), "the copy was not the one imported"
+    assert found == "True"

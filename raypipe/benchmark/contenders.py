@@ -60,7 +60,9 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
     from raypipe.device import DeviceLoader
     from raypipe.pipeline import EpochSource, Pipeline
 
-    source = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size)), end_epoch=epochs)
+    # No end_epoch: the last measured epoch also warms up a successor, as every epoch of a long run
+    # does, so the measured window gives the next epoch the head start it got from the warm-up epoch.
+    source = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size)))
     # float32, like timm's PrefetchLoader default, so both trainer sides do the same work on the CPU.
     loader = DeviceLoader(source, device="cpu", img_dtype="float32") if device_side else source
     try:
