@@ -32,6 +32,21 @@ def _train_workers(root_pid: int) -> list[psutil.Process]:
     return out
 
 
+def _registered_checkpoint(run_dir) -> bool:
+    """Ray Train's controller has registered a checkpoint (a restart resumes from it).
+
+    A ``checkpoint_*`` directory on disk is not enough: it exists before the worker's report reaches
+    the controller, and a worker killed in between restarts from scratch (seen in CI with sub-second
+    epochs). The controller writes its checkpoint manager snapshot after registering one.
+    """
+    snapshot = run_dir / "checkpoint_manager_snapshot.json"
+    try:
+        state = json.loads(snapshot.read_text())
+    except (OSError, ValueError):  # not written yet, or caught mid-write
+        return False
+    return bool(state.get("latest_checkpoint_result"))
+
+
 def test_killed_training_worker_resumes_from_checkpoint(tmp_path):
     data = tiny_dataset(tmp_path / "data", per_class=30, corrupt=1)
     storage = tmp_path / "runs"
@@ -45,9 +60,8 @@ def test_killed_training_worker_resumes_from_checkpoint(tmp_path):
     try:
         deadline = time.monotonic() + 240
         while killed is None and time.monotonic() < deadline and proc.poll() is None:
-            checkpoints = list((storage / "crash").glob("checkpoint_*"))
             workers = _train_workers(proc.pid)
-            if len(checkpoints) >= 2 and workers:  # the first checkpoint is surely committed by now
+            if _registered_checkpoint(storage / "crash") and workers:
                 killed = workers[0].pid
                 os.kill(killed, signal.SIGKILL)
             time.sleep(0.2)
