@@ -188,3 +188,21 @@ def test_next_epoch_warms_up_a_lead_time_ahead_at_the_last_epochs_pace(ray_local
     source.end_epoch = 1  # nothing warms past the last epoch
     source._maybe_warm_next(seen=10_000 - 1, expected=10_000)
     assert started == [1]
+
+
+def test_an_epochs_execution_may_not_run_far_ahead(ray_local, sample_dir):
+    import ray
+
+    cfg = PipelineConfig(batch_size=8, block_size=8, prefetch_blocks=2, num_actors=3)
+    pipe = Pipeline(str(sample_dir), TrainAugment(input_size=32), config=cfg)
+    assert pipe.run_ahead_bytes() == 8 * 32 * 32 * 3 * (2 + 2 * 3)
+    ds, _ = pipe.dataset(0)
+    assert ds.context.execution_options.resource_limits.object_store_memory == pipe.run_ahead_bytes()
+    ctx = ray.data.DataContext.get_current()
+    saved = ctx.execution_options.resource_limits
+    try:  # a tighter limit the user set on the current context is kept
+        ctx.execution_options.resource_limits = saved.copy(object_store_memory=1000)
+        ds, _ = pipe.dataset(0)
+        assert ds.context.execution_options.resource_limits.object_store_memory == 1000
+    finally:
+        ctx.execution_options.resource_limits = saved

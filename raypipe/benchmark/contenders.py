@@ -66,10 +66,13 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
     # float32, like timm's PrefetchLoader default, so both trainer sides do the same work on the CPU.
     loader = DeviceLoader(source, device="cpu", img_dtype="float32") if device_side else source
     try:
+        # One more unmeasured epoch: epoch 1 starts with whatever its execution computed during the long
+        # cold epoch 0 (up to Pipeline.run_ahead_bytes), more than any later epoch inherits.
         return measure_epochs(
             "raypipe" if device_side else "raypipe packed",
             lambda epoch: loader,
-            epochs=epochs,
+            epochs=epochs + 1,
+            warmup=2,
             count=lambda b: int(b["image"].shape[0]),
             object_store=True,
             note="Ray tasks -> exact batches -> DeviceLoader(cpu, fp32)" if device_side

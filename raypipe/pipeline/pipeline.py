@@ -137,7 +137,20 @@ class Pipeline:
         # from memory that reservation only idles half the cluster (measured: 1 of 2 cores busy).
         ctx.op_resource_reservation_enabled = False
         ctx.enable_progress_bars = False  # raypipe draws its own per-epoch progress
+        # Bound how far an execution runs ahead of its consumer. Unbounded, the next epoch's warmed-up
+        # execution filled Ray Data's whole memory budget while the current epoch ran, computing much
+        # of a short epoch early (and holding it in the object store).
+        limits = ctx.execution_options.resource_limits
+        cap = self.run_ahead_bytes()
+        ctx.execution_options.resource_limits = limits.copy(object_store_memory=min(limits.object_store_memory, cap))
         return ds, len(idx)
+
+    def run_ahead_bytes(self) -> int:
+        """Object store an epoch's execution may fill: the consumer's prefetch window plus two blocks in
+        flight per worker (one being written, one waiting to be fetched)."""
+        h, w, c = self.batch_spec.image_shape
+        cfg = self.config
+        return cfg.block_size * h * w * c * (cfg.prefetch_blocks + 2 * self.num_workers())
 
     def epoch(self, epoch: int, *, rank: int = 0, world_size: int = 1) -> EpochRun:
         return EpochRun(self, epoch, rank=rank, world_size=world_size)
