@@ -148,10 +148,8 @@ def test_manifest_escape_and_bad_label_counted(ray_local, sample_dir, tmp_path):
     assert rep.skipped == {"bad_label": 1, "missing": 1, "outside_root": 1}
 
 
-def test_next_epoch_warms_up_a_lead_time_ahead_at_the_last_epochs_pace(ray_local, sample_dir, monkeypatch):
+def test_next_epoch_warms_up_when_the_last_blocks_are_in_flight(ray_local, sample_dir, monkeypatch):
     from raypipe.pipeline import EpochSource
-    from raypipe.pipeline import pipeline as pipeline_module
-    from raypipe.pipeline.accounting import EpochReport
 
     cfg = PipelineConfig(batch_size=8, block_size=8, prefetch_blocks=1, num_actors=1)
     source = EpochSource(Pipeline(str(sample_dir), TrainAugment(input_size=32), config=cfg))
@@ -165,22 +163,11 @@ def test_next_epoch_warms_up_a_lead_time_ahead_at_the_last_epochs_pace(ray_local
             started.append(self.epoch)
 
     monkeypatch.setattr(source, "_make", Run)
-    static = 8 * (1 + 1)  # a block per prefetch slot and per worker
+    margin = 8 * (1 + 1)  # a block per prefetch slot and per worker
     source.next_epoch = 1
-    source._maybe_warm_next(seen=10_000 - static - 1, expected=10_000)  # no pace known yet: static margin
+    source._maybe_warm_next(seen=10_000 - margin - 1, expected=10_000)
     assert started == []
-    source._maybe_warm_next(seen=10_000 - static, expected=10_000)
-    assert started == [1]
-
-    source._upcoming, started[:] = None, []
-    pace = 1000.0  # rows per second in the last epoch: the lead is WARM_LEAD_S of them
-    fields = dict(dropped_last=0, skipped={}, skipped_paths=[], first_batch_s=0.1, ids_sha256="", content_sha256=None)
-    source.reports.append(EpochReport(epoch=0, expected=10_000, emitted=10_000, seconds=10_000 / pace, **fields))
-    lead = int(pace * pipeline_module.WARM_LEAD_S)
-    assert lead > static
-    source._maybe_warm_next(seen=10_000 - lead - 1, expected=10_000)
-    assert started == []
-    source._maybe_warm_next(seen=10_000 - lead, expected=10_000)
+    source._maybe_warm_next(seen=10_000 - margin, expected=10_000)
     assert started == [1]
     source._maybe_warm_next(seen=10_000 - 1, expected=10_000)  # once per epoch
     assert started == [1]

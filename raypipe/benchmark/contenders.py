@@ -60,19 +60,22 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
     from raypipe.device import DeviceLoader
     from raypipe.pipeline import EpochSource, Pipeline
 
-    # No end_epoch: the last measured epoch also warms up a successor, as every epoch of a long run
-    # does, so the measured window gives the next epoch the head start it got from the warm-up epoch.
-    source = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size)))
-    # float32, like timm's PrefetchLoader default, so both trainer sides do the same work on the CPU.
+    # Epochs overlap by design (each one's Ray execution starts while the previous drains), so the
+    # measured window must neither inherit a head start nor hand one on: the warm-up epoch does not warm
+    # epoch 1 up (epoch 1 pays Ray Data's start-up, as an epoch without warm-up would) and the last
+    # measured epoch warms nothing. Inside the window epochs overlap as in a long run.
+    source = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size)), end_epoch=epochs)
     loader = DeviceLoader(source, device="cpu", img_dtype="float32") if device_side else source
+
+    def make_epoch(epoch: int):
+        source.warm_next = epoch >= 1
+        return loader
+
     try:
-        # One more unmeasured epoch: epoch 1 starts with whatever its execution computed during the long
-        # cold epoch 0 (up to Pipeline.run_ahead_bytes), more than any later epoch inherits.
         return measure_epochs(
             "raypipe" if device_side else "raypipe packed",
-            lambda epoch: loader,
-            epochs=epochs + 1,
-            warmup=2,
+            make_epoch,
+            epochs=epochs,
             count=lambda b: int(b["image"].shape[0]),
             object_store=True,
             note="Ray tasks -> exact batches -> DeviceLoader(cpu, fp32)" if device_side

@@ -277,9 +277,6 @@ class EpochRun:
         )
 
 
-WARM_LEAD_S = 1.5  # start the next epoch's execution at least this long before this one ends
-
-
 class EpochSource:
     """A re-iterable view of a pipeline for one rank: each ``iter()`` runs the next epoch.
 
@@ -310,6 +307,8 @@ class EpochSource:
         self._upcoming: EpochRun | None = None
         cfg = pipeline.config
         # Rows still to come when the last blocks are in flight: the prefetch window plus one per worker.
+        # (Tried: starting 1.5 s ahead at the last epoch's pace. With 2-3 s epochs the two executions'
+        # interplay made epoch times swing 5x between runs, with one epoch sometimes stalling ~12 s.)
         self._warm_margin = cfg.block_size * (cfg.prefetch_blocks + pipeline.num_workers())
 
     def set_epoch(self, epoch: int) -> None:
@@ -343,15 +342,7 @@ class EpochSource:
         """Near the end of an epoch (its last blocks in flight), start the next epoch's execution."""
         if self.end_epoch is not None and self.next_epoch >= self.end_epoch:
             return
-        if self._upcoming is not None:
-            return
-        # Or earlier: when the rows left will be consumed (at the last epoch's pace) faster than a Ray
-        # Data execution delivers its first block (~1 s after its start on 2 cores: executor start-up,
-        # then a block of work competing with this epoch's). Started only a block-set before the end,
-        # a warm epoch still waited 0.5-0.7 s for its first batch.
-        last = self.reports[-1] if self.reports else None
-        lead_rows = last.expected / last.seconds * WARM_LEAD_S if last is not None and last.seconds > 0 else 0
-        if expected - seen <= max(self._warm_margin, lead_rows):
+        if self._upcoming is None and expected - seen <= self._warm_margin:
             self._upcoming = self._make(self.next_epoch)
             self._upcoming.prestart()
 
