@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from raypipe.benchmark import contenders
@@ -17,6 +19,10 @@ SUITES = {
     "RRC224 + hflip + rand-m9-mstd0.5-inc1": dict(color_jitter=None, auto_augment="rand-m9-mstd0.5-inc1"),
 }
 LOADERS = ("decode", "kernel", "raypipe", "packed", "timm", "naive")
+# Loaders that start processes (Ray, DataLoader workers) each run in a fresh process: measured in one
+# process, one loader's leftovers (a Ray Data execution's objects, a persistent worker pool) skewed the
+# next one's figures by up to 35 %.
+ISOLATED = ("raypipe", "packed", "timm", "naive")
 
 
 def add_parser(sub) -> None:
@@ -52,12 +58,30 @@ def _run_one(name: str, aug: TrainAugment, args: argparse.Namespace, files: list
     return contenders.naive_ray_data(args.data, aug, batch_size=b, epochs=e)
 
 
+def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
+    """Body of the child process: its own Ray (or none, for timm), shut down before it exits."""
+    import ray
+
+    if name != "timm":
+        connect()
+    try:
+        return _run_one(name, aug, argparse.Namespace(**settings), [], cores)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def _run_in_child(name: str, aug: TrainAugment, args: argparse.Namespace, cores: int):
+    settings = {"data": args.data, "batch_size": args.batch_size, "epochs": args.epochs}
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_run_isolated, name, aug, settings, cores).result()
+
+
 def main(args: argparse.Namespace) -> int:
     cores = os.cpu_count() or 1
     files = _files(args.data)
     if not files:
         raise ValueError(f"{args.data}: no JPEG files found")
-    connect()
     chosen = {"plain": list(SUITES)[0], "aa": list(SUITES)[1]}
     suites = {}
     for key in args.suites:
@@ -67,7 +91,10 @@ def main(args: argparse.Namespace) -> int:
         results = {}
         for name in LOADERS:
             if name in args.only:
-                res = _run_one(name, aug, args, files, cores)
+                if name in ISOLATED:
+                    res = _run_in_child(name, aug, args, cores)
+                else:
+                    res = _run_one(name, aug, args, files, cores)
                 results[res.name] = res
                 print(f"  {res.name:<16} {res.images_per_s:8.0f} img/s", flush=True)
         suites[title] = results
