@@ -72,10 +72,10 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
     err.message[0] = '\0';
 
     Py_BEGIN_ALLOW_THREADS
-    jpeg_create_decompress(&cinfo);
-    if (setjmp(err.jump)) {
+    if (setjmp(err.jump)) { /* set before jpeg_create_decompress, which can fail too (out of memory) */
         status = FAILED;
     } else {
+        jpeg_create_decompress(&cinfo);
         jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
         jpeg_read_header(&cinfo, TRUE);
         cinfo.out_color_space = JCS_RGB;
@@ -102,7 +102,8 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
                 status = WARNED;
         }
     }
-    jpeg_destroy_decompress(&cinfo); /* also aborts a decode stopped before its last row */
+    jpeg_destroy_decompress(&cinfo); /* also aborts a decode stopped before its last row; a no-op on the
+                                        zeroed struct if creation itself failed */
     Py_END_ALLOW_THREADS
 
     PyBuffer_Release(&data);
