@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import tracemalloc
 import warnings
 
@@ -205,3 +206,18 @@ def test_decode_buffer_reuse_gives_the_same_pixels():
         x1, y1 = int(np.ceil(b1[2])) + 2, int(np.ceil(b1[3])) + 2
         assert np.array_equal(plain[y0:y1, x0:x1], reused[y0:y1, x0:x1])
     assert DecodeBuffer(max_bytes=10).get(11) is None
+
+
+def test_region_decoder_is_built_where_a_compiler_and_libjpeg_headers_exist():
+    """The partial-decode extension is optional, so a failed build installs silently; where it could
+    have been built, its absence is a lost speed-up this test reports (tests/test_kernels_region.py
+    skips itself without the extension)."""
+    import shutil
+
+    from raypipe.kernels import decode
+
+    headers = any(os.path.exists(p) for p in ("/usr/include/jpeglib.h", "/usr/local/include/jpeglib.h"))
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if not (headers and compiler):
+        pytest.skip("no C compiler or libjpeg headers: the extension is not expected")
+    assert decode._decode_region is not None

@@ -21,14 +21,6 @@ from raypipe.kernels import sample_rng as rng_for
 
 region = pytest.importorskip("raypipe.kernels._jpegregion", reason="C extension not built")
 
-HEADERS = any(os.path.exists(p) for p in ("/usr/include/jpeglib.h", "/usr/local/include/jpeglib.h"))
-
-
-def test_extension_is_built_where_libjpeg_headers_exist():
-    # importorskip above skips the module when the build failed; with headers present that would
-    # silently lose the speed-up, so say so here instead (this test only runs when the import worked).
-    assert decode._decode_region is not None or not HEADERS
-
 
 def _variants() -> dict[str, bytes]:
     im = Image.fromarray(f.photo("coffee", (333, 251)))
