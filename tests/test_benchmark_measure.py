@@ -25,12 +25,3 @@ def test_rate_is_all_warm_epochs_together():
     assert r.images_per_s < sorted(r.epoch_rates)[1] * 0.6  # well below the median epoch rate
     assert r.first_batch_s > 0
 
-
-def test_warmup_epochs_are_not_measured():
-    def make_epoch(epoch):
-        yield from [1] * (epoch + 1)
-
-    r = measure_epochs("fake", make_epoch, epochs=4, warmup=2, count=lambda b: b)
-    assert len(r.epoch_rates) == 2
-    only = measure_epochs("fake", make_epoch, epochs=1, warmup=1, count=lambda b: b)
-    assert len(only.epoch_rates) == 1  # a single epoch is measured rather than nothing

@@ -100,10 +100,9 @@ def measure_epochs(
     count: Callable[[object], int],
     object_store: bool = False,
     note: str = "",
-    warmup: int = 1,
 ) -> Result:
-    """Run ``epochs`` epochs (the first ``warmup`` are not measured) and summarise the rest: images/s
-    over all of them together, the median time to first batch, peak memory."""
+    """Run ``epochs`` epochs (epoch 0 is the warm-up) and summarise the warm ones: images/s over all of
+    them together, the median time to first batch, peak memory."""
     rates, firsts, counts, times = [], [], [], []
     with MemorySampler(object_store=object_store) as mem:
         for epoch in range(epochs):
@@ -115,7 +114,7 @@ def measure_epochs(
                     first = time.perf_counter() - t0
                 n += count(batch)
             dt = time.perf_counter() - t0
-            if epoch >= warmup or epochs <= warmup and epoch == epochs - 1:
+            if epoch > 0 or epochs == 1:
                 rates.append(n / dt if dt > 0 else 0.0)
                 counts.append(n)
                 times.append(dt)
