@@ -5,7 +5,7 @@ Reproduces the pipeline rows of bench/NOTES.md::
     python bench/pipeline_profile.py DATA --block-size 64 --cpus-per-actor 1      # 1 worker per core
     python bench/pipeline_profile.py DATA --block-size 128 --cpus-per-actor 0.5   # the defaults
     python bench/pipeline_profile.py DATA --device-loader                          # + CPU DeviceLoader
-    python bench/pipeline_profile.py --normalise                                   # trainer-side normalise only
+    python bench/pipeline_profile.py --normalise                                   # the CPU trainer side only
 """
 
 from __future__ import annotations
@@ -65,20 +65,55 @@ def _cpu_by_role() -> dict[str, float]:
 
 
 def profile_normalise(args: argparse.Namespace) -> None:
+    """The CPU trainer side, µs/image on one thread: the normalisation kernels and the whole DeviceLoader."""
+    import importlib
+
+    import numpy as np
     import torch
 
     from raypipe.config import IMAGENET_MEAN, IMAGENET_STD
-    from raypipe.device.normalize import normalize
+    from raypipe.device import DeviceLoader
+    from raypipe.device.normalize import _affine, normalize
 
+    normalize_module = importlib.import_module("raypipe.device.normalize")  # the package exports the function
     torch.set_num_threads(1)
-    x = torch.randint(0, 255, (args.batch_size, args.img_size, args.img_size, 3), dtype=torch.uint8)
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        normalize(x, mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype=dtype)
+    b, s = args.batch_size, args.img_size
+    x = torch.randint(0, 255, (b, s, s, 3), dtype=torch.uint8)
+    kw = dict(mean=IMAGENET_MEAN, std=IMAGENET_STD)
+
+    def per_image(fn, *fn_args, reps: int = 5, **fn_kwargs) -> float:
+        fn(*fn_args, **fn_kwargs)
         t0 = time.perf_counter()
-        for _ in range(3):
-            normalize(x, mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype=dtype)
-        per_batch = (time.perf_counter() - t0) / 3
-        print(f"normalise {dtype}: {args.batch_size / per_batch:6.0f} img/s on one core")
+        for _ in range(reps):
+            fn(*fn_args, **fn_kwargs)
+        return (time.perf_counter() - t0) / reps / b * 1e6
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        mul, add = _affine(IMAGENET_MEAN, IMAGENET_STD, 255.0, dtype, x.device)
+        out = torch.empty(b, 3, s, s, dtype=dtype).contiguous(memory_format=torch.channels_last)
+        one_pass = per_image(torch.addcmul, add, x.permute(0, 3, 1, 2), mul, out=out)  # the GPU kernel
+        fresh = per_image(normalize, x, dtype=dtype, **kw)
+        reused = per_image(normalize, x, dtype=dtype, out=out, **kw)
+        chunk, normalize_module._CHUNK_BYTES = normalize_module._CHUNK_BYTES, 2**62  # the whole batch at once
+        try:
+            unchunked = per_image(normalize, x, dtype=dtype, out=out, **kw)
+        finally:
+            normalize_module._CHUNK_BYTES = chunk
+        print(
+            f"normalise {str(dtype):15s} µs/image: one-pass kernel {one_pass:6.0f}, two passes into a fresh "
+            f"output {fresh:6.0f}, into a reused output {reused:6.0f} (not chunked: {unchunked:6.0f})"
+        )
+    images = [np.random.default_rng(i).integers(0, 256, (b, s, s, 3), dtype=np.uint8) for i in range(4)]
+    for a in images:
+        a.flags.writeable = False  # like the object store's arrays
+    batches = [{"image": images[i % 4], "label": np.arange(b), "sample_id": np.arange(b) + i * b} for i in range(40)]
+    with DeviceLoader(batches, device="cpu", img_dtype="float32") as loader:
+        for _ in loader:  # first pass allocates the ring and the output pool
+            pass
+        c0, n = time.process_time(), 0
+        for batch in loader:
+            n += int(batch["image"].shape[0])
+        print(f"DeviceLoader(cpu, fp32), whole trainer side: {(time.process_time() - c0) / n * 1e6:.0f} µs/image CPU")
 
 
 def main() -> None:

@@ -8,10 +8,11 @@ the default path never copies to change layout.
 - GPU: one kernel (``torch.addcmul`` on the uint8 input) does the conversion, any layout change and the
   arithmetic in one memory pass.
 - CPU: that mixed-dtype kernel with a per-channel broadcast on the innermost (size-3) dimension does not
-  vectorise (430 µs/img at 224 px fp32). Two passes are 6x faster: an exact uint8 -> float copy, then an
-  in-place ``addcmul`` over rows of ``W*C`` values with the channel constants tiled along the row
-  (70 µs/img, same values bit for bit). On CPU most of the rest is page faults on a fresh output, which
-  is why the DeviceLoader passes ``out=`` buffers it recycles.
+  vectorise (430-450 µs/img at 224 px fp32). Two passes are 3-6x faster: an exact uint8 -> float copy,
+  then an in-place ``addcmul`` over rows of ``W*C`` values with the channel constants tiled along the row
+  (70-100 µs/img into a reused output, same values bit for bit). Into a fresh output, page faults add
+  ~200-240 µs/img, which is why the DeviceLoader passes ``out=`` buffers it recycles. Measured with
+  ``bench/pipeline_profile.py --normalise``.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def normalize(
     else:  # NCHW: rows of H*W values of one channel, one constant per row
         mul, add = (t.view(1, c, 1) for t in _affine(*key))
         rows = lambda t: t.view(-1, c, h * w)
-    # A few images at a time, so the second pass reads what the first just wrote from cache (-5 to -25 %).
+    # A few images at a time, so the second pass reads what the first just wrote from cache (fp32: -18 %).
     step = max(1, _CHUNK_BYTES // max(1, c * h * w * out.element_size()))
     for i in range(0, n, step):
         part = out[i : i + step]

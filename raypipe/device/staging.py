@@ -13,7 +13,7 @@ truly asynchronous. Two kinds of event keep memory safe:
 
 On a CPU device the same calls run with no stream, no pinning and no events (copies are synchronous),
 and the normalised outputs come from an ``OutputPool``: a fresh 77 MB fp32 batch costs more in page
-faults (~240 µs/img at 224 px) than the normalisation itself.
+faults (~200-240 µs/img at 224 px, ``bench/pipeline_profile.py --normalise``) than the normalisation.
 """
 
 from __future__ import annotations

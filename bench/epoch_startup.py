@@ -1,0 +1,81 @@
+"""Per-epoch Ray Data start-up, and how steady epoch rates are from one run of the bench contender to
+the next. Reproduces the warm-up rows of bench/NOTES.md::
+
+    python bench/epoch_startup.py /tmp/bench2k --block-sizes 8 32 128     # latency to the first rows
+    python bench/epoch_startup.py /tmp/bench2k --contender-runs 3 --aa     # back-to-back bench runs
+    python bench/epoch_startup.py /tmp/bench2k --contender-runs 3 --aa --no-cap   # as before the cap
+
+The first mode starts one epoch's execution at a time (nothing else running) and prints how long the
+first ``--batch-size`` rows take to arrive. The second runs ``raypipe bench``'s raypipe contender
+(and its packed variant) several times in one process and prints each run's per-epoch rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def first_rows(args: argparse.Namespace) -> None:
+    from raypipe.config import PipelineConfig, TrainAugment
+    from raypipe.pipeline import Pipeline
+
+    for bs in args.block_sizes:
+        cfg = PipelineConfig(batch_size=args.batch_size, block_size=bs)
+        pipe = Pipeline(args.data, TrainAugment(input_size=args.img_size, color_jitter=None), config=cfg)
+        for epoch in range(args.epochs):
+            t0 = time.perf_counter()
+            ds, _ = pipe.dataset(epoch)
+            rows, first = 0, None
+            for block in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=4):
+                rows += len(block["ok"])
+                if first is None and rows >= args.batch_size:
+                    first = time.perf_counter() - t0
+            total = time.perf_counter() - t0
+            print(f"block {bs:4d} rows, epoch {epoch}: first {args.batch_size} rows after {first:.2f} s, "
+                  f"epoch {total:.2f} s")  # fmt: skip
+
+
+def contender_runs(args: argparse.Namespace) -> None:
+    from raypipe.benchmark import contenders
+    from raypipe.config import TrainAugment
+
+    extra = {"auto_augment": "rand-m9-mstd0.5-inc1"} if args.aa else {}
+    aug = TrainAugment(input_size=args.img_size, color_jitter=None, **extra)
+    for i in range(args.contender_runs):
+        for device_side in (True, False):
+            r = contenders.raypipe_pipeline(
+                args.data, aug, batch_size=args.batch_size, epochs=args.epochs, device_side=device_side
+            )
+            rates = [round(x) for x in r.epoch_rates]
+            print(f"run {i}: {r.name:15s} {r.images_per_s:6.0f} img/s, warm epochs {rates}, "
+                  f"first batch {r.first_batch_s:.2f} s, store peak {r.peak_object_store_mb:.0f} MB")  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("data")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("-b", "--batch-size", type=int, default=128)
+    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--block-sizes", type=int, nargs="+", default=[8, 32, 128])
+    p.add_argument("--contender-runs", type=int, default=0, help="run the bench contender this many times")
+    p.add_argument("--aa", action="store_true", help="with rand-m9-mstd0.5-inc1")
+    p.add_argument("--no-cap", action="store_true", help="no Pipeline.run_ahead_bytes cap (the old behaviour)")
+    args = p.parse_args()
+    if args.no_cap:
+        from raypipe.pipeline import Pipeline
+
+        Pipeline.run_ahead_bytes = lambda self: float("inf")
+
+    from raypipe.runtime import connect
+
+    connect()
+    if args.contender_runs:
+        contender_runs(args)
+    else:
+        first_rows(args)
+
+
+if __name__ == "__main__":
+    main()
