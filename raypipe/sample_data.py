@@ -68,26 +68,58 @@ def _variant(src: Image.Image, rng: np.random.Generator) -> tuple[Image.Image, i
     return im, int(rng.integers(85, 96))
 
 
+def _write_class_range(out: Path, c: int, start: int, stop: int, seed: int) -> list[Path]:
+    """Images ``start..stop-1`` of class ``c``; each one's randomness depends only on (seed, c, i)."""
+    name = PHOTOS[c]
+    label = f"{c:02d}_{name.split('.')[0]}"
+    (out / label).mkdir(parents=True, exist_ok=True)
+    src = _load(name)
+    written = []
+    for i in range(start, stop):
+        rng = np.random.default_rng([seed, c, i])
+        im, quality = _variant(src, rng)
+        path = out / label / f"{label}_{i:05d}.jpg"
+        im.save(path, "JPEG", quality=quality)
+        written.append(path)
+    return written
+
+
 def write_sample_data(
-    out_dir: str | os.PathLike, *, classes: int = 10, per_class: int = 30, seed: int = 0, progress=None
+    out_dir: str | os.PathLike,
+    *,
+    classes: int = 10,
+    per_class: int = 30,
+    seed: int = 0,
+    progress=None,
+    workers: int = 1,
 ) -> list[Path]:
-    """Write ``classes`` × ``per_class`` JPEGs to ``out_dir/<class>/<class>_<i>.jpg``; return the paths."""
+    """Write ``classes`` × ``per_class`` JPEGs to ``out_dir/<class>/<class>_<i>.jpg``; return the paths.
+
+    ``workers`` > 1 writes in that many processes; the files are the same bytes either way."""
     if not 1 <= classes <= len(PHOTOS):
         raise ValueError(f"classes={classes}: expected 1..{len(PHOTOS)} (one per shipped photo)")
     if per_class < 1:
         raise ValueError(f"per_class={per_class}: expected >= 1")
+    if workers < 1:
+        raise ValueError(f"workers={workers}: expected >= 1")
     out = Path(out_dir)
-    written = []
-    for c, name in enumerate(PHOTOS[:classes]):
-        label = f"{c:02d}_{name.split('.')[0]}"
-        (out / label).mkdir(parents=True, exist_ok=True)
-        src = _load(name)
-        for i in range(per_class):
-            rng = np.random.default_rng([seed, c, i])
-            im, quality = _variant(src, rng)
-            path = out / label / f"{label}_{i:05d}.jpg"
-            im.save(path, "JPEG", quality=quality)
-            written.append(path)
+    # Chunks small enough to spread over the workers and to report progress, big enough that
+    # loading the source photo (once per chunk) stays a small share.
+    step = max(1, min(200, -(-classes * per_class // (4 * workers))))
+    chunks = [(c, i, min(i + step, per_class)) for c in range(classes) for i in range(0, per_class, step)]
+    written: list[Path] = []
+    if workers == 1:
+        for c, start, stop in chunks:
+            written += _write_class_range(out, c, start, stop, seed)
             if progress is not None:
-                progress(1)
+                progress(stop - start)
+        return written
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(_write_class_range, out, c, start, stop, seed) for c, start, stop in chunks]
+        for (_, start, stop), fut in zip(chunks, futures, strict=True):
+            written += fut.result()
+            if progress is not None:
+                progress(stop - start)
     return written

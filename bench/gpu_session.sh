@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One GPU session, one command: the CUDA tests, bench/gpu_check.py, then bench/gpu_train.py.
+#
+#   bash bench/gpu_session.sh            # on a CUDA machine, from the repository root
+#
+# Logs and the figures' JSON go to $OUT (default /tmp/raypipe-gpu). Where the machine lacks Ray and
+# simplejpeg and has no package index, put a bundle in .devcarry/ (ray.tar.xz: the ray package;
+# wheels/*.whl: what else is missing; optionally _jpegregion.*.so built for that Python; photos/: scikit-image's sample photos) and it is
+# installed into /tmp/site first. Each step has its own time limit and a failure does not stop the
+# next one; the exit status is the number of failed steps. GPU_TRAIN_ARGS passes options to gpu_train.
+set -u
+OUT=${OUT:-/tmp/raypipe-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 RAYPIPE_NO_PROGRESS=1
+failed=0
+step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.log, count a failure
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name ($(date +%T), limit ${limit}s)"
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    tail -n 40 "$OUT/$name.log"
+    echo "=== $name: exit $rc"
+    [ "$rc" -eq 0 ] || failed=$((failed + 1))
+}
+
+if ! python3 -c "import ray, simplejpeg" 2>/dev/null && [ -f .devcarry/ray.tar.xz ]; then
+    t0=$(date +%s)
+    rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf .devcarry/ray.tar.xz -C /tmp/site &&
+        python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .devcarry/wheels/*.whl ||
+        { echo "installing the carried bundle failed"; exit 99; }
+    cp .devcarry/_jpegregion.*.so raypipe/kernels/ 2>/dev/null || true
+    export PYTHONPATH=/tmp/site:$PWD
+    echo "carried bundle installed in $(($(date +%s) - t0)) s"
+else
+    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+# sample data is made from photos scikit-image ships; copy carried ones where that build lacks some
+python3 - <<'PY'
+import pathlib, shutil
+from raypipe.sample_data import PHOTOS, _photo_dir
+missing = [p for p in PHOTOS if not (_photo_dir() / p).exists()]
+for p in missing:
+    shutil.copy(pathlib.Path(".devcarry/photos") / p, _photo_dir() / p)
+print("sample photos copied in:", missing or "none needed")
+PY
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv |
+    tee "$OUT/nvidia-smi.csv"
+python3 -c "import torch, ray, timm, numpy; print('torch', torch.__version__, 'ray', ray.__version__,
+'timm', timm.__version__, 'numpy', numpy.__version__)
+from raypipe.kernels import decode; print('partial-decode extension:', decode._load_region_decoder() is not None)"
+
+step cuda_tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_device_cuda.py tests/test_device_loader.py
+step gpu_check 120 python3 bench/gpu_check.py
+# shellcheck disable=SC2086  # GPU_TRAIN_ARGS is a list of options
+step gpu_train 330 python3 bench/gpu_train.py --json "$OUT/gpu_train.json" ${GPU_TRAIN_ARGS:-}
+nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader | tee -a "$OUT/nvidia-smi.csv"
+echo "failed steps: $failed"
+exit "$failed"

@@ -1,0 +1,281 @@
+"""Training throughput on one GPU: the synthetic-data ceiling, fed by raypipe, fed by timm's loader.
+
+Run on a CUDA machine from the repository root: ``python bench/gpu_train.py`` (ResNet-50, AMP fp16,
+channels_last, batch 256, all the machine's cores; about 3-4 minutes with both augmentations). It writes
+sample-data JPEGs (``--images``, in parallel) unless ``--data`` is given, then for each augmentation:
+
+1. ceiling — the same training step on one batch already on the GPU (no loader at all);
+2. raypipe — Ray tasks decode and augment, the DeviceLoader copies on a side stream and normalises;
+3. timm — ``create_loader(is_training=True, use_prefetcher=True, num_workers=<cores>)``, with the
+   channels_last conversion timm's train.py does.
+
+Each feed trains for ``--seconds`` after ``--warmup-steps`` steps; images/s counts every image trained
+in that window; "stall" is the share of it the training loop spent waiting in ``next()`` for a batch.
+The share of the ceiling is the goal figure (>= 95 %). ``--device cpu`` runs the same code on the CPU
+(small model and batch: a smoke test of the script, not a figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+AUGMENTS = {
+    "rrc": dict(color_jitter=None),
+    "rand-m9": dict(color_jitter=None, auto_augment="rand-m9-mstd0.5-inc1"),
+}
+
+
+def write_data(out: str, images: int, workers: int) -> str:
+    from raypipe.sample_data import PHOTOS, write_sample_data
+
+    classes = len(PHOTOS)
+    t0 = time.perf_counter()
+    paths = write_sample_data(out, classes=classes, per_class=max(1, images // classes), workers=workers)
+    print(f"wrote {len(paths)} sample JPEGs to {out} in {time.perf_counter() - t0:.1f} s", flush=True)
+    return out
+
+
+class Trainer:
+    """One model, optimizer and AMP scaler; ``step(x, y)`` is one training step as timm's train.py does it."""
+
+    def __init__(self, model_name: str, device: torch.device, amp: bool, channels_last: bool):
+        import timm
+
+        self.device = device
+        self.channels_last = channels_last
+        self.model = timm.create_model(model_name, pretrained=False, num_classes=1000).to(device)
+        if channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.model.train()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        self.amp = amp and device.type == "cuda"
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp else None
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        with torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp):
+            loss = self.loss_fn(self.model(x), y)
+        self.opt.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)  # reads the inf check back: one host sync per step, as in timm
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.opt.step()
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def measure(trainer: Trainer, batches, *, warmup_steps: int, seconds: float) -> dict:
+    """Train on ``batches`` (an iterator of (x, y) on the device): ``warmup_steps`` untimed, then as
+    many as fit in ``seconds``. Returns images/s, the stall share and the time to the first batch."""
+    t_start = time.perf_counter()
+    first_batch_s = None
+    for _ in range(warmup_steps):
+        x, y = next(batches)
+        if first_batch_s is None:
+            first_batch_s = time.perf_counter() - t_start
+        trainer.step(x, y)
+    trainer.sync()
+    images = steps = 0
+    wait = 0.0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        w0 = time.perf_counter()
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            break
+        wait += time.perf_counter() - w0
+        trainer.step(x, y)
+        images += int(x.shape[0])
+        steps += 1
+    trainer.sync()
+    elapsed = time.perf_counter() - t0
+    return {
+        "images_per_s": images / elapsed,
+        "steps": steps,
+        "images": images,
+        "seconds": elapsed,
+        "stall_share": wait / elapsed,
+        "first_batch_s": first_batch_s,
+    }
+
+
+def synthetic_batches(trainer: Trainer, batch: int, size: int, dtype: torch.dtype):
+    x = torch.randn(batch, 3, size, size, device=trainer.device).to(dtype)
+    if trainer.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device=trainer.device)
+    while True:
+        yield x, y
+
+
+def raypipe_batches(data: str, aug, trainer: Trainer, batch: int, dtype: torch.dtype, closers: list):
+    from raypipe.config import PipelineConfig
+    from raypipe.device import DeviceLoader
+    from raypipe.pipeline import EpochSource, Pipeline
+
+    source = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch)))
+    loader = DeviceLoader(source, device=trainer.device, img_dtype=dtype, channels_last=trainer.channels_last)
+    closers.append(loader.close)
+    while True:  # as many epochs as the window needs; each pass is the next epoch
+        for b in loader:
+            yield b["image"], b["label"]
+
+
+def timm_batches(data: str, aug, trainer: Trainer, batch: int, dtype: torch.dtype, workers: int, closers: list):
+    from timm.data import create_dataset, create_loader
+
+    from raypipe.benchmark.contenders import _patch_timm_posterize, _timm_kwargs
+
+    dataset = create_dataset("", root=data, split="train", is_training=True)
+    on_gpu = trainer.device.type == "cuda"
+    loader = create_loader(
+        dataset,
+        batch_size=batch,
+        is_training=True,
+        use_prefetcher=True,
+        num_workers=workers,
+        device=trainer.device,
+        img_dtype=dtype,
+        pin_memory=on_gpu,
+        persistent_workers=True,
+        **_timm_kwargs(aug),
+    )
+    _patch_timm_posterize(dataset.transform)
+    closers.append(lambda: getattr(loader.loader, "_iterator", None) and loader.loader._iterator._shutdown_workers())
+    while True:
+        for x, y in loader:
+            if trainer.channels_last:  # timm's train.py converts each batch like this
+                x = x.contiguous(memory_format=torch.channels_last)
+            yield x, y
+
+
+def run_feed(name: str, make, trainer: Trainer, args, results: dict, key: str) -> None:
+    closers: list = []
+    try:
+        results[key] = measure(trainer, make(closers), warmup_steps=args.warmup_steps, seconds=args.seconds)
+    except Exception:  # one broken feed must not lose the others' figures
+        traceback.print_exc()
+        results[key] = {"error": traceback.format_exc(limit=3)}
+    finally:
+        for close in closers:
+            try:
+                close()
+            except Exception:
+                traceback.print_exc()
+    r = results[key]
+    if "error" not in r:
+        print(f"  {name:<9} {r['images_per_s']:8,.0f} img/s  stall {100 * r['stall_share']:5.1f} %  "
+              f"first batch {r['first_batch_s']:.2f} s  ({r['steps']} steps)", flush=True)  # fmt: skip
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", help="image folder (default: write sample data to a temp dir)")
+    p.add_argument("--images", type=int, default=20000, help="sample images to write when --data is absent")
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--augments", nargs="+", choices=sorted(AUGMENTS), default=["rrc", "rand-m9"])
+    p.add_argument("--feeds", nargs="+", choices=["ceiling", "raypipe", "timm"], default=["ceiling", "raypipe", "timm"])
+    p.add_argument("--seconds", type=float, default=20.0, help="timed window per feed")
+    p.add_argument("--warmup-steps", type=int, default=10)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="timm loader workers")
+    p.add_argument("--object-store-gb", type=float, help="default: Ray's (30%% of the memory it sees)")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_train: CUDA is absent on this machine; nothing to measure (run it on a CUDA machine).")
+        return 0
+    from raypipe.config import TrainAugment
+    from raypipe.runtime import connect
+
+    device = torch.device(args.device)
+    torch.backends.cudnn.benchmark = True
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    tmp = None
+    data = args.data
+    if data is None:
+        tmp = tempfile.TemporaryDirectory(prefix="raypipe-gpu-train-")
+        data = write_data(tmp.name, args.images, args.workers)
+    trainer = Trainer(args.model, device, amp=True, channels_last=True)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    results: dict = {"device": name, "torch": torch.__version__, "model": args.model, "batch": args.batch,
+                     "cpus": os.cpu_count(), "data": data, "seconds": args.seconds, "augments": {}}  # fmt: skip
+    print(f"{args.model} batch {args.batch} AMP fp16 channels_last on {name}, {os.cpu_count()} CPUs", flush=True)
+    if "ceiling" in args.feeds:
+        run_feed("ceiling", lambda c: synthetic_batches(trainer, args.batch, args.size, dtype), trainer, args,
+                 results, "ceiling")  # fmt: skip
+    for aug_name in args.augments:
+        aug = TrainAugment(input_size=args.size, **AUGMENTS[aug_name])
+        res = results["augments"].setdefault(aug_name, {})
+        print(f"{aug_name}:", flush=True)
+        feeds = {
+            "raypipe": lambda c, aug=aug: raypipe_batches(data, aug, trainer, args.batch, dtype, c),
+            "timm": lambda c, aug=aug: timm_batches(data, aug, trainer, args.batch, dtype, args.workers, c),
+        }
+        for feed, make in feeds.items():
+            if feed not in args.feeds:
+                continue
+            if feed == "raypipe":
+                store = int(args.object_store_gb * 2**30) if args.object_store_gb else None
+                connect(object_store_memory=store)
+            run_feed(feed, make, trainer, args, res, feed)
+            if feed == "raypipe":
+                import ray
+
+                ray.shutdown()  # its workers would compete with timm's for the CPUs
+        if args.json:  # after every augmentation: a run cut short still leaves its figures
+            pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
+    print_table(results)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
+    if tmp is not None:
+        tmp.cleanup()
+    return 0 if _all_ok(results) else 1
+
+
+def _all_ok(results: dict) -> bool:
+    feeds = [results.get("ceiling", {})] + [f for a in results["augments"].values() for f in a.values()]
+    return all("error" not in f for f in feeds)
+
+
+def print_table(results: dict) -> None:
+    ceiling = results.get("ceiling", {}).get("images_per_s")
+    print(f"\n{results['model']} training, batch {results['batch']}, {results['device']}, {results['cpus']} CPUs")
+    print(f"  {'feed':<22} {'img/s':>8} {'of ceiling':>10} {'stall':>7} {'first batch':>12}")
+    if ceiling:
+        print(f"  {'ceiling (on-GPU data)':<22} {ceiling:8,.0f} {'100 %':>10}")
+    for aug_name, feeds in results["augments"].items():
+        for feed, r in feeds.items():
+            label = f"{feed} {aug_name}"
+            if "error" in r:
+                print(f"  {label:<22} error: {r['error'].strip().splitlines()[-1]}")
+                continue
+            share = f"{100 * r['images_per_s'] / ceiling:.0f} %" if ceiling else "-"
+            print(f"  {label:<22} {r['images_per_s']:8,.0f} {share:>10} {100 * r['stall_share']:6.1f}% "
+                  f"{r['first_batch_s']:11.2f}s")  # fmt: skip
+    if not ceiling:
+        print("  (no ceiling measured: shares are not shown)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
