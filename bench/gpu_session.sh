@@ -3,11 +3,14 @@
 #
 #   bash bench/gpu_session.sh            # on a CUDA machine, from the repository root
 #
-# Logs and the figures' JSON go to $OUT (default /tmp/raypipe-gpu). Where the machine lacks Ray and
-# simplejpeg and has no package index, put a bundle in .devcarry/ (ray.tar.xz: the ray package;
-# wheels/*.whl: what else is missing; optionally _jpegregion.*.so built for that Python; photos/: scikit-image's sample photos) and it is
-# installed into /tmp/site first. Each step has its own time limit and a failure does not stop the
-# next one; the exit status is the number of failed steps. GPU_TRAIN_ARGS passes options to gpu_train.
+# Logs and the figures' JSON go to $OUT (default /tmp/raypipe-gpu). STEPS picks the steps (default
+# "cuda_tests gpu_check gpu_train"; gpu_train_block128 also runs raypipe with 128-row blocks);
+# GPU_TRAIN_ARGS passes options to gpu_train. Each step has its own time limit and a failure does not
+# stop the next one; the exit status is the number of failed steps.
+#
+# Where the machine lacks Ray and simplejpeg and has no package index, put a bundle in .devcarry/ and it
+# is installed into /tmp/site first: ray.tar.xz (the ray package), wheels/*.whl (what else is missing),
+# optionally _jpegregion.*.so built for that Python, photos/ (scikit-image's sample photos).
 set -u
 OUT=${OUT:-/tmp/raypipe-gpu}
 mkdir -p "$OUT"
@@ -51,10 +54,20 @@ python3 -c "import torch, ray, timm, numpy; print('torch', torch.__version__, 'r
 'timm', timm.__version__, 'numpy', numpy.__version__)
 from raypipe.kernels import decode; print('partial-decode extension:', decode._load_region_decoder() is not None)"
 
-step cuda_tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_device_cuda.py tests/test_device_loader.py
-step gpu_check 120 python3 bench/gpu_check.py
+wants() { [[ " ${STEPS:-cuda_tests gpu_check gpu_train} " == *" $1 "* ]]; }
+wants cuda_tests && step cuda_tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_device_cuda.py \
+    tests/test_device_loader.py
+wants gpu_check && step gpu_check 120 python3 bench/gpu_check.py
+DATA=/tmp/raypipe-gpu-data
+if wants gpu_train || wants gpu_train_block128; then
+    python3 -c "from raypipe.sample_data import write_sample_data as w; import os
+w('$DATA', classes=16, per_class=1250, workers=os.cpu_count())" && echo "sample data: $DATA"
+fi
 # shellcheck disable=SC2086  # GPU_TRAIN_ARGS is a list of options
-step gpu_train 330 python3 bench/gpu_train.py --json "$OUT/gpu_train.json" ${GPU_TRAIN_ARGS:-}
+wants gpu_train && step gpu_train 330 python3 bench/gpu_train.py --data $DATA --json "$OUT/gpu_train.json" ${GPU_TRAIN_ARGS:-}
+# the previous default block size (128 rows for 256-image batches: the consumer packs two blocks per batch)
+wants gpu_train_block128 && step gpu_train_block128 150 python3 bench/gpu_train.py --data $DATA --augments rrc \
+    --feeds raypipe raypipe-data --block-size 128 --json "$OUT/gpu_train_block128.json" ${GPU_TRAIN_ARGS:-}
 nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader | tee -a "$OUT/nvidia-smi.csv"
 echo "failed steps: $failed"
 exit "$failed"

@@ -23,6 +23,7 @@ import os
 import pathlib
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -31,6 +32,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+FEEDS = ["ceiling", "raypipe", "raypipe-data", "timm"]
 AUGMENTS = {
     "rrc": dict(color_jitter=None),
     "rand-m9": dict(color_jitter=None, auto_augment="rand-m9-mstd0.5-inc1"),
@@ -81,19 +83,27 @@ class Trainer:
             torch.cuda.synchronize(self.device)
 
 
-def measure(trainer: Trainer, batches, *, warmup_steps: int, seconds: float) -> dict:
+def measure(trainer: Trainer, batches, *, warmup_steps: int, seconds: float, train: bool = True) -> dict:
     """Train on ``batches`` (an iterator of (x, y) on the device): ``warmup_steps`` untimed, then as
-    many as fit in ``seconds``. Returns images/s, the stall share and the time to the first batch."""
+    many as fit in ``seconds``. Returns images/s, the stall share, the time to the first batch, and
+    the CPU cores this (trainer) process and the whole machine used in the window. ``train=False``
+    only reads the batches: what the feed can deliver when nothing else runs in this process."""
+    import psutil
+
+    step = trainer.step if train else (lambda x, y: None)
+    me = psutil.Process()
     t_start = time.perf_counter()
     first_batch_s = None
     for _ in range(warmup_steps):
         x, y = next(batches)
         if first_batch_s is None:
             first_batch_s = time.perf_counter() - t_start
-        trainer.step(x, y)
+        step(x, y)
     trainer.sync()
     images = steps = 0
     wait = 0.0
+    cpu0 = sum(me.cpu_times()[:2])
+    psutil.cpu_percent(None)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         w0 = time.perf_counter()
@@ -102,12 +112,15 @@ def measure(trainer: Trainer, batches, *, warmup_steps: int, seconds: float) -> 
         except StopIteration:
             break
         wait += time.perf_counter() - w0
-        trainer.step(x, y)
+        step(x, y)
         images += int(x.shape[0])
         steps += 1
     trainer.sync()
     elapsed = time.perf_counter() - t0
+    machine = psutil.cpu_percent(None) / 100 * (os.cpu_count() or 1)
     return {
+        "trainer_cores": (sum(me.cpu_times()[:2]) - cpu0) / elapsed,
+        "machine_cores": machine,
         "images_per_s": images / elapsed,
         "steps": steps,
         "images": images,
@@ -126,12 +139,13 @@ def synthetic_batches(trainer: Trainer, batch: int, size: int, dtype: torch.dtyp
         yield x, y
 
 
-def raypipe_batches(data: str, aug, trainer: Trainer, batch: int, dtype: torch.dtype, closers: list):
+def raypipe_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, closers: list):
     from raypipe.config import PipelineConfig
     from raypipe.device import DeviceLoader
     from raypipe.pipeline import EpochSource, Pipeline
 
-    source = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch)))
+    cfg = PipelineConfig(batch_size=args.batch, block_size=args.block_size)
+    source = EpochSource(Pipeline(data, aug, config=cfg))
     loader = DeviceLoader(source, device=trainer.device, img_dtype=dtype, channels_last=trainer.channels_last)
     closers.append(loader.close)
     while True:  # as many epochs as the window needs; each pass is the next epoch
@@ -167,10 +181,12 @@ def timm_batches(data: str, aug, trainer: Trainer, batch: int, dtype: torch.dtyp
             yield x, y
 
 
-def run_feed(name: str, make, trainer: Trainer, args, results: dict, key: str) -> None:
+def run_feed(name: str, make, trainer: Trainer, args, results: dict, key: str, train: bool = True) -> None:
     closers: list = []
     try:
-        results[key] = measure(trainer, make(closers), warmup_steps=args.warmup_steps, seconds=args.seconds)
+        results[key] = measure(
+            trainer, make(closers), warmup_steps=args.warmup_steps, seconds=args.seconds, train=train
+        )
     except Exception:  # one broken feed must not lose the others' figures
         traceback.print_exc()
         results[key] = {"error": traceback.format_exc(limit=3)}
@@ -180,10 +196,15 @@ def run_feed(name: str, make, trainer: Trainer, args, results: dict, key: str) -
                 close()
             except Exception:
                 traceback.print_exc()
+    left = [t.name for t in threading.enumerate() if t.name.startswith("raypipe")]
+    if left:  # a feed that does not stop its threads would skew the next feed's figures
+        print(f"  threads left running after {name}: {left}", flush=True)
+        results[key]["threads_left"] = left
     r = results[key]
     if "error" not in r:
-        print(f"  {name:<9} {r['images_per_s']:8,.0f} img/s  stall {100 * r['stall_share']:5.1f} %  "
-              f"first batch {r['first_batch_s']:.2f} s  ({r['steps']} steps)", flush=True)  # fmt: skip
+        print(f"  {name:<12} {r['images_per_s']:8,.0f} img/s  stall {100 * r['stall_share']:5.1f} %  "
+              f"first batch {r['first_batch_s']:.2f} s  ({r['steps']} steps)  CPU cores: trainer process "
+              f"{r['trainer_cores']:.2f}, machine {r['machine_cores']:.1f}", flush=True)  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -194,7 +215,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--augments", nargs="+", choices=sorted(AUGMENTS), default=["rrc", "rand-m9"])
-    p.add_argument("--feeds", nargs="+", choices=["ceiling", "raypipe", "timm"], default=["ceiling", "raypipe", "timm"])
+    p.add_argument("--feeds", nargs="+", choices=FEEDS, default=FEEDS,
+                   help="raypipe-data: raypipe's batches on the GPU, no training (what it can deliver)")  # fmt: skip
+    p.add_argument("--block-size", type=int, help="raypipe rows per Ray block (default: PipelineConfig's)")
     p.add_argument("--seconds", type=float, default=20.0, help="timed window per feed")
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="timm loader workers")
@@ -221,6 +244,11 @@ def main(argv=None) -> int:
     results: dict = {"device": name, "torch": torch.__version__, "model": args.model, "batch": args.batch,
                      "cpus": os.cpu_count(), "data": data, "seconds": args.seconds, "augments": {}}  # fmt: skip
     print(f"{args.model} batch {args.batch} AMP fp16 channels_last on {name}, {os.cpu_count()} CPUs", flush=True)
+    if any(f.startswith("raypipe") for f in args.feeds):
+        # One Ray for the whole run (re-initialising Ray in one process is not something a trainer
+        # does; once here a Ray Data thread of the first session outlived it and ended the process).
+        # Its idle workers take no CPU from timm's loader.
+        connect(object_store_memory=int(args.object_store_gb * 2**30) if args.object_store_gb else None)
     if "ceiling" in args.feeds:
         run_feed("ceiling", lambda c: synthetic_batches(trainer, args.batch, args.size, dtype), trainer, args,
                  results, "ceiling")  # fmt: skip
@@ -229,28 +257,29 @@ def main(argv=None) -> int:
         res = results["augments"].setdefault(aug_name, {})
         print(f"{aug_name}:", flush=True)
         feeds = {
-            "raypipe": lambda c, aug=aug: raypipe_batches(data, aug, trainer, args.batch, dtype, c),
+            "raypipe": lambda c, aug=aug: raypipe_batches(data, aug, trainer, args, dtype, c),
+            "raypipe-data": lambda c, aug=aug: raypipe_batches(data, aug, trainer, args, dtype, c),
             "timm": lambda c, aug=aug: timm_batches(data, aug, trainer, args.batch, dtype, args.workers, c),
         }
         for feed, make in feeds.items():
-            if feed not in args.feeds:
-                continue
-            if feed == "raypipe":
-                store = int(args.object_store_gb * 2**30) if args.object_store_gb else None
-                connect(object_store_memory=store)
-            run_feed(feed, make, trainer, args, res, feed)
-            if feed == "raypipe":
-                import ray
-
-                ray.shutdown()  # its workers would compete with timm's for the CPUs
+            if feed in args.feeds:
+                run_feed(feed, make, trainer, args, res, feed, train=feed != "raypipe-data")
         if args.json:  # after every augmentation: a run cut short still leaves its figures
             pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
     print_table(results)
+    if ray_started():
+        import ray
+
+        ray.shutdown()
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
     if tmp is not None:
         tmp.cleanup()
     return 0 if _all_ok(results) else 1
+
+
+def ray_started() -> bool:
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
 
 
 def _all_ok(results: dict) -> bool:
@@ -261,7 +290,7 @@ def _all_ok(results: dict) -> bool:
 def print_table(results: dict) -> None:
     ceiling = results.get("ceiling", {}).get("images_per_s")
     print(f"\n{results['model']} training, batch {results['batch']}, {results['device']}, {results['cpus']} CPUs")
-    print(f"  {'feed':<22} {'img/s':>8} {'of ceiling':>10} {'stall':>7} {'first batch':>12}")
+    print(f"  {'feed':<22} {'img/s':>8} {'of ceiling':>10} {'stall':>7} {'first batch':>12} {'trainer CPU':>12}")
     if ceiling:
         print(f"  {'ceiling (on-GPU data)':<22} {ceiling:8,.0f} {'100 %':>10}")
     for aug_name, feeds in results["augments"].items():
@@ -272,7 +301,7 @@ def print_table(results: dict) -> None:
                 continue
             share = f"{100 * r['images_per_s'] / ceiling:.0f} %" if ceiling else "-"
             print(f"  {label:<22} {r['images_per_s']:8,.0f} {share:>10} {100 * r['stall_share']:6.1f}% "
-                  f"{r['first_batch_s']:11.2f}s")  # fmt: skip
+                  f"{r['first_batch_s']:11.2f}s {r['trainer_cores']:11.2f}c")  # fmt: skip
     if not ceiling:
         print("  (no ceiling measured: shares are not shown)")
 

@@ -51,7 +51,20 @@ def test_clean_full_block_passes_through_without_copy():
     p = Packer(BatchSpec(4, (2, 3, 3)))
     blk = block([1, 2, 3, 4])
     (out,) = list(p.add(blk))
-    assert out["image"] is blk["image"]
+    assert np.shares_memory(out["image"], blk["image"]) and out["image"].shape == blk["image"].shape
+
+
+def test_whole_batches_of_a_big_block_are_views_and_the_rest_is_packed():
+    p = Packer(BatchSpec(4, (2, 3, 3)))
+    big = block(range(10))  # two whole batches, then two rows that wait for the next block
+    out = run(p, [big, block([10, 11, 12], ok=[1, 0, 1]), block(range(13, 17))])
+    assert [b["sample_id"].tolist() for b in out] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 12], [13, 14, 15, 16]]
+    assert np.shares_memory(out[0]["image"], big["image"]) and np.shares_memory(out[1]["image"], big["image"])
+    assert not np.shares_memory(out[2]["image"], big["image"])  # rows 8, 9 were copied into a new batch
+    # a block arriving while rows are pending is copied, not viewed: batch order stays the row order
+    for b in out:
+        assert b["image"].flags.c_contiguous and np.all(b["image"][:, 0, 0, 0] == b["sample_id"] % 251)
+        assert b["label"].dtype == np.int64 and np.array_equal(b["label"], b["sample_id"] % 7)
 
 
 def test_batches_do_not_share_buffers():
