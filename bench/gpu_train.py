@@ -5,7 +5,10 @@ channels_last, batch 256, all the machine's cores; about 3-4 minutes with both a
 sample-data JPEGs (``--images``, in parallel) unless ``--data`` is given, then for each augmentation:
 
 1. ceiling — the same training step on one batch already on the GPU (no loader at all);
-2. raypipe — Ray tasks decode and augment, the DeviceLoader copies on a side stream and normalises;
+2. raypipe — Ray tasks decode and augment, a feeder process beside the trainer packs batches
+   (``FeederSource``, as the training job does), the DeviceLoader copies on a side stream and
+   normalises; raypipe-thread: the same with the Ray Data consumer in the trainer's own process
+   (``EpochSource``); raypipe-data: raypipe's batches with no training (what it can deliver);
 3. timm — ``create_loader(is_training=True, use_prefetcher=True, num_workers=<cores>)``, with the
    channels_last conversion timm's train.py does.
 
@@ -32,7 +35,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-FEEDS = ["ceiling", "raypipe", "raypipe-data", "timm"]
+FEEDS = ["ceiling", "raypipe", "raypipe-thread", "raypipe-data", "timm"]
 AUGMENTS = {
     "rrc": dict(color_jitter=None),
     "rand-m9": dict(color_jitter=None, auto_augment="rand-m9-mstd0.5-inc1"),
@@ -83,6 +86,32 @@ class Trainer:
             torch.cuda.synchronize(self.device)
 
 
+def cpu_by_process() -> dict[int, tuple[str, float]]:
+    """pid -> (name, CPU seconds so far) of every process (Ray workers by their ``ray::`` title)."""
+    import psutil
+
+    out = {}
+    for proc in psutil.process_iter(["pid", "name", "cmdline", "cpu_times"]):
+        t = proc.info["cpu_times"]
+        if t is None:
+            continue
+        cmd = proc.info["cmdline"] or []
+        name = cmd[0].split(" ")[0] if cmd and cmd[0].startswith("ray::") else proc.info["name"]
+        out[proc.info["pid"]] = (name, t.user + t.system)
+    return out
+
+
+def cpu_use(before: dict, after: dict, seconds: float) -> tuple[dict[str, float], int]:
+    """Cores used per process name between two ``cpu_by_process`` snapshots, and how many processes
+    started in between (worker churn)."""
+    cores: dict[str, float] = {}
+    for pid, (name, cpu) in after.items():
+        start = before.get(pid, (name, 0.0))[1]
+        cores[name] = cores.get(name, 0.0) + (cpu - start) / seconds
+    top = dict(sorted(((k, round(v, 2)) for k, v in cores.items() if v >= 0.05), key=lambda kv: -kv[1])[:8])
+    return top, len(set(after) - set(before))
+
+
 def measure(trainer: Trainer, batches, *, warmup_steps: int, seconds: float, train: bool = True) -> dict:
     """Train on ``batches`` (an iterator of (x, y) on the device): ``warmup_steps`` untimed, then as
     many as fit in ``seconds``. Returns images/s, the stall share, the time to the first batch, and
@@ -103,6 +132,7 @@ def measure(trainer: Trainer, batches, *, warmup_steps: int, seconds: float, tra
     images = steps = 0
     wait = 0.0
     cpu0 = sum(me.cpu_times()[:2])
+    procs0 = cpu_by_process()
     psutil.cpu_percent(None)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
@@ -118,7 +148,10 @@ def measure(trainer: Trainer, batches, *, warmup_steps: int, seconds: float, tra
     trainer.sync()
     elapsed = time.perf_counter() - t0
     machine = psutil.cpu_percent(None) / 100 * (os.cpu_count() or 1)
+    by_name, started = cpu_use(procs0, cpu_by_process(), elapsed)
     return {
+        "cores_by_process": by_name,
+        "processes_started": started,
         "trainer_cores": (sum(me.cpu_times()[:2]) - cpu0) / elapsed,
         "machine_cores": machine,
         "images_per_s": images / elapsed,
@@ -139,13 +172,13 @@ def synthetic_batches(trainer: Trainer, batch: int, size: int, dtype: torch.dtyp
         yield x, y
 
 
-def raypipe_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, closers: list):
+def raypipe_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, closers: list, feeder: bool):
     from raypipe.config import PipelineConfig
     from raypipe.device import DeviceLoader
-    from raypipe.pipeline import EpochSource, Pipeline
+    from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 
     cfg = PipelineConfig(batch_size=args.batch, block_size=args.block_size)
-    source = EpochSource(Pipeline(data, aug, config=cfg))
+    source = (FeederSource if feeder else EpochSource)(Pipeline(data, aug, config=cfg))
     loader = DeviceLoader(source, device=trainer.device, img_dtype=dtype, channels_last=trainer.channels_last)
     closers.append(loader.close)
     while True:  # as many epochs as the window needs; each pass is the next epoch
@@ -205,6 +238,8 @@ def run_feed(name: str, make, trainer: Trainer, args, results: dict, key: str, t
         print(f"  {name:<12} {r['images_per_s']:8,.0f} img/s  stall {100 * r['stall_share']:5.1f} %  "
               f"first batch {r['first_batch_s']:.2f} s  ({r['steps']} steps)  CPU cores: trainer process "
               f"{r['trainer_cores']:.2f}, machine {r['machine_cores']:.1f}", flush=True)  # fmt: skip
+        print(f"               cores by process: {r['cores_by_process']}; processes started: "
+              f"{r['processes_started']}", flush=True)  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -257,8 +292,9 @@ def main(argv=None) -> int:
         res = results["augments"].setdefault(aug_name, {})
         print(f"{aug_name}:", flush=True)
         feeds = {
-            "raypipe": lambda c, aug=aug: raypipe_batches(data, aug, trainer, args, dtype, c),
-            "raypipe-data": lambda c, aug=aug: raypipe_batches(data, aug, trainer, args, dtype, c),
+            "raypipe": lambda c, aug=aug: raypipe_batches(data, aug, trainer, args, dtype, c, feeder=True),
+            "raypipe-thread": lambda c, aug=aug: raypipe_batches(data, aug, trainer, args, dtype, c, feeder=False),
+            "raypipe-data": lambda c, aug=aug: raypipe_batches(data, aug, trainer, args, dtype, c, feeder=True),
             "timm": lambda c, aug=aug: timm_batches(data, aug, trainer, args.batch, dtype, args.workers, c),
         }
         for feed, make in feeds.items():

@@ -22,6 +22,7 @@ _EXPORTS = {
     "EpochReport": "raypipe.pipeline",
     "EpochRun": "raypipe.pipeline",
     "EpochSource": "raypipe.pipeline",
+    "FeederSource": "raypipe.pipeline",
     "Pipeline": "raypipe.pipeline",
     "SkipLimitError": "raypipe.pipeline",
     "SourceRows": "raypipe.sources",

@@ -1,6 +1,7 @@
 """The Ray Data pipeline: sharding, augmentation on the cluster, exact packing, accounting."""
 
 from raypipe.pipeline.accounting import EpochReport, SkipLimitError
+from raypipe.pipeline.feeder import FeederDiedError, FeederSource
 from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.pipeline.pipeline import EpochRun, EpochSource, Pipeline, shard_indices
 
@@ -9,6 +10,8 @@ __all__ = [
     "EpochReport",
     "EpochRun",
     "EpochSource",
+    "FeederDiedError",
+    "FeederSource",
     "Packer",
     "Pipeline",
     "SkipLimitError",

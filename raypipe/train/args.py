@@ -66,6 +66,9 @@ class TrainJobConfig:
     max_failures: int = 0
     preprocess_resource: str | None = None
     record_ids: bool = False  # each rank writes the sample ids it trained on (tests, audits)
+    # "process": each rank's epochs run in a feeder process beside it (FeederSource), so Ray Data's
+    # consumer-side Python does not take the GIL from the training loop; "thread": in the rank's process.
+    feeder: str = "process"
     augment: TrainAugment = field(default_factory=TrainAugment)
     eval: EvalAugment = field(default_factory=EvalAugment)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
@@ -100,6 +103,8 @@ class TrainJobConfig:
             fail("val_split", "expected 0 <= val_split < 1")
         if self.remode not in ("const", "rand", "pixel"):
             fail("remode", "expected const, rand or pixel")
+        if self.feeder not in ("process", "thread"):
+            fail("feeder", "expected process or thread")
         if not is_num(self.cpus_per_worker) or not 0 <= self.cpus_per_worker <= 256:
             fail("cpus_per_worker", "expected 0 <= cpus_per_worker <= 256 (fractions allowed)")
         if self.num_classes is not None and (not is_int(self.num_classes) or self.num_classes < 1):
@@ -130,7 +135,7 @@ _JOB_FIELDS = (
     "data", "val_data", "val_split", "kind", "sample_dir", "sample_per_class", "model", "num_classes", "epochs",
     "lr", "opt", "momentum", "sched", "warmup_epochs", "warmup_lr", "min_lr", "weight_decay", "reprob", "remode",
     "recount", "mixup", "cutmix", "smoothing", "amp", "channels_last", "num_workers", "use_gpu", "cpus_per_worker",
-    "storage_path", "name", "max_failures", "preprocess_resource", "record_ids",
+    "storage_path", "name", "max_failures", "preprocess_resource", "record_ids", "feeder",
 )  # fmt: skip
 
 
@@ -175,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-failures", type=int, help="restarts from the last checkpoint after a worker dies")
     g.add_argument("--preprocess-resource", help="Ray resource augmentation workers ask 0.001 of (cluster.yaml)")
     g.add_argument("--record-ids", action="store_true", default=None, help="write the sample ids each rank trained on")
+    g.add_argument("--feeder", choices=("process", "thread"),
+                   help="where each rank's Ray Data consumer runs: a process beside it, or a thread")  # fmt: skip
     add_augment_args(p)
     add_pipeline_args(p)  # also -b/--batch-size, --seed and -c/--config
     return p

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from raypipe.device import DeviceLoader
-from raypipe.pipeline import EpochSource, Pipeline
+from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.metrics import RankEpoch, RunDir, combine, format_line
 
@@ -181,7 +181,7 @@ def _evaluate(model, loader, autocast, num_classes: int, rec: RankEpoch) -> None
     rec.eval_s = time.perf_counter() - t0
 
 
-def _account(rec: RankEpoch, source: EpochSource) -> None:
+def _account(rec: RankEpoch, source: EpochSource | FeederSource) -> None:
     rep = source.last_report
     rec.emitted, rec.expected = rep.emitted, rep.expected
     rec.skipped, rec.skipped_paths = dict(rep.skipped), list(rep.skipped_paths)
@@ -229,8 +229,9 @@ def train_loop_per_worker(config: dict) -> None:
     eval_pipe = Pipeline(val_rows, job.eval, config=eval_cfg, decode=job.decode)
     # The next train epoch's Ray execution warms up while this one drains (and overlaps eval);
     # eval is short and read right after training, so it is not warmed ahead.
-    train_src = EpochSource(train_pipe, rank=rank, world_size=world, start_epoch=start_epoch, end_epoch=job.epochs)
-    eval_src = EpochSource(eval_pipe, rank=rank, world_size=world, start_epoch=start_epoch, warm_next=False)
+    source_cls = FeederSource if job.feeder == "process" else EpochSource
+    train_src = source_cls(train_pipe, rank=rank, world_size=world, start_epoch=start_epoch, end_epoch=job.epochs)
+    eval_src = source_cls(eval_pipe, rank=rank, world_size=world, start_epoch=start_epoch, warm_next=False)
     # One loader per split for the whole run: one side stream and one pinned ring, reused by every epoch.
     train_loader = _loader(train_src, job, device, num_classes, train=True)
     eval_loader = _loader(eval_src, job, device, num_classes, train=False)
