@@ -177,7 +177,8 @@ def raypipe_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, 
     from raypipe.device import DeviceLoader
     from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 
-    cfg = PipelineConfig(batch_size=args.batch, block_size=args.block_size)
+    cfg = PipelineConfig(batch_size=args.batch, block_size=args.block_size, worker_nice=args.worker_nice,
+                         cpus_per_actor=args.cpus_per_actor)  # fmt: skip
     source = (FeederSource if feeder else EpochSource)(Pipeline(data, aug, config=cfg))
     loader = DeviceLoader(source, device=trainer.device, img_dtype=dtype, channels_last=trainer.channels_last)
     closers.append(loader.close)
@@ -253,6 +254,8 @@ def main(argv=None) -> int:
     p.add_argument("--feeds", nargs="+", choices=FEEDS, default=FEEDS,
                    help="raypipe-data: raypipe's batches on the GPU, no training (what it can deliver)")  # fmt: skip
     p.add_argument("--block-size", type=int, help="raypipe rows per Ray block (default: PipelineConfig's)")
+    p.add_argument("--worker-nice", type=int, default=0, help="raypipe augmentation workers' niceness")
+    p.add_argument("--cpus-per-actor", type=float, default=0.5, help="CPUs per raypipe augmentation worker")
     p.add_argument("--seconds", type=float, default=20.0, help="timed window per feed")
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="timm loader workers")

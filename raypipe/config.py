@@ -205,6 +205,12 @@ class PipelineConfig:
     # (a multiple of the batch size where it can be, so the consumer packs batches without copying).
     block_size: int | None = None
     prefetch_blocks: int = 4
+    # Niceness of augmentation worker processes (0: leave priorities alone; up to 19). A trainer on the
+    # same node then gets the CPU first. Not the default: on the 16-core H200 machine ResNet-50 steps
+    # ran ~3x slower than the GPU allowed while raypipe fed them, but the machine had idle cores, so
+    # CPU starvation is not shown; on 2 cores an emulated trainer gained nothing
+    # (bench/trainer_priority.py). To be measured on a GPU machine (bench/NOTES.md).
+    worker_nice: int = 0
     max_skip_ratio: float | None = None
     max_skips: int | None = None
     # Extra Ray resources each augmentation worker asks for, to steer it to preprocessing nodes.
@@ -223,6 +229,9 @@ class PipelineConfig:
             _fail("prefetch_blocks", self.prefetch_blocks, "expected an int >= 0")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             _fail("seed", self.seed, "expected an int >= 0")
+        nice = self.worker_nice
+        if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
+            _fail("worker_nice", self.worker_nice, "expected an int in 0..19")
         if self.num_actors is not None and (
             isinstance(self.num_actors, bool) or not isinstance(self.num_actors, int) or self.num_actors < 1
         ):

@@ -7,6 +7,7 @@ from raypipe.config import (
     EvalAugment,
     PipelineConfig,
     TrainAugment,
+    auto_block_size,
     config_from_dict,
     load_yaml,
 )
@@ -28,6 +29,8 @@ from raypipe.config import (
         (PipelineConfig, {"compute": "threads"}, "compute"),
         (PipelineConfig, {"max_skip_ratio": 2}, "max_skip_ratio"),
         (PipelineConfig, {"resources": {"preprocess": -1}}, "resources"),
+        (PipelineConfig, {"worker_nice": 20}, "worker_nice"),
+        (PipelineConfig, {"block_size": 0}, "block_size"),
         (DecodeConfig, {"max_pixels": 0}, "max_pixels"),
     ],
 )
@@ -68,3 +71,15 @@ def test_yaml_is_strict(tmp_path):
 def test_config_from_dict_builds_valid_objects():
     aug = config_from_dict(TrainAugment, {"scale": [0.2, 1.0], "input_size": 128})
     assert aug.scale == (0.2, 1.0) and aug.input_size == (128, 128)
+
+
+@pytest.mark.parametrize(
+    "batch, block", [(1, 128), (32, 128), (48, 144), (100, 200), (128, 128), (256, 256), (384, 192), (512, 256),
+                     (1000, 250), (257, 256)],
+)  # fmt: skip
+def test_block_size_follows_the_batch_size(batch, block):
+    assert auto_block_size(batch) == block
+    assert PipelineConfig(batch_size=batch).block_size == block
+    # a multiple of the batch (whole batches are views of a block) or a divisor (blocks pack whole batches)
+    assert block % batch == 0 or batch % block == 0 or batch == 257
+    assert PipelineConfig(batch_size=batch, block_size=64).block_size == 64  # an explicit value wins

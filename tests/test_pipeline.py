@@ -193,3 +193,11 @@ def test_an_epochs_execution_may_not_run_far_ahead(ray_local, sample_dir):
         assert ds.context.execution_options.resource_limits.object_store_memory == 1000
     finally:
         ctx.execution_options.resource_limits = saved
+
+
+def test_worker_niceness_travels_in_the_stage_spec(ray_local, sample_dir):
+    assert Pipeline(str(sample_dir), AUG).stage_spec(0).nice == 0  # default: priorities left alone
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16, worker_nice=5))
+    assert pipe.stage_spec(3).nice == 5
+    batches, rep = run_epoch(pipe)  # the stage lowers its worker's priority and still delivers everything
+    assert rep.emitted == 48 and sum(len(b["sample_id"]) for b in batches) == 48

@@ -102,6 +102,7 @@ class Pipeline:
             seed=self.config.seed,
             epoch=epoch,
             image_column=self.rows.image_column,
+            nice=self.config.worker_nice,
         )
 
     def dataset(self, epoch: int, *, rank: int = 0, world_size: int = 1) -> tuple[ray.data.Dataset, int]:

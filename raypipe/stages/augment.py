@@ -8,6 +8,7 @@ skip travels to the consumer, which is where it is counted (so a retried task ca
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ class StageSpec:
     seed: int
     epoch: int
     image_column: str = ""
+    nice: int = 0  # niceness for the worker process (PipelineConfig.worker_nice)
 
     @property
     def reuse_key(self) -> tuple:
@@ -86,6 +88,16 @@ class _ParquetReader:
         return bytes(cell)
 
 
+def lower_priority(nice: int) -> None:
+    """Raise this worker's niceness to ``nice`` (never lowers it, which needs privileges). Linux nice is
+    per thread: Ray runs tasks and actor calls on the worker's main thread, the one doing the work."""
+    if nice <= 0 or not hasattr(os, "nice"):
+        return
+    current = os.nice(0)
+    if current < nice:
+        os.nice(nice - current)
+
+
 class AugmentStage:
     """Callable for ``Dataset.map_batches``: rows in, images (or skip records) out."""
 
@@ -100,6 +112,7 @@ class AugmentStage:
         return self.spec.root.read_bytes(path)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        lower_priority(self.spec.nice)
         n = len(batch["sample_id"])
         images = np.zeros((n, *self.spec.image_shape), dtype=np.uint8)
         ok = np.zeros(n, dtype=bool)
