@@ -8,8 +8,9 @@
 # GPU_TRAIN_ARGS passes options to gpu_train. Each step has its own time limit and a failure does not
 # stop the next one; the exit status is the number of failed steps.
 #
-# Where the machine lacks Ray and simplejpeg and has no package index, put a bundle in .devcarry/ and it
-# is installed into /tmp/site first: ray.tar.xz (the ray package), wheels/*.whl (what else is missing),
+# Where the machine lacks Ray and simplejpeg and has no package index, put a bundle in .devcarry/
+# (bench/devcarry_build.sh builds it; the device tool's run needs carry [".devcarry"]) and it is
+# installed into /tmp/site first: ray.tar.xz (the ray package), wheels/*.whl (what else is missing),
 # optionally _jpegregion.*.so built for that Python, photos/ (scikit-image's sample photos).
 set -u
 OUT=${OUT:-/tmp/raypipe-gpu}

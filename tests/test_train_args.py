@@ -94,3 +94,14 @@ def test_val_split_is_stable_and_disjoint():
     assert abs(mask.mean() - 0.1) < 0.01
     assert np.array_equal(mask[:5000], held_out_mask(ids[:5000], 0.1))  # a function of the id alone
     assert not held_out_mask(ids, 0.0).any()
+
+
+def test_feeder_and_pipeline_speed_knobs(tmp_path):
+    job = parse_job([])
+    assert job.feeder == "process" and job.pipeline.worker_nice == 0
+    assert job.pipeline.block_size == 128  # auto: a multiple of the default job's batch of 32
+    job = parse_job(["-c", _yaml(tmp_path, "feeder: thread\nworker_nice: 5\n"), "-b", "256"])
+    assert job.feeder == "thread" and job.pipeline.worker_nice == 5 and job.pipeline.block_size == 256
+    assert parse_job(["--feeder", "process", "--block-size", "64"]).pipeline.block_size == 64
+    with pytest.raises(ValueError, match="feeder"):
+        TrainJobConfig(feeder="actor")
