@@ -152,7 +152,7 @@ def test_next_epoch_warms_up_when_the_last_blocks_are_in_flight(ray_local, sampl
     from raypipe.pipeline import EpochSource
 
     cfg = PipelineConfig(batch_size=8, block_size=8, prefetch_blocks=1, num_actors=1)
-    source = EpochSource(Pipeline(str(sample_dir), TrainAugment(input_size=32), config=cfg))
+    source = EpochSource(Pipeline(str(sample_dir), TrainAugment(input_size=32), config=cfg), warm_lead_s=0)
     started = []
 
     class Run:
@@ -174,6 +174,32 @@ def test_next_epoch_warms_up_when_the_last_blocks_are_in_flight(ray_local, sampl
     source._upcoming = None
     source.end_epoch = 1  # nothing warms past the last epoch
     source._maybe_warm_next(seen=10_000 - 1, expected=10_000)
+    assert started == [1]
+
+
+def test_next_epoch_warms_up_a_lead_time_ahead_at_the_current_pace(ray_local, sample_dir, monkeypatch):
+    import time
+
+    from raypipe.pipeline import EpochSource
+
+    cfg = PipelineConfig(batch_size=8, block_size=8, prefetch_blocks=1, num_actors=1)
+    source = EpochSource(Pipeline(str(sample_dir), TrainAugment(input_size=32), config=cfg), warm_lead_s=2.0)
+    started = []
+
+    class Run:
+        def __init__(self, epoch):
+            self.epoch = epoch
+
+        def prestart(self):
+            started.append(self.epoch)
+
+    monkeypatch.setattr(source, "_make", Run)
+    source.next_epoch = 1
+    source._epoch_started = time.perf_counter() - 10.0  # 5000 rows in 10 s: 500 rows/s
+    # the block margin (16 rows) plus 2 s at 500 rows/s = 1016 rows (a little less as the clock runs on)
+    source._maybe_warm_next(seen=5000, expected=5000 + 1100)
+    assert started == []
+    source._maybe_warm_next(seen=5000, expected=5000 + 1000)
     assert started == [1]
 
 

@@ -25,7 +25,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raypipe.pipeline.accounting import EpochReport
-from raypipe.pipeline.pipeline import EpochSource, Pipeline
+from raypipe.pipeline.pipeline import WARM_LEAD_S, EpochSource, Pipeline
 
 __all__ = ["FeederSource", "FeederDiedError"]
 
@@ -93,6 +93,7 @@ class FeederSource:
         start_epoch: int = 0,
         end_epoch: int | None = None,
         warm_next: bool = True,
+        warm_lead_s: float = WARM_LEAD_S,
         prefetch: int = 2,
     ):
         if prefetch < 1:
@@ -104,7 +105,7 @@ class FeederSource:
         self.prefetch = prefetch
         self.reports: list[EpochReport] = []
         kwargs = dict(rank=rank, world_size=world_size, start_epoch=start_epoch, end_epoch=end_epoch,
-                      warm_next=warm_next)  # fmt: skip
+                      warm_next=warm_next, warm_lead_s=warm_lead_s)  # fmt: skip
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self._actor = _Feeder.options(scheduling_strategy=here).remote(pipeline, kwargs)
 

@@ -278,13 +278,23 @@ class EpochRun:
         )
 
 
+# How long before an epoch's end the next one's Ray execution starts, on top of the rows in flight.
+# A new execution needs ~1.1 s from start to its first block on 2 cores (0.1-0.25 s to build, the rest
+# queued behind the old epoch's tasks and computing), and the block-set margin alone started it only
+# 0.4-0.6 s ahead: a warmed epoch's first batch took 0.6-0.75 s. With 1 s: 0.0-0.44 s (rand-m9
+# 0.0-0.72), +3-5 % img/s, three runs each without a stall (bench/NOTES.md). The run-ahead cap
+# (Pipeline.run_ahead_bytes) bounds how far the next epoch can get.
+WARM_LEAD_S = 1.0
+
+
 class EpochSource:
     """A re-iterable view of a pipeline for one rank: each ``iter()`` runs the next epoch.
 
     Hand it to one long-lived ``DeviceLoader`` (one side stream for the whole run). Call
     ``set_epoch(e)`` to resume at epoch ``e``; ``reports`` keeps every finished epoch's accounting.
     With ``warm_next`` the next epoch's Ray execution starts while this one's last blocks are in
-    flight, hiding Ray Data's per-execution start-up; ``end_epoch`` stops that after the last epoch.
+    flight and ``warm_lead_s`` before its end at its current pace, hiding Ray Data's per-execution
+    start-up; ``end_epoch`` stops that after the last epoch.
     """
 
     def __init__(
@@ -296,6 +306,7 @@ class EpochSource:
         start_epoch: int = 0,
         end_epoch: int | None = None,
         warm_next: bool = True,
+        warm_lead_s: float = WARM_LEAD_S,
     ):
         self.pipeline = pipeline
         self.rank = rank
@@ -307,10 +318,11 @@ class EpochSource:
         self.reports: list[EpochReport] = []
         self._upcoming: EpochRun | None = None
         cfg = pipeline.config
-        # Rows still to come when the last blocks are in flight: the prefetch window plus one per worker.
-        # (Tried: starting 1.5 s ahead at the last epoch's pace. With 2-3 s epochs the two executions'
-        # interplay made epoch times swing 5x between runs, with one epoch sometimes stalling ~12 s.)
+        # Rows still to come when the last blocks are in flight: the prefetch window plus one per worker,
+        # plus what the consumer takes in ``warm_lead_s`` at this epoch's pace (see WARM_LEAD_S).
         self._warm_margin = cfg.block_size * (cfg.prefetch_blocks + pipeline.num_workers())
+        self.warm_lead_s = float(warm_lead_s)
+        self._epoch_started: float | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.next_epoch = epoch
@@ -336,6 +348,7 @@ class EpochSource:
         self.current = run
         self.next_epoch += 1
         run._started = True
+        self._epoch_started = time.perf_counter()
         yield from run._run(on_progress=self._maybe_warm_next if self.warm_next else None)
         self.reports.append(run.report)
 
@@ -343,7 +356,11 @@ class EpochSource:
         """Near the end of an epoch (its last blocks in flight), start the next epoch's execution."""
         if self.end_epoch is not None and self.next_epoch >= self.end_epoch:
             return
-        if self._upcoming is None and expected - seen <= self._warm_margin:
+        lead_rows = 0.0
+        if self._epoch_started is not None and self.warm_lead_s > 0:
+            elapsed = time.perf_counter() - self._epoch_started
+            lead_rows = self.warm_lead_s * seen / elapsed if elapsed > 0 else 0.0
+        if self._upcoming is None and expected - seen <= self._warm_margin + lead_rows:
             self._upcoming = self._make(self.next_epoch)
             self._upcoming.prestart()
 
