@@ -4,10 +4,13 @@ the next. Reproduces the warm-up rows of bench/NOTES.md::
     python bench/epoch_startup.py /tmp/bench2k --block-sizes 8 32 128     # latency to the first rows
     python bench/epoch_startup.py /tmp/bench2k --contender-runs 3 --aa     # back-to-back bench runs
     python bench/epoch_startup.py /tmp/bench2k --contender-runs 3 --aa --no-cap   # as before the cap
+    python bench/epoch_startup.py /tmp/bench2k --warm-leads 0 1 0 1 [--aa] --epochs 6  # warm-up lead
 
 The first mode starts one epoch's execution at a time (nothing else running) and prints how long the
 first ``--batch-size`` rows take to arrive. The second runs ``raypipe bench``'s raypipe contender
-(and its packed variant) several times in one process and prints each run's per-epoch rates.
+(and its packed variant) several times in one process and prints each run's per-epoch rates. The
+third reads packed batches through an ``EpochSource`` with each ``warm_lead_s`` in turn and prints
+every epoch's first-batch time and rate, and the rate over the epochs after the first.
 """
 
 from __future__ import annotations
@@ -52,6 +55,31 @@ def contender_runs(args: argparse.Namespace) -> None:
                   f"first batch {r.first_batch_s:.2f} s, store peak {r.peak_object_store_mb:.0f} MB")  # fmt: skip
 
 
+def warm_leads(args: argparse.Namespace) -> None:
+    from raypipe.config import PipelineConfig, TrainAugment
+    from raypipe.pipeline import EpochSource, Pipeline
+
+    extra = {"auto_augment": "rand-m9-mstd0.5-inc1"} if args.aa else {}
+    aug = TrainAugment(input_size=args.img_size, color_jitter=None, **extra)
+    for lead in args.warm_leads:
+        pipe = Pipeline(args.data, aug, config=PipelineConfig(batch_size=args.batch_size))
+        source = EpochSource(pipe, end_epoch=args.epochs, warm_lead_s=lead)
+        firsts, rates, images, seconds = [], [], 0, 0.0
+        for epoch in range(args.epochs):
+            t0, first, n = time.perf_counter(), None, 0
+            for batch in source:
+                first = time.perf_counter() - t0 if first is None else first
+                n += len(batch["sample_id"])
+            dt = time.perf_counter() - t0
+            if epoch > 0:
+                images, seconds = images + n, seconds + dt
+            firsts.append(round(first, 2))
+            rates.append(round(n / dt))
+        source.close()
+        print(f"warm lead {lead} s: first batch {firsts} s, epochs {rates} img/s, after the first "
+              f"{images / seconds:.0f} img/s", flush=True)  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data")
@@ -62,6 +90,7 @@ def main() -> None:
     p.add_argument("--contender-runs", type=int, default=0, help="run the bench contender this many times")
     p.add_argument("--aa", action="store_true", help="with rand-m9-mstd0.5-inc1")
     p.add_argument("--no-cap", action="store_true", help="no Pipeline.run_ahead_bytes cap (the old behaviour)")
+    p.add_argument("--warm-leads", type=float, nargs="+", help="compare EpochSource warm_lead_s values")
     args = p.parse_args()
     if args.no_cap:
         from raypipe.pipeline import Pipeline
@@ -71,7 +100,9 @@ def main() -> None:
     from raypipe.runtime import connect
 
     connect()
-    if args.contender_runs:
+    if args.warm_leads:
+        warm_leads(args)
+    elif args.contender_runs:
         contender_runs(args)
     else:
         first_rows(args)
