@@ -7,7 +7,7 @@ import os
 
 import ray
 
-__all__ = ["connect", "worker_pool_config", "pin_mmap_threshold"]
+__all__ = ["connect", "quiet_ray_data_console", "worker_pool_config", "pin_mmap_threshold"]
 
 
 def connect(*, num_cpus: int | None = None, object_store_memory: int | None = None, quiet: bool = True) -> None:
@@ -16,8 +16,7 @@ def connect(*, num_cpus: int | None = None, object_store_memory: int | None = No
     dashboard. Never joins some other local cluster by accident (Ray's bare ``ray.init()`` would).
     Token auth is Ray's default in 2.60 and is left on."""
     if quiet:
-        # Ray Data logs every execution plan at INFO; raypipe prints its own per-epoch summary.
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        quiet_ray_data_console()
     if ray.is_initialized():
         return
     kwargs: dict = {"logging_level": logging.WARNING if quiet else logging.INFO, "log_to_driver": True}
@@ -32,6 +31,18 @@ def connect(*, num_cpus: int | None = None, object_store_memory: int | None = No
         _system_config=worker_pool_config(num_cpus or os.cpu_count() or 1),
         **kwargs,
     )
+
+
+def quiet_ray_data_console() -> None:
+    """Ray Data prints every execution's start, plan and end at INFO (each epoch, train and eval);
+    raypipe prints its own per-epoch summary. Raise the level of Ray Data's console handler only: its
+    session log file (ray-data.log) keeps everything. Ray Data sets its logging up when ``ray.data`` is
+    first imported (so a level set on the logger before that is lost), hence the import here."""
+    import ray.data  # noqa: F401 - configures the "ray.data" logger and its handlers
+
+    for handler in logging.getLogger("ray.data").handlers:
+        if "File" not in type(handler).__name__:  # Ray Data's SessionFileHandler is no logging.FileHandler
+            handler.setLevel(max(handler.level, logging.WARNING))
 
 
 def worker_pool_config(cpus: int) -> dict:

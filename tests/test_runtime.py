@@ -36,3 +36,16 @@ def test_lower_priority_raises_niceness_once_and_never_lowers_it():
     proc.join(60)
     assert first == target and last == target
     assert os.nice(0) == start  # this process untouched
+
+
+def test_ray_data_console_is_quiet_and_its_log_file_is_not():
+    import logging
+
+    from raypipe.runtime import quiet_ray_data_console
+
+    quiet_ray_data_console()
+    handlers = logging.getLogger("ray.data").handlers
+    console = [h for h in handlers if "File" not in type(h).__name__]
+    files = [h for h in handlers if "File" in type(h).__name__]
+    assert console and all(h.level >= logging.WARNING for h in console)
+    assert files and all(h.level < logging.WARNING for h in files)  # ray-data.log keeps the INFO lines

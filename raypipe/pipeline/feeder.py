@@ -17,7 +17,6 @@ arrive in completion order in both, so batch composition may differ from run to 
 from __future__ import annotations
 
 import collections
-import logging
 from collections.abc import Iterator
 
 import numpy as np
@@ -40,9 +39,9 @@ class _Feeder:
     ``("end", EpochReport)`` when the epoch ended, ``("error", exception)`` when it failed."""
 
     def __init__(self, pipeline: Pipeline, source_kwargs: dict):
-        from raypipe.runtime import pin_mmap_threshold
+        from raypipe.runtime import pin_mmap_threshold, quiet_ray_data_console
 
-        logging.getLogger("ray.data").setLevel(logging.WARNING)  # as raypipe.runtime.connect does
+        quiet_ray_data_console()  # as raypipe.runtime.connect does in the driver
         pin_mmap_threshold()  # the pipeline arrives unpickled: its __init__ did not run here
         self.source = EpochSource(pipeline, **source_kwargs)
         self.it: Iterator | None = None
