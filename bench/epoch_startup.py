@@ -95,7 +95,7 @@ def main() -> None:
     if args.no_cap:
         from raypipe.pipeline import Pipeline
 
-        Pipeline.run_ahead_bytes = lambda self: float("inf")
+        Pipeline.run_ahead_bytes = lambda self, workers=None: float("inf")
 
     from raypipe.runtime import connect
 

@@ -8,7 +8,10 @@ seed: the same arguments write byte-identical files.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -68,8 +71,10 @@ def _variant(src: Image.Image, rng: np.random.Generator) -> tuple[Image.Image, i
     return im, int(rng.integers(85, 96))
 
 
-def _write_class_range(out: Path, c: int, start: int, stop: int, seed: int) -> list[Path]:
-    """Images ``start..stop-1`` of class ``c``; each one's randomness depends only on (seed, c, i)."""
+def _write_chunk(out: Path, seed: int, chunk: tuple[int, int, int]) -> list[Path]:
+    """Images ``start..stop-1`` of class ``c`` (``chunk``); each one's randomness depends only on
+    (seed, c, i)."""
+    c, start, stop = chunk
     name = PHOTOS[c]
     label = f"{c:02d}_{name.split('.')[0]}"
     (out / label).mkdir(parents=True, exist_ok=True)
@@ -108,18 +113,11 @@ def write_sample_data(
     step = max(1, min(200, -(-classes * per_class // (4 * workers))))
     chunks = [(c, i, min(i + step, per_class)) for c in range(classes) for i in range(0, per_class, step)]
     written: list[Path] = []
-    if workers == 1:
-        for c, start, stop in chunks:
-            written += _write_class_range(out, c, start, stop, seed)
-            if progress is not None:
-                progress(stop - start)
-        return written
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(_write_class_range, out, c, start, stop, seed) for c, start, stop in chunks]
-        for (_, start, stop), fut in zip(chunks, futures, strict=True):
-            written += fut.result()
+    with ProcessPoolExecutor(max_workers=workers) if workers > 1 else contextlib.nullcontext() as pool:
+        run = pool.map if pool is not None else map  # results in chunk order either way
+        write = functools.partial(_write_chunk, out, seed)
+        for (_, start, stop), paths in zip(chunks, run(write, chunks), strict=True):
+            written += paths
             if progress is not None:
                 progress(stop - start)
     return written

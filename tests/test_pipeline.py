@@ -148,11 +148,13 @@ def test_manifest_escape_and_bad_label_counted(ray_local, sample_dir, tmp_path):
     assert rep.skipped == {"bad_label": 1, "missing": 1, "outside_root": 1}
 
 
-def test_next_epoch_warms_up_when_the_last_blocks_are_in_flight(ray_local, sample_dir, monkeypatch):
+def _warm_probe(sample_dir, monkeypatch, warm_lead_s):
+    """An EpochSource whose warm-ups are only recorded (epoch numbers in the returned list), set to
+    warm epoch 1; 8-row blocks, one prefetch slot, one worker: a block margin of 16 rows."""
     from raypipe.pipeline import EpochSource
 
     cfg = PipelineConfig(batch_size=8, block_size=8, prefetch_blocks=1, num_actors=1)
-    source = EpochSource(Pipeline(str(sample_dir), TrainAugment(input_size=32), config=cfg), warm_lead_s=0)
+    source = EpochSource(Pipeline(str(sample_dir), TrainAugment(input_size=32), config=cfg), warm_lead_s=warm_lead_s)
     started = []
 
     class Run:
@@ -163,8 +165,13 @@ def test_next_epoch_warms_up_when_the_last_blocks_are_in_flight(ray_local, sampl
             started.append(self.epoch)
 
     monkeypatch.setattr(source, "_make", Run)
-    margin = 8 * (1 + 1)  # a block per prefetch slot and per worker
     source.next_epoch = 1
+    return source, started
+
+
+def test_next_epoch_warms_up_when_the_last_blocks_are_in_flight(ray_local, sample_dir, monkeypatch):
+    source, started = _warm_probe(sample_dir, monkeypatch, warm_lead_s=0)
+    margin = 8 * (1 + 1)  # a block per prefetch slot and per worker
     source._maybe_warm_next(seen=10_000 - margin - 1, expected=10_000)
     assert started == []
     source._maybe_warm_next(seen=10_000 - margin, expected=10_000)
@@ -180,21 +187,7 @@ def test_next_epoch_warms_up_when_the_last_blocks_are_in_flight(ray_local, sampl
 def test_next_epoch_warms_up_a_lead_time_ahead_at_the_current_pace(ray_local, sample_dir, monkeypatch):
     import time
 
-    from raypipe.pipeline import EpochSource
-
-    cfg = PipelineConfig(batch_size=8, block_size=8, prefetch_blocks=1, num_actors=1)
-    source = EpochSource(Pipeline(str(sample_dir), TrainAugment(input_size=32), config=cfg), warm_lead_s=2.0)
-    started = []
-
-    class Run:
-        def __init__(self, epoch):
-            self.epoch = epoch
-
-        def prestart(self):
-            started.append(self.epoch)
-
-    monkeypatch.setattr(source, "_make", Run)
-    source.next_epoch = 1
+    source, started = _warm_probe(sample_dir, monkeypatch, warm_lead_s=2.0)
     source._epoch_started = time.perf_counter() - 10.0  # 5000 rows in 10 s: 500 rows/s
     # the block margin (16 rows) plus 2 s at 500 rows/s = 1016 rows (a little less as the clock runs on)
     source._maybe_warm_next(seen=5000, expected=5000 + 1100)

@@ -142,16 +142,18 @@ class Pipeline:
         # execution filled Ray Data's whole memory budget while the current epoch ran, computing much
         # of a short epoch early (and holding it in the object store).
         limits = ctx.execution_options.resource_limits
-        cap = self.run_ahead_bytes()
+        cap = self.run_ahead_bytes(workers)
         ctx.execution_options.resource_limits = limits.copy(object_store_memory=min(limits.object_store_memory, cap))
         return ds, len(idx)
 
-    def run_ahead_bytes(self) -> int:
+    def run_ahead_bytes(self, workers: int | None = None) -> int:
         """Object store an epoch's execution may fill: the consumer's prefetch window plus two blocks in
-        flight per worker (one being written, one waiting to be fetched)."""
+        flight per worker (one being written, one waiting to be fetched). ``workers``: ``num_workers()``
+        when already known (it asks the cluster)."""
         h, w, c = self.batch_spec.image_shape
         cfg = self.config
-        return cfg.block_size * h * w * c * (cfg.prefetch_blocks + 2 * self.num_workers())
+        workers = self.num_workers() if workers is None else workers
+        return cfg.block_size * h * w * c * (cfg.prefetch_blocks + 2 * workers)
 
     def epoch(self, epoch: int, *, rank: int = 0, world_size: int = 1) -> EpochRun:
         return EpochRun(self, epoch, rank=rank, world_size=world_size)
