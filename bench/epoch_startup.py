@@ -5,12 +5,16 @@ the next. Reproduces the warm-up rows of bench/NOTES.md::
     python bench/epoch_startup.py /tmp/bench2k --contender-runs 3 --aa     # back-to-back bench runs
     python bench/epoch_startup.py /tmp/bench2k --contender-runs 3 --aa --no-cap   # as before the cap
     python bench/epoch_startup.py /tmp/bench2k --warm-leads 0 1 0 1 [--aa] --epochs 6  # warm-up lead
+    python bench/epoch_startup.py /tmp/bench2k --timeline 0 --epochs 4  # when each epoch starts, first block
 
 The first mode starts one epoch's execution at a time (nothing else running) and prints how long the
 first ``--batch-size`` rows take to arrive. The second runs ``raypipe bench``'s raypipe contender
 (and its packed variant) several times in one process and prints each run's per-epoch rates. The
 third reads packed batches through an ``EpochSource`` with each ``warm_lead_s`` in turn and prints
-every epoch's first-batch time and rate, and the rate over the epochs after the first.
+every epoch's first-batch time and rate, and the rate over the epochs after the first. The fourth
+does the same for one ``warm_lead_s`` and prints a timeline: when each epoch's execution was started
+(``prestart``), its dataset built and its first two blocks ready, against when the consumer began and
+ended each epoch.
 """
 
 from __future__ import annotations
@@ -80,6 +84,50 @@ def warm_leads(args: argparse.Namespace) -> None:
               f"{images / seconds:.0f} img/s", flush=True)  # fmt: skip
 
 
+def timeline(args: argparse.Namespace) -> None:
+    from raypipe.config import PipelineConfig, TrainAugment
+    from raypipe.pipeline import EpochSource, Pipeline
+    from raypipe.pipeline import pipeline as pl
+
+    t_zero, events = time.perf_counter(), []
+
+    def note(text: str) -> None:
+        events.append((time.perf_counter() - t_zero, text))
+
+    put, prestart, dataset = pl.EpochRun._put, pl.EpochRun.prestart, pl.Pipeline.dataset
+
+    def timed_put(run, item):
+        run._blocks_put = getattr(run, "_blocks_put", 0) + 1
+        if run._blocks_put <= 2:
+            note(f"epoch {run.epoch}: block {run._blocks_put} ready")
+        return put(run, item)
+
+    def timed_prestart(run):
+        if run._thread is None:
+            note(f"epoch {run.epoch}: execution started (prestart)")
+        return prestart(run)
+
+    def timed_dataset(pipe, epoch, **kw):
+        out = dataset(pipe, epoch, **kw)
+        note(f"epoch {epoch}: dataset built")
+        return out
+
+    pl.EpochRun._put, pl.EpochRun.prestart, pl.Pipeline.dataset = timed_put, timed_prestart, timed_dataset
+    extra = {"auto_augment": "rand-m9-mstd0.5-inc1"} if args.aa else {}
+    aug = TrainAugment(input_size=args.img_size, color_jitter=None, **extra)
+    pipe = Pipeline(args.data, aug, config=PipelineConfig(batch_size=args.batch_size))
+    source = EpochSource(pipe, end_epoch=args.epochs, warm_lead_s=args.timeline)
+    for epoch in range(args.epochs):
+        note(f"--- consumer begins epoch {epoch}")
+        for i, _ in enumerate(source):
+            if i == 0:
+                note(f"epoch {epoch}: first batch consumed")
+        note(f"--- consumer ends epoch {epoch}")
+    source.close()
+    for t, text in sorted(events):
+        print(f"{t:7.2f} s  {text}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data")
@@ -91,6 +139,7 @@ def main() -> None:
     p.add_argument("--aa", action="store_true", help="with rand-m9-mstd0.5-inc1")
     p.add_argument("--no-cap", action="store_true", help="no Pipeline.run_ahead_bytes cap (the old behaviour)")
     p.add_argument("--warm-leads", type=float, nargs="+", help="compare EpochSource warm_lead_s values")
+    p.add_argument("--timeline", type=float, metavar="WARM_LEAD_S", help="print a start-up timeline")
     args = p.parse_args()
     if args.no_cap:
         from raypipe.pipeline import Pipeline
@@ -100,7 +149,9 @@ def main() -> None:
     from raypipe.runtime import connect
 
     connect()
-    if args.warm_leads:
+    if args.timeline is not None:
+        timeline(args)
+    elif args.warm_leads:
         warm_leads(args)
     elif args.contender_runs:
         contender_runs(args)

@@ -6,11 +6,20 @@ Reproduces the pipeline rows of bench/NOTES.md::
     python bench/pipeline_profile.py DATA --block-size 128 --cpus-per-actor 0.5   # the defaults
     python bench/pipeline_profile.py DATA --device-loader                          # + CPU DeviceLoader
     python bench/pipeline_profile.py --normalise                                   # the CPU trainer side only
+    python bench/pipeline_profile.py DATA -b 256 --block-size 128|256              # packing copy or views
+    python bench/pipeline_profile.py --take                                        # np.take "raise" vs "clip"
+    python bench/pipeline_profile.py DATA --consumer-ms 300 [--ray-soft-limit 2]   # worker restarts
+
+``--consumer-ms`` sleeps that long per batch, like a trainer applying backpressure; each epoch line then
+also counts the Ray worker processes started during it. ``--ray-soft-limit N`` sets Ray's
+``num_workers_soft_limit`` (N = the CPU count is Ray's own default; raypipe's connect() uses 2 x CPUs + 4).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import threading
 import time
 
 import psutil
@@ -22,7 +31,10 @@ def profile_pipeline(args: argparse.Namespace) -> None:
     from raypipe.pipeline import EpochSource, Pipeline
     from raypipe.runtime import connect
 
+    if args.ray_soft_limit:
+        os.environ["RAY_num_workers_soft_limit"] = str(args.ray_soft_limit)  # connect() then leaves it be
     connect()
+    started = _WorkerWatch()
     cfg = PipelineConfig(
         batch_size=args.batch_size,
         block_size=args.block_size,
@@ -35,12 +47,54 @@ def profile_pipeline(args: argparse.Namespace) -> None:
     for epoch in range(args.epochs):
         psutil.cpu_percent(None)
         c0, t0, n = _cpu_by_role(), time.perf_counter(), 0
+        seen = len(started.pids)
         for batch in it:
             n += int(batch["image"].shape[0])
+            time.sleep(args.consumer_ms / 1e3)
         dt, c1 = time.perf_counter() - t0, _cpu_by_role()
         machine = psutil.cpu_percent(None)
         roles = "  ".join(f"{k} {(c1.get(k, 0) - c0.get(k, 0)) / dt:.2f}" for k in sorted(c1))
-        print(f"epoch {epoch}: {n / dt:7.0f} img/s  machine {machine:.0f} %  cores: {roles}")
+        print(f"epoch {epoch}: {n / dt:7.0f} img/s  machine {machine:.0f} %  cores: {roles}  "
+              f"worker processes started {len(started.pids) - seen}")  # fmt: skip
+    started.stop()
+
+
+class _WorkerWatch:
+    """Collects the pids of this process's Ray workers every 0.1 s (a restarted worker is a new pid)."""
+
+    def __init__(self) -> None:
+        self.pids: set[int] = set()
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            for proc in psutil.Process().children(recursive=True):
+                try:
+                    cmd = " ".join(proc.cmdline())
+                except psutil.Error:
+                    continue
+                if "default_worker.py" in cmd or cmd.startswith("ray::"):
+                    self.pids.add(proc.pid)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def profile_take(args: argparse.Namespace) -> None:
+    """The Packer's gather of good rows: np.take into a batch buffer, default mode vs mode="clip"."""
+    import numpy as np
+
+    b, s = args.block_size, args.img_size
+    block = np.random.default_rng(0).integers(0, 256, (b, s, s, 3), dtype=np.uint8)
+    out = np.empty((2 * b, s, s, 3), np.uint8)
+    idx = np.arange(b)
+    for mode in ("raise", "clip"):
+        np.take(block, idx, axis=0, out=out[:b], mode=mode)
+        t0 = time.perf_counter()
+        for _ in range(40):
+            np.take(block, idx, axis=0, out=out[:b], mode=mode)
+        print(f"np.take mode={mode!r}: {(time.perf_counter() - t0) / 40 * 1e3:.2f} ms per {b}-row block")
 
 
 def _cpu_by_role() -> dict[str, float]:
@@ -129,9 +183,14 @@ def main() -> None:
     p.add_argument("--device-loader", action="store_true", help="read through a CPU DeviceLoader")
     p.add_argument("--img-dtype", default="float32")
     p.add_argument("--normalise", action="store_true", help="only time the trainer-side normalisation")
+    p.add_argument("--take", action="store_true", help="only time the Packer's np.take, both modes")
+    p.add_argument("--consumer-ms", type=float, default=0.0, help="sleep per batch (a trainer's backpressure)")
+    p.add_argument("--ray-soft-limit", type=int, help="Ray's num_workers_soft_limit for the local cluster")
     args = p.parse_args()
     if args.normalise:
         profile_normalise(args)
+    elif args.take:
+        profile_take(args)
     elif args.data:
         profile_pipeline(args)
     else:

@@ -283,7 +283,7 @@ class EpochRun:
 # How long before an epoch's end the next one's Ray execution starts, on top of the rows in flight.
 # A new execution needs ~1.1 s from start to its first block on 2 cores (0.1-0.25 s to build, the rest
 # queued behind the old epoch's tasks and computing), and the block-set margin alone started it only
-# 0.4-0.6 s ahead: a warmed epoch's first batch took 0.6-0.75 s. With 1 s: 0.0-0.44 s (rand-m9
+# 0.3-0.6 s ahead: a warmed epoch's first batch took 0.6-0.75 s. With 1 s: 0.0-0.44 s (rand-m9
 # 0.0-0.72), +3-5 % img/s, three runs each without a stall (bench/NOTES.md). The run-ahead cap
 # (Pipeline.run_ahead_bytes) bounds how far the next epoch can get.
 WARM_LEAD_S = 1.0
