@@ -41,7 +41,14 @@ def test_long_epochs_with_capped_object_store(big_dir, tmp_path):
     assert all(e["skipped"] == {} for e in epochs)
     assert len({e["ids_sha256"] for e in epochs}) == 1
     # Per epoch ~1 GB of packed images flows through a 500 MB store; the driver must not keep any of it.
-    # Without raypipe.runtime.pin_mmap_threshold RSS climbed 1229 -> 1447 -> 1605 MB here; with it, flat.
-    rss = [e["driver_rss_mb"] for e in epochs]
-    assert max(rss) - min(rss) < 100, f"driver RSS grew across epochs: {rss}"
-    print("load test:", [(e["images_per_s"], e["driver_rss_mb"]) for e in epochs])
+    # Its own memory (anonymous pages: heap, arenas) must stay flat: measured 506/510/507 MB; with
+    # raypipe.runtime.pin_mmap_threshold made a no-op, 507/536/569 (glibc's arenas keep freed batches).
+    # Object-store pages the driver has read zero-copy also count in its RSS (as shared memory): they
+    # belong to the store, whose cap bounds them, and how many get touched depends on timing.
+    mem = [{k[len("driver_"):-len("_mb")]: v for k, v in e.items() if k.startswith("driver_")} for e in epochs]
+    print("load test:", [(e["images_per_s"], m) for e, m in zip(epochs, mem, strict=True)])
+    if "anon" not in mem[0]:
+        pytest.skip("per-kind resident memory needs Linux /proc")
+    own = [m["anon"] for m in mem]
+    assert max(own) - min(own) < 40, f"driver's own memory grew across epochs: {mem}"
+    assert max(m["shmem"] for m in mem) <= 500 * 1.05, f"driver maps more object store than its cap: {mem}"

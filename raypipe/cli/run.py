@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-import psutil
-
 from raypipe.cli.args import add_augment_args, add_pipeline_args, add_source_args, build_configs
 from raypipe.cli.common import print_skips, progress, rows_from_args, write_json
 from raypipe.pipeline.pipeline import EpochSource, Pipeline
-from raypipe.runtime import connect
+from raypipe.runtime import connect, process_memory_mb
 
 
 def add_parser(sub) -> None:
@@ -47,14 +45,21 @@ def main(args: argparse.Namespace) -> int:
                 for batch in loader:
                     bar.update(int(batch["sample_id"].shape[0]))
             rep = source.last_report
-            rss_mb = psutil.Process().memory_info().rss / 2**20
-            extra = {"driver_rss_mb": round(rss_mb, 1), "data_stall_s": round(loader.stats.wait_s, 3)}
+            mem = process_memory_mb()
+            extra = {f"driver_{k}_mb": v for k, v in mem.items()} | {"data_stall_s": round(loader.stats.wait_s, 3)}
             epochs.append(rep.as_dict() | extra)
             print(
                 f"epoch {epoch}: emitted {rep.emitted}/{rep.expected}, skipped {rep.num_skipped}, "
-                f"{rep.images_per_s:.0f} img/s, first batch {rep.first_batch_s:.2f}s, driver RSS {rss_mb:.0f} MB"
+                f"{rep.images_per_s:.0f} img/s, first batch {rep.first_batch_s:.2f}s, driver RSS {_memory_line(mem)}"
             )
             print_skips(rep.skipped, rep.skipped_paths)
             print(f"  ids_sha256     {rep.ids_sha256}\n  content_sha256 {rep.content_sha256}")
     write_json(args.json, {"data": args.data, "samples": len(rows), "epochs": epochs})
     return 0
+
+
+def _memory_line(mem: dict[str, float]) -> str:
+    """'1062 MB (own 580, object store 410)': the store's pages are shared and bounded by its cap."""
+    if "anon" not in mem:
+        return f"{mem['rss']:.0f} MB"
+    return f"{mem['rss']:.0f} MB (own {mem['anon']:.0f}, object store {mem.get('shmem', 0):.0f})"
