@@ -205,11 +205,10 @@ class PipelineConfig:
     # (a multiple of the batch size where it can be, so the consumer packs batches without copying).
     block_size: int | None = None
     prefetch_blocks: int = 4
-    # Niceness of augmentation worker processes (0: leave priorities alone; up to 19). A trainer on the
-    # same node then gets the CPU first. Not the default: on the 16-core H200 machine ResNet-50 steps
-    # ran ~3x slower than the GPU allowed while raypipe fed them, but the machine had idle cores, so
-    # CPU starvation is not shown; on 2 cores an emulated trainer gained nothing
-    # (bench/trainer_priority.py). To be measured on a GPU machine (bench/NOTES.md).
+    # Niceness of augmentation worker processes (0..19; 0: as Ray started them, which raypipe's
+    # clusters do at 0). Higher lets a trainer on the same node have the CPU first; the stage then runs
+    # in a Ray worker pool of its own, so no other task inherits the lowered priority. The training job
+    # defaults to 10 (raypipe.train.args.DEFAULTS); the pipeline alone (run, bench) to 0, a fair share.
     worker_nice: int = 0
     max_skip_ratio: float | None = None
     max_skips: int | None = None

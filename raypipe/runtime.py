@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 import ray
 
-__all__ = ["connect", "quiet_ray_data_console", "worker_pool_config", "pin_mmap_threshold"]
+__all__ = [
+    "connect",
+    "quiet_ray_data_console",
+    "worker_pool_config",
+    "check_worker_priority",
+    "pin_mmap_threshold",
+    "process_memory_mb",
+]
 
 
 def connect(*, num_cpus: int | None = None, object_store_memory: int | None = None, quiet: bool = True) -> None:
@@ -22,6 +30,7 @@ def connect(*, num_cpus: int | None = None, object_store_memory: int | None = No
     kwargs: dict = {"logging_level": logging.WARNING if quiet else logging.INFO, "log_to_driver": True}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(**kwargs)
+        check_worker_priority()
         return
     ray.init(
         address="local",
@@ -46,17 +55,55 @@ def quiet_ray_data_console() -> None:
 
 
 def worker_pool_config(cpus: int) -> dict:
-    """Ray system config for a local cluster: keep enough idle workers for raypipe's pool.
+    """Ray system config for a local cluster: raypipe's worker pool at normal priority, kept alive.
 
-    Ray kills idle worker processes beyond ``num_workers_soft_limit`` (default: the CPU count) after
-    a second. raypipe runs two augmentation workers per CPU (``cpus_per_actor=0.5``) and a trainer
-    that applies backpressure, so workers idled, were killed and restarted, each re-importing the
-    stage (torch, timm, OpenCV): 22 worker processes started in 10 s on a 16-core machine, and a
-    2-core run started 3 per 2000-image epoch (none with this limit). ``RAY_num_workers_soft_limit``
-    in the environment wins, as for clusters started with ``ray start`` (see cluster.yaml)."""
-    if os.environ.get("RAY_num_workers_soft_limit"):
-        return {}
-    return {"num_workers_soft_limit": 2 * cpus + 4}
+    - ``worker_niceness``: Ray starts every worker process at niceness 15, which on Linux is ~3 % of
+      the CPU weight of a normal process. Alone on a machine that costs nothing, but beside any other
+      busy process (a trainer's own threads, a second job) the augmentation workers all but stop:
+      2-core bench with two busy processes beside it, 81 img/s at 15 vs 550 at 0 (timm's loader,
+      whose workers run at 0: 367). Workers start at 0 here; ``PipelineConfig.worker_nice`` then
+      lowers the augmentation workers' priority on purpose (an unprivileged process can raise its
+      niceness but never lower it back, so it has to start at 0).
+    - ``num_workers_soft_limit``: Ray kills idle worker processes beyond it (default: the CPU count)
+      after a second. raypipe runs two augmentation workers per CPU (``cpus_per_actor=0.5``) and a
+      trainer that applies backpressure, so workers idled, were killed and restarted, each
+      re-importing the stage (torch, timm, OpenCV): 22 worker processes started in 10 s on a 16-core
+      machine, and a 2-core run started 3 per 2000-image epoch (none with this limit).
+
+    ``RAY_worker_niceness`` / ``RAY_num_workers_soft_limit`` in the environment win, as for clusters
+    started with ``ray start`` (see cluster.yaml)."""
+    config: dict = {}
+    if not os.environ.get("RAY_worker_niceness"):
+        config["worker_niceness"] = 0
+    if not os.environ.get("RAY_num_workers_soft_limit"):
+        config["num_workers_soft_limit"] = 2 * cpus + 4
+    return config
+
+
+def check_worker_priority(timeout_s: float = 30.0) -> int | None:
+    """The niceness a worker of the connected cluster runs at; warns when it is above 0 (Ray's
+    default is 15: see ``worker_pool_config``), which only the cluster's operator can change. None
+    when no worker answered in time or the platform has no niceness."""
+    if not hasattr(os, "nice"):
+        return None
+
+    @ray.remote(num_cpus=0)
+    def niceness() -> int:
+        return os.nice(0)
+
+    try:
+        nice = ray.get(niceness.remote(), timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - a probe: a busy or odd cluster must not stop the job
+        return None
+    if nice > 0:
+        warnings.warn(
+            f"Ray workers on this cluster run at niceness {nice} (Ray's default is 15): beside any other busy "
+            "process they get a few percent of a CPU, and augmentation all but stops. Start the nodes with "
+            "RAY_worker_niceness=0 in the environment of `ray start` (cluster.yaml and deploy/kuberay do).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return nice
 
 
 _MMAP_PINNED = False

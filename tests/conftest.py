@@ -66,6 +66,8 @@ def ray_local():
     """A local 2-CPU Ray with no dashboard; kept across tests, restarted if a test shut it down."""
     import ray
 
+    from raypipe.runtime import worker_pool_config
+
     if not ray.is_initialized():
         ray.init(
             address="local",  # never join a cluster some other process started on this machine
@@ -73,6 +75,7 @@ def ray_local():
             include_dashboard=False,
             object_store_memory=300 * 1024 * 1024,
             logging_level="WARNING",
+            _system_config=worker_pool_config(2),  # as raypipe.runtime.connect starts one
         )
     yield ray
 

@@ -116,6 +116,26 @@ def test_dashboard_on_loopback_and_token_auth():
     assert "security_group" not in cfg["provider"]
 
 
+def test_workers_start_at_normal_priority_and_stay_alive():
+    """raypipe.runtime.worker_pool_config's settings, which `ray start` takes from the environment."""
+    cfg = _load(CLUSTER_YAML)
+    for commands in (cfg["head_start_ray_commands"], cfg["worker_start_ray_commands"]):
+        assert "RAY_worker_niceness=0" in _start_args(commands)
+    assert any(a.startswith("RAY_num_workers_soft_limit=") for a in _start_args(cfg["worker_start_ray_commands"]))
+
+
+@pytest.mark.parametrize("path", [RAYCLUSTER, RAYJOB], ids=lambda p: p.name)
+def test_kuberay_workers_start_at_normal_priority_and_stay_alive(path):
+    spec = _load(path)["spec"]
+    groups = (spec.get("rayClusterSpec") or spec)["workerGroupSpecs"]
+    for group in groups:
+        (container,) = group["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container.get("env", [])}
+        cpus = int(container["resources"]["limits"]["cpu"])
+        assert env.get("RAY_worker_niceness") == "0", group["groupName"]
+        assert env.get("RAY_num_workers_soft_limit") == str(2 * cpus + 4), group["groupName"]
+
+
 def _unknown_key(cfg):
     cfg["dashbaord_host"] = "127.0.0.1"
 

@@ -220,3 +220,23 @@ def test_worker_niceness_travels_in_the_stage_spec(ray_local, sample_dir):
     assert pipe.stage_spec(3).nice == 5
     batches, rep = run_epoch(pipe)  # the stage lowers its worker's priority and still delivers everything
     assert rep.emitted == 48 and sum(len(b["sample_id"]) for b in batches) == 48
+
+
+@pytest.mark.skipif(not hasattr(os, "nice"), reason="no process niceness on this platform")
+def test_worker_nice_applies_to_the_stage_workers_only(ray_local, sample_dir):
+    import psutil
+
+    @ray_local.remote(num_cpus=0.5)
+    def niceness():
+        return os.nice(0)
+
+    # raypipe's local clusters start workers at 0, not Ray's default 15 (starved beside any busy process)
+    assert set(ray_local.get([niceness.remote() for _ in range(4)])) == {0}
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16, worker_nice=7))
+    _, rep = run_epoch(pipe)
+    assert rep.emitted == 48
+    procs = psutil.Process().children(recursive=True)  # a local Ray: its workers are our descendants
+    workers = [p for p in procs if p.cmdline()[:1] and p.cmdline()[0].startswith("ray::")]
+    assert any(p.nice() == 7 for p in workers)  # the stage's workers
+    # ... which Ray does not hand to later tasks of the job: they would keep the lowered priority
+    assert set(ray_local.get([niceness.remote() for _ in range(8)])) == {0}

@@ -9,10 +9,12 @@ from raypipe.runtime import worker_pool_config
 from raypipe.stages.augment import lower_priority
 
 
-def test_worker_pool_keeps_two_workers_per_cpu_idle(monkeypatch):
+def test_worker_pool_keeps_two_workers_per_cpu_idle_at_normal_priority(monkeypatch):
     monkeypatch.delenv("RAY_num_workers_soft_limit", raising=False)
-    assert worker_pool_config(16) == {"num_workers_soft_limit": 36}
-    monkeypatch.setenv("RAY_num_workers_soft_limit", "100")  # the operator's own setting wins
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    assert worker_pool_config(16) == {"num_workers_soft_limit": 36, "worker_niceness": 0}
+    monkeypatch.setenv("RAY_num_workers_soft_limit", "100")  # the operator's own settings win
+    monkeypatch.setenv("RAY_worker_niceness", "15")
     assert worker_pool_config(16) == {}
 
 
@@ -49,3 +51,32 @@ def test_ray_data_console_is_quiet_and_its_log_file_is_not():
     files = [h for h in handlers if "File" in type(h).__name__]
     assert console and all(h.level >= logging.WARNING for h in console)
     assert files and all(h.level < logging.WARNING for h in files)  # ray-data.log keeps the INFO lines
+
+
+_PROBE = """
+import warnings, ray
+from raypipe.runtime import check_worker_priority, worker_pool_config
+ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", {config})
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    nice = check_worker_priority()
+print(nice, [str(w.message)[:40] for w in caught])
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "nice"), reason="no os.nice on this platform")
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [("", "15 ['Ray workers on this cluster run at nicen']"), ("_system_config=worker_pool_config(1)", "0 []")],
+    ids=["ray-default", "raypipe-config"],
+)
+def test_worker_priority_probe_warns_about_rays_default(config, expected):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(config=config)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == expected

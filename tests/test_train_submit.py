@@ -66,7 +66,8 @@ def ray_head(tmp_path):
     gcs, dash, client, nm, om, ag_listen, ag_grpc, metrics, renv = _free_ports(9)
     workers = _free_range(60)
     temp_dir = tempfile.mkdtemp(prefix="rp", dir="/tmp")  # unix socket paths must stay < 100 chars
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_worker_niceness": "0", "RAY_num_workers_soft_limit": "8"}  # as cluster.yaml's nodes  # fmt: skip
     env.pop("RAY_ADDRESS", None)
     cmd = [
         str(RAY_BIN), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
