@@ -254,7 +254,7 @@ def main(argv=None) -> int:
     p.add_argument("--feeds", nargs="+", choices=FEEDS, default=FEEDS,
                    help="raypipe-data: raypipe's batches on the GPU, no training (what it can deliver)")  # fmt: skip
     p.add_argument("--block-size", type=int, help="raypipe rows per Ray block (default: PipelineConfig's)")
-    p.add_argument("--worker-nice", type=int, default=0, help="raypipe augmentation workers' niceness")
+    p.add_argument("--worker-nice", type=int, default=10, help="augmentation workers' niceness (as PipelineConfig)")
     p.add_argument("--cpus-per-actor", type=float, default=0.5, help="CPUs per raypipe augmentation worker")
     p.add_argument("--seconds", type=float, default=20.0, help="timed window per feed")
     p.add_argument("--warmup-steps", type=int, default=10)

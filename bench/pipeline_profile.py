@@ -19,10 +19,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import threading
 import time
 
 import psutil
+
+
+def _start_hog() -> subprocess.Popen:
+    """A process that only burns CPU at normal priority: another job sharing the machine."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
 def profile_pipeline(args: argparse.Namespace) -> None:
@@ -40,23 +47,29 @@ def profile_pipeline(args: argparse.Namespace) -> None:
         block_size=args.block_size,
         cpus_per_actor=args.cpus_per_actor,
         num_actors=args.num_actors,
+        worker_nice=args.worker_nice,
     )
+    hogs = [_start_hog() for _ in range(args.busy)]
     pipe = Pipeline(args.data, TrainAugment(input_size=args.img_size, color_jitter=None), config=cfg)
     source = EpochSource(pipe, warm_next=not args.no_warm, end_epoch=args.epochs)
     it = DeviceLoader(source, device="cpu", img_dtype=args.img_dtype) if args.device_loader else source
-    for epoch in range(args.epochs):
-        psutil.cpu_percent(None)
-        c0, t0, n = _cpu_by_role(), time.perf_counter(), 0
-        seen = len(started.pids)
-        for batch in it:
-            n += int(batch["image"].shape[0])
-            time.sleep(args.consumer_ms / 1e3)
-        dt, c1 = time.perf_counter() - t0, _cpu_by_role()
-        machine = psutil.cpu_percent(None)
-        roles = "  ".join(f"{k} {(c1.get(k, 0) - c0.get(k, 0)) / dt:.2f}" for k in sorted(c1))
-        print(f"epoch {epoch}: {n / dt:7.0f} img/s  machine {machine:.0f} %  cores: {roles}  "
-              f"worker processes started {len(started.pids) - seen}")  # fmt: skip
-    started.stop()
+    try:
+        for epoch in range(args.epochs):
+            psutil.cpu_percent(None)
+            c0, t0, n = _cpu_by_role(), time.perf_counter(), 0
+            seen = len(started.pids)
+            for batch in it:
+                n += int(batch["image"].shape[0])
+                time.sleep(args.consumer_ms / 1e3)
+            dt, c1 = time.perf_counter() - t0, _cpu_by_role()
+            machine = psutil.cpu_percent(None)
+            roles = "  ".join(f"{k} {(c1.get(k, 0) - c0.get(k, 0)) / dt:.2f}" for k in sorted(c1))
+            print(f"epoch {epoch}: {n / dt:7.0f} img/s  machine {machine:.0f} %  cores: {roles}  "
+                  f"worker processes started {len(started.pids) - seen}")  # fmt: skip
+        started.stop()
+    finally:
+        for hog in hogs:
+            hog.kill()
 
 
 class _WorkerWatch:
@@ -186,6 +199,8 @@ def main() -> None:
     p.add_argument("--take", action="store_true", help="only time the Packer's np.take, both modes")
     p.add_argument("--consumer-ms", type=float, default=0.0, help="sleep per batch (a trainer's backpressure)")
     p.add_argument("--ray-soft-limit", type=int, help="Ray's num_workers_soft_limit for the local cluster")
+    p.add_argument("--worker-nice", type=int, default=10, help="PipelineConfig.worker_nice")
+    p.add_argument("--busy", type=int, default=0, help="run N busy-loop processes beside (CPU contention)")
     args = p.parse_args()
     if args.normalise:
         profile_normalise(args)

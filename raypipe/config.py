@@ -205,11 +205,13 @@ class PipelineConfig:
     # (a multiple of the batch size where it can be, so the consumer packs batches without copying).
     block_size: int | None = None
     prefetch_blocks: int = 4
-    # Niceness of augmentation worker processes (0..19; 0: as Ray started them, which raypipe's
-    # clusters do at 0). Higher lets a trainer on the same node have the CPU first; the stage then runs
-    # in a Ray worker pool of its own, so no other task inherits the lowered priority. The training job
-    # defaults to 10 (raypipe.train.args.DEFAULTS); the pipeline alone (run, bench) to 0, a fair share.
-    worker_nice: int = 0
+    # Niceness of augmentation worker processes (0..19). The consumer (trainer, feeder, the Packer and
+    # DeviceLoader) is on the critical path: beside workers at its own priority it got too little CPU
+    # (2 cores, CPU DeviceLoader: 757-832 img/s at 0, 818-866 at 5, 957-1049 at 10, 1007-1029 at
+    # Ray's 15). Against other busy processes (nice 0) the workers then get a smaller share: two busy
+    # loops beside, ~400 img/s at 0 or 5, ~200 at 10, 72-87 at 15; set 0 on a shared machine. The stage
+    # runs in a Ray worker pool of its own, so no other task inherits the lowered priority.
+    worker_nice: int = 10
     max_skip_ratio: float | None = None
     max_skips: int | None = None
     # Extra Ray resources each augmentation worker asks for, to steer it to preprocessing nodes.

@@ -215,7 +215,7 @@ def test_an_epochs_execution_may_not_run_far_ahead(ray_local, sample_dir):
 
 
 def test_worker_niceness_travels_in_the_stage_spec(ray_local, sample_dir):
-    assert Pipeline(str(sample_dir), AUG).stage_spec(0).nice == 0  # default: priorities left alone
+    assert Pipeline(str(sample_dir), AUG).stage_spec(0).nice == 10  # default: the consumer before its workers
     pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16, worker_nice=5))
     assert pipe.stage_spec(3).nice == 5
     batches, rep = run_epoch(pipe)  # the stage lowers its worker's priority and still delivers everything

@@ -89,8 +89,7 @@ def add_pipeline_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cpus-per-actor", type=float, help="CPUs reserved per augmentation worker")
     g.add_argument("--compute", choices=("tasks", "actors"), help="Ray tasks (default) or an actor pool")
     g.add_argument("--block-size", type=int, help="rows per Ray block (default: from the batch size)")
-    g.add_argument("--worker-nice", type=int,
-                   help="niceness of augmentation workers, 0-19 (default 0; the training job: 10)")  # fmt: skip
+    g.add_argument("--worker-nice", type=int, help="workers' niceness 0-19 (default 10: consumer first; 0: fair share)")
     g.add_argument("--max-skip-ratio", type=float, help="fail the epoch if more than this fraction is skipped")
     g.add_argument("--max-skips", type=int, help="fail the epoch after this many skips")
     g.add_argument("-c", "--config", help="YAML config with sections: " + ", ".join(SECTIONS))

@@ -26,10 +26,6 @@ DEFAULTS: dict[str, Any] = {
     "batch_size": 32,
     "scale": (0.35, 1.0),
     "cpus_per_actor": 1.0,
-    # The trainer before its augmentation workers on a shared node: a GPU step's kernel dispatch is a
-    # CPU burst the GPU waits on (an emulated one on 2 cores: 62 ms with workers at niceness 0, 37 at
-    # 10, ideal 30; bench/trainer_priority.py). The feeders stay at 0. On the 2-core CPU job: no change.
-    "worker_nice": 10,
 }
 
 
