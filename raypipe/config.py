@@ -209,8 +209,8 @@ class PipelineConfig:
     # DeviceLoader) is on the critical path: beside workers at its own priority it got too little CPU
     # (2 cores, CPU DeviceLoader: 757-832 img/s at 0, 818-866 at 5, 957-1049 at 10, 1007-1029 at
     # Ray's 15). Against other busy processes (nice 0) the workers then get a smaller share: two busy
-    # loops beside, ~400 img/s at 0 or 5, ~200 at 10, 72-87 at 15; set 0 on a shared machine. The stage
-    # runs in a Ray worker pool of its own, so no other task inherits the lowered priority.
+    # loops beside, ~400 img/s at 0 or 5, ~200 at 10, 72-87 at 15; set 0 on a shared machine. Only the
+    # stage's own thread is lowered (niceness is per thread), so no later task on the worker inherits it.
     worker_nice: int = 10
     max_skip_ratio: float | None = None
     max_skips: int | None = None

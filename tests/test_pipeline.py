@@ -222,8 +222,20 @@ def test_worker_niceness_travels_in_the_stage_spec(ray_local, sample_dir):
     assert rep.emitted == 48 and sum(len(b["sample_id"]) for b in batches) == 48
 
 
-@pytest.mark.skipif(not hasattr(os, "nice"), reason="no process niceness on this platform")
-def test_worker_nice_applies_to_the_stage_workers_only(ray_local, sample_dir):
+def _thread_niceness(pid: int) -> dict[int, int]:
+    """tid -> niceness of every thread of ``pid`` (Linux /proc: field 19 of each task's stat)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                out[int(tid)] = int(fh.read().rsplit(")", 1)[1].split()[16])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="per-thread niceness is read from Linux /proc")
+def test_worker_nice_applies_to_the_stage_thread_only(ray_local, sample_dir):
     import psutil
 
     @ray_local.remote(num_cpus=0.5)
@@ -236,7 +248,9 @@ def test_worker_nice_applies_to_the_stage_workers_only(ray_local, sample_dir):
     _, rep = run_epoch(pipe)
     assert rep.emitted == 48
     procs = psutil.Process().children(recursive=True)  # a local Ray: its workers are our descendants
-    workers = [p for p in procs if p.cmdline()[:1] and p.cmdline()[0].startswith("ray::")]
-    assert any(p.nice() == 7 for p in workers)  # the stage's workers
-    # ... which Ray does not hand to later tasks of the job: they would keep the lowered priority
+    workers = [p.pid for p in procs if p.cmdline()[:1] and p.cmdline()[0].startswith("ray::")]
+    threads = {pid: _thread_niceness(pid) for pid in workers}
+    assert any(7 in t.values() for t in threads.values())  # the stage's thread in the workers that ran it
+    assert all(t.get(pid, 0) == 0 for pid, t in threads.items())  # every worker's main thread untouched
+    # ... so the workers Ray hands to later tasks of the job run them at normal priority
     assert set(ray_local.get([niceness.remote() for _ in range(8)])) == {0}

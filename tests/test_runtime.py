@@ -6,7 +6,7 @@ import os
 import pytest
 
 from raypipe.runtime import worker_pool_config
-from raypipe.stages.augment import lower_priority
+from raypipe.stages.augment import call_at_niceness, lower_priority
 
 
 def test_worker_pool_keeps_two_workers_per_cpu_idle_at_normal_priority(monkeypatch):
@@ -80,3 +80,15 @@ def test_worker_priority_probe_warns_about_rays_default(config, expected):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == expected
+
+
+@pytest.mark.skipif(not hasattr(os, "nice"), reason="no os.nice on this platform")
+def test_call_at_niceness_runs_on_a_lowered_thread_and_leaves_the_caller_alone():
+    start = os.nice(0)
+    target = min(19, start + 2)
+    assert call_at_niceness(target, os.nice, 0) == target  # fn ran on a thread at that niceness
+    assert call_at_niceness(target, os.nice, 0) == target  # the same thread, not raised twice
+    assert os.nice(0) == start
+    assert call_at_niceness(0, os.nice, 0) == start  # 0: inline, on the caller's thread
+    with pytest.raises(ZeroDivisionError):  # errors reach the caller with their type
+        call_at_niceness(target, lambda: 1 // 0)

@@ -122,11 +122,6 @@ class Pipeline:
         common = dict(batch_size=cfg.block_size, batch_format="numpy", num_cpus=cfg.cpus_per_actor)
         if cfg.resources:
             common["resources"] = dict(cfg.resources)
-        if spec.nice > 0:
-            # A worker whose niceness was raised keeps it (lowering needs privileges), and Ray reuses
-            # idle workers for any later task of the job. A runtime env of its own gives the stage a
-            # worker pool of its own, so no other task (Ray Data's, the user's) inherits the priority.
-            common["runtime_env"] = {"env_vars": {"RAYPIPE_WORKER_NICE": str(spec.nice)}}
         if cfg.compute == "actors":
             ds = ds.map_batches(
                 AugmentStage,

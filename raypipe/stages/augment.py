@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +23,8 @@ from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
 from raypipe.kernels import SkipImage, build_transform, sample_rng
 from raypipe.kernels.errors import DECODE_ERROR, NULL_IMAGE
 from raypipe.sources.paths import DatasetRoot
+
+T = TypeVar("T")
 
 __all__ = ["StageSpec", "AugmentStage", "augment_block", "OUTPUT_COLUMNS"]
 
@@ -89,13 +94,32 @@ class _ParquetReader:
 
 
 def lower_priority(nice: int) -> None:
-    """Raise this worker's niceness to ``nice`` (never lowers it, which needs privileges). Linux nice is
-    per thread: Ray runs tasks and actor calls on the worker's main thread, the one doing the work."""
+    """Raise the calling thread's niceness to ``nice`` (never lowers it, which needs privileges).
+    Linux niceness is per thread, so only the caller is affected."""
     if nice <= 0 or not hasattr(os, "nice"):
         return
     current = os.nice(0)
     if current < nice:
         os.nice(nice - current)
+
+
+# One thread per niceness value, per worker process: the stage's work runs there, so the worker's
+# own (main) thread keeps its priority. Ray reuses worker processes for any later task or actor of
+# the job; lowering the main thread's priority instead would hand it on to them, and it cannot be
+# raised back without privileges.
+_NICE_THREADS: dict[int, ThreadPoolExecutor] = {}
+
+
+def call_at_niceness(nice: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on this process's thread at niceness ``nice`` (inline when ``nice`` <= 0)."""
+    if nice <= 0 or not hasattr(os, "nice"):
+        return fn(*args)
+    pool = _NICE_THREADS.get(nice)
+    if pool is None:
+        pool = _NICE_THREADS[nice] = ThreadPoolExecutor(
+            1, thread_name_prefix=f"raypipe-nice{nice}", initializer=lower_priority, initargs=(nice,)
+        )
+    return pool.submit(fn, *args).result()
 
 
 class AugmentStage:
@@ -112,7 +136,9 @@ class AugmentStage:
         return self.spec.root.read_bytes(path)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        lower_priority(self.spec.nice)
+        return call_at_niceness(self.spec.nice, self._augment, batch)
+
+    def _augment(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         n = len(batch["sample_id"])
         images = np.zeros((n, *self.spec.image_shape), dtype=np.uint8)
         ok = np.zeros(n, dtype=bool)
