@@ -92,6 +92,17 @@ def normalize(
     else:  # NCHW: rows of H*W values of one channel, one constant per row
         mul, add = (t.view(1, c, 1) for t in _affine(*key))
         rows = lambda t: t.view(-1, c, h * w)
+    if channels_last:
+        # Pieces of under torch's parallel grain (32768 values): each op then runs on this thread
+        # alone. With torch's intra-op threads, on cores the augmentation workers keep busy, the
+        # threads wait on each other at every op: 200-311 µs of CPU per image instead of ~140 here.
+        src, dst = v.permute(0, 2, 3, 1).reshape(-1, w * c), rows(out)
+        step = max(1, (_SERIAL_ELEMENTS - 1) // (w * c))
+        for i in range(0, dst.shape[0], step):
+            part = dst[i : i + step]
+            part.copy_(src[i : i + step])  # exact: every uint8 value is representable in fp16/bf16/fp32
+            torch.addcmul(add, part, mul, out=part)
+        return out
     # A few images at a time, so the second pass reads what the first just wrote from cache (fp32: -18 %).
     step = max(1, _CHUNK_BYTES // max(1, c * h * w * out.element_size()))
     for i in range(0, n, step):
@@ -103,6 +114,7 @@ def normalize(
 
 
 _CHUNK_BYTES = 2**21
+_SERIAL_ELEMENTS = 32768  # at::internal::GRAIN_SIZE: smaller TensorIterator ops run single-threaded
 
 
 @functools.lru_cache(maxsize=64)
