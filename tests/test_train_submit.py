@@ -118,3 +118,5 @@ def test_job_submission_runs_and_writes_metrics(ray_head, tmp_path):
     assert [m["epoch"] for m in metrics] == [0, 1]
     assert metrics[-1]["emitted"] + sum(metrics[-1]["skipped"].values()) == metrics[-1]["expected"]
     assert "epoch 2/2" in out.stdout  # the per-epoch lines reach the submitter's log
+    # ... once each (a plain print went through Ray Train's print-to-logger patch and came twice)
+    assert [out.stdout.count(f"epoch {e}/2  loss") for e in (1, 2)] == [1, 1], tail

@@ -34,6 +34,13 @@ __all__ = ["train_loop_per_worker", "STATE_FILE"]
 STATE_FILE = "state.pt"
 
 
+
+def _say(line: str) -> None:
+    """One line to this worker's stdout, which Ray forwards to the driver. Not ``print``: Ray Train
+    patches it into the root logger, which reached the driver a second time (every epoch line twice)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -244,7 +251,7 @@ def train_loop_per_worker(config: dict) -> None:
     ran_before = {h["epoch"] for h in history if h["epoch"] >= start_epoch}
     history = [h for h in history if h["epoch"] < start_epoch]
     if rank == 0 and resumed_from is not None:
-        print(f"resuming {config['run_name']} at epoch {start_epoch + 1}/{job.epochs} from its checkpoint", flush=True)
+        _say(f"resuming {config['run_name']} at epoch {start_epoch + 1}/{job.epochs} from its checkpoint")
     try:
         for epoch in range(start_epoch, job.epochs):
             rec = RankEpoch(rank=rank)
@@ -263,7 +270,7 @@ def train_loop_per_worker(config: dict) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 checkpoint = None
                 if rank == 0:
-                    print(format_line(metrics, job.epochs), flush=True)
+                    _say(format_line(metrics, job.epochs))
                     metrics["repeated"] = epoch in ran_before
                     history.append(metrics)
                     run_dir.write_json("metrics.json", history)
