@@ -62,7 +62,7 @@ def worker_pool_config(cpus: int) -> dict:
       busy process (a trainer's own threads, a second job) the augmentation workers all but stop:
       2-core bench with two busy processes beside it, 81 img/s at 15 vs 550 at 0 (timm's loader,
       whose workers run at 0: 367). Workers start at 0 here; ``PipelineConfig.worker_nice`` then
-      lowers the augmentation workers' priority on purpose (an unprivileged process can raise its
+      lowers the augmentation thread's priority on purpose (an unprivileged process can raise its
       niceness but never lower it back, so it has to start at 0).
     - ``num_workers_soft_limit``: Ray kills idle worker processes beyond it (default: the CPU count)
       after a second. raypipe runs two augmentation workers per CPU (``cpus_per_actor=0.5``) and a

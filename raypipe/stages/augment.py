@@ -42,7 +42,7 @@ class StageSpec:
     seed: int
     epoch: int
     image_column: str = ""
-    nice: int = 0  # niceness for the worker process (PipelineConfig.worker_nice)
+    nice: int = 0  # niceness of the thread the stage runs on (PipelineConfig.worker_nice)
 
     @property
     def reuse_key(self) -> tuple:

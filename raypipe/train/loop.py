@@ -34,12 +34,12 @@ __all__ = ["train_loop_per_worker", "STATE_FILE"]
 STATE_FILE = "state.pt"
 
 
-
 def _say(line: str) -> None:
     """One line to this worker's stdout, which Ray forwards to the driver. Not ``print``: Ray Train
     patches it into the root logger, which reached the driver a second time (every epoch line twice)."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
