@@ -49,27 +49,22 @@ def profile_pipeline(args: argparse.Namespace) -> None:
         num_actors=args.num_actors,
         worker_nice=args.worker_nice,
     )
-    hogs = [_start_hog() for _ in range(args.busy)]
     pipe = Pipeline(args.data, TrainAugment(input_size=args.img_size, color_jitter=None), config=cfg)
     source = EpochSource(pipe, warm_next=not args.no_warm, end_epoch=args.epochs)
     it = DeviceLoader(source, device="cpu", img_dtype=args.img_dtype) if args.device_loader else source
-    try:
-        for epoch in range(args.epochs):
-            psutil.cpu_percent(None)
-            c0, t0, n = _cpu_by_role(), time.perf_counter(), 0
-            seen = len(started.pids)
-            for batch in it:
-                n += int(batch["image"].shape[0])
-                time.sleep(args.consumer_ms / 1e3)
-            dt, c1 = time.perf_counter() - t0, _cpu_by_role()
-            machine = psutil.cpu_percent(None)
-            roles = "  ".join(f"{k} {(c1.get(k, 0) - c0.get(k, 0)) / dt:.2f}" for k in sorted(c1))
-            print(f"epoch {epoch}: {n / dt:7.0f} img/s  machine {machine:.0f} %  cores: {roles}  "
-                  f"worker processes started {len(started.pids) - seen}")  # fmt: skip
-        started.stop()
-    finally:
-        for hog in hogs:
-            hog.kill()
+    for epoch in range(args.epochs):
+        psutil.cpu_percent(None)
+        c0, t0, n = _cpu_by_role(), time.perf_counter(), 0
+        seen = len(started.pids)
+        for batch in it:
+            n += int(batch["image"].shape[0])
+            time.sleep(args.consumer_ms / 1e3)
+        dt, c1 = time.perf_counter() - t0, _cpu_by_role()
+        machine = psutil.cpu_percent(None)
+        roles = "  ".join(f"{k} {(c1.get(k, 0) - c0.get(k, 0)) / dt:.2f}" for k in sorted(c1))
+        print(f"epoch {epoch}: {n / dt:7.0f} img/s  machine {machine:.0f} %  cores: {roles}  "
+              f"worker processes started {len(started.pids) - seen}")  # fmt: skip
+    started.stop()
 
 
 class _WorkerWatch:
@@ -132,7 +127,9 @@ def _cpu_by_role() -> dict[str, float]:
 
 
 def profile_normalise(args: argparse.Namespace) -> None:
-    """The CPU trainer side, µs/image on one thread: the normalisation kernels and the whole DeviceLoader."""
+    """The CPU trainer side, µs/image on ``--threads`` torch threads (1 by default): the normalisation
+    kernels and the whole DeviceLoader. "not chunked" runs each normalise op over the whole batch
+    (torch then spreads it over its intra-op threads); "CPU" counts every thread's time."""
     import importlib
 
     import numpy as np
@@ -143,32 +140,37 @@ def profile_normalise(args: argparse.Namespace) -> None:
     from raypipe.device.normalize import _affine, normalize
 
     normalize_module = importlib.import_module("raypipe.device.normalize")  # the package exports the function
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     b, s = args.batch_size, args.img_size
     x = torch.randint(0, 255, (b, s, s, 3), dtype=torch.uint8)
     kw = dict(mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
     def per_image(fn, *fn_args, reps: int = 5, **fn_kwargs) -> float:
+        return per_image_wall_cpu(fn, *fn_args, reps=reps, **fn_kwargs)[0]
+
+    def per_image_wall_cpu(fn, *fn_args, reps: int = 5, **fn_kwargs) -> tuple[float, float]:
         fn(*fn_args, **fn_kwargs)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(reps):
             fn(*fn_args, **fn_kwargs)
-        return (time.perf_counter() - t0) / reps / b * 1e6
+        return ((time.perf_counter() - t0) / reps / b * 1e6, (time.process_time() - c0) / reps / b * 1e6)
 
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         mul, add = _affine(IMAGENET_MEAN, IMAGENET_STD, 255.0, dtype, x.device)
         out = torch.empty(b, 3, s, s, dtype=dtype).contiguous(memory_format=torch.channels_last)
         one_pass = per_image(torch.addcmul, add, x.permute(0, 3, 1, 2), mul, out=out)  # the GPU kernel
         fresh = per_image(normalize, x, dtype=dtype, **kw)
-        reused = per_image(normalize, x, dtype=dtype, out=out, **kw)
-        chunk, normalize_module._CHUNK_BYTES = normalize_module._CHUNK_BYTES, 2**62  # the whole batch at once
+        reused, reused_cpu = per_image_wall_cpu(normalize, x, dtype=dtype, out=out, **kw)
+        sizes = normalize_module._CHUNK_BYTES, normalize_module._SERIAL_ELEMENTS
+        normalize_module._CHUNK_BYTES = normalize_module._SERIAL_ELEMENTS = 2**62  # the whole batch at once
         try:
-            unchunked = per_image(normalize, x, dtype=dtype, out=out, **kw)
+            unchunked, unchunked_cpu = per_image_wall_cpu(normalize, x, dtype=dtype, out=out, **kw)
         finally:
-            normalize_module._CHUNK_BYTES = chunk
+            normalize_module._CHUNK_BYTES, normalize_module._SERIAL_ELEMENTS = sizes
         print(
             f"normalise {str(dtype):15s} µs/image: one-pass kernel {one_pass:6.0f}, two passes into a fresh "
-            f"output {fresh:6.0f}, into a reused output {reused:6.0f} (not chunked: {unchunked:6.0f})"
+            f"output {fresh:6.0f}, into a reused output {reused:6.0f} (CPU {reused_cpu:4.0f}; not chunked: "
+            f"{unchunked:6.0f}, CPU {unchunked_cpu:4.0f})"
         )
     images = [np.random.default_rng(i).integers(0, 256, (b, s, s, 3), dtype=np.uint8) for i in range(4)]
     for a in images:
@@ -196,20 +198,26 @@ def main() -> None:
     p.add_argument("--device-loader", action="store_true", help="read through a CPU DeviceLoader")
     p.add_argument("--img-dtype", default="float32")
     p.add_argument("--normalise", action="store_true", help="only time the trainer-side normalisation")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads for --normalise")
     p.add_argument("--take", action="store_true", help="only time the Packer's np.take, both modes")
     p.add_argument("--consumer-ms", type=float, default=0.0, help="sleep per batch (a trainer's backpressure)")
     p.add_argument("--ray-soft-limit", type=int, help="Ray's num_workers_soft_limit for the local cluster")
     p.add_argument("--worker-nice", type=int, default=10, help="PipelineConfig.worker_nice")
-    p.add_argument("--busy", type=int, default=0, help="run N busy-loop processes beside (CPU contention)")
+    p.add_argument("--busy", type=int, default=0, help="N busy-loop processes beside (CPU contention), any mode")
     args = p.parse_args()
-    if args.normalise:
-        profile_normalise(args)
-    elif args.take:
-        profile_take(args)
-    elif args.data:
-        profile_pipeline(args)
-    else:
-        p.error("DATA is required unless --normalise")
+    if not (args.normalise or args.take or args.data):
+        p.error("DATA is required unless --normalise or --take")
+    hogs = [_start_hog() for _ in range(args.busy)]
+    try:
+        if args.normalise:
+            profile_normalise(args)
+        elif args.take:
+            profile_take(args)
+        else:
+            profile_pipeline(args)
+    finally:
+        for hog in hogs:
+            hog.kill()
 
 
 if __name__ == "__main__":
