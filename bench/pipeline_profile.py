@@ -128,8 +128,9 @@ def _cpu_by_role() -> dict[str, float]:
 
 def profile_normalise(args: argparse.Namespace) -> None:
     """The CPU trainer side, µs/image on ``--threads`` torch threads (1 by default): the normalisation
-    kernels and the whole DeviceLoader. "not chunked" runs each normalise op over the whole batch
-    (torch then spreads it over its intra-op threads); "CPU" counts every thread's time."""
+    kernels and the whole DeviceLoader, through torch's ops and through the C extension (``_affine``).
+    "not chunked" runs each torch op over the whole batch (torch then spreads it over its intra-op
+    threads); "CPU" counts every thread's time."""
     import importlib
 
     import numpy as np
@@ -155,34 +156,53 @@ def profile_normalise(args: argparse.Namespace) -> None:
             fn(*fn_args, **fn_kwargs)
         return ((time.perf_counter() - t0) / reps / b * 1e6, (time.process_time() - c0) / reps / b * 1e6)
 
+    cext = normalize_module._cext
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         mul, add = _affine(IMAGENET_MEAN, IMAGENET_STD, 255.0, dtype, x.device)
         out = torch.empty(b, 3, s, s, dtype=dtype).contiguous(memory_format=torch.channels_last)
         one_pass = per_image(torch.addcmul, add, x.permute(0, 3, 1, 2), mul, out=out)  # the GPU kernel
-        fresh = per_image(normalize, x, dtype=dtype, **kw)
-        reused, reused_cpu = per_image_wall_cpu(normalize, x, dtype=dtype, out=out, **kw)
-        sizes = normalize_module._CHUNK_BYTES, normalize_module._SERIAL_ELEMENTS
-        normalize_module._CHUNK_BYTES = normalize_module._SERIAL_ELEMENTS = 2**62  # the whole batch at once
+        normalize_module._cext = None  # the torch path
         try:
-            unchunked, unchunked_cpu = per_image_wall_cpu(normalize, x, dtype=dtype, out=out, **kw)
+            fresh = per_image(normalize, x, dtype=dtype, **kw)
+            reused, reused_cpu = per_image_wall_cpu(normalize, x, dtype=dtype, out=out, **kw)
+            sizes = normalize_module._CHUNK_BYTES, normalize_module._SERIAL_ELEMENTS
+            normalize_module._CHUNK_BYTES = normalize_module._SERIAL_ELEMENTS = 2**62  # the whole batch at once
+            try:
+                unchunked, unchunked_cpu = per_image_wall_cpu(normalize, x, dtype=dtype, out=out, **kw)
+            finally:
+                normalize_module._CHUNK_BYTES, normalize_module._SERIAL_ELEMENTS = sizes
         finally:
-            normalize_module._CHUNK_BYTES, normalize_module._SERIAL_ELEMENTS = sizes
+            normalize_module._cext = cext
+        fused = "not built"
+        if normalize_module.reads_host_directly(dtype, "NHWC", True):
+            wall, cpu = per_image_wall_cpu(normalize, x, dtype=dtype, out=out, **kw)
+            fused = f"{wall:6.0f} (CPU {cpu:4.0f})"
+        elif cext is not None:
+            fused = "n/a for this dtype"
         print(
-            f"normalise {str(dtype):15s} µs/image: one-pass kernel {one_pass:6.0f}, two passes into a fresh "
-            f"output {fresh:6.0f}, into a reused output {reused:6.0f} (CPU {reused_cpu:4.0f}; not chunked: "
-            f"{unchunked:6.0f}, CPU {unchunked_cpu:4.0f})"
+            f"normalise {str(dtype):15s} µs/image: one-pass torch kernel {one_pass:6.0f}; torch path: two passes "
+            f"into a fresh output {fresh:6.0f}, into a reused output {reused:6.0f} (CPU {reused_cpu:4.0f}; not "
+            f"chunked: {unchunked:6.0f}, CPU {unchunked_cpu:4.0f}); C extension, reused output: {fused}"
         )
     images = [np.random.default_rng(i).integers(0, 256, (b, s, s, 3), dtype=np.uint8) for i in range(4)]
     for a in images:
         a.flags.writeable = False  # like the object store's arrays
     batches = [{"image": images[i % 4], "label": np.arange(b), "sample_id": np.arange(b) + i * b} for i in range(40)]
-    with DeviceLoader(batches, device="cpu", img_dtype="float32") as loader:
-        for _ in loader:  # first pass allocates the ring and the output pool
-            pass
-        c0, n = time.process_time(), 0
-        for batch in loader:
-            n += int(batch["image"].shape[0])
-        print(f"DeviceLoader(cpu, fp32), whole trainer side: {(time.process_time() - c0) / n * 1e6:.0f} µs/image CPU")
+    for name, ext in (("torch path", None), ("C extension", cext)):
+        if name == "C extension" and cext is None:
+            continue
+        normalize_module._cext = ext
+        try:
+            with DeviceLoader(batches, device="cpu", img_dtype="float32") as loader:
+                for _ in loader:  # first pass allocates the ring and the output pool
+                    pass
+                c0, n = time.process_time(), 0
+                for batch in loader:
+                    n += int(batch["image"].shape[0])
+        finally:
+            normalize_module._cext = cext
+        per_img = (time.process_time() - c0) / n * 1e6
+        print(f"DeviceLoader(cpu, fp32) with the {name}, whole trainer side: {per_img:.0f} µs/image CPU")
 
 
 def main() -> None:

@@ -11,9 +11,11 @@ truly asynchronous. Two kinds of event keep memory safe:
   and every tensor handed over is ``record_stream``-ed on the consumer's stream, so the caching
   allocator does not give its memory to the side stream while the consumer may still read it.
 
-On a CPU device the same calls run with no stream, no pinning and no events (copies are synchronous),
-and the normalised outputs come from an ``OutputPool``: a fresh 77 MB fp32 batch costs more in page
-faults (~200-240 µs/img at 224 px, ``bench/pipeline_profile.py --normalise``) than the normalisation.
+On a CPU device the same calls run with no stream, no pinning and no events (copies are synchronous;
+the loader skips the image's copy when normalise reads the source in place, see
+``normalize.reads_host_directly``), and the normalised outputs come from an ``OutputPool``: a fresh
+77 MB fp32 batch costs more in page faults (~200-240 µs/img at 224 px, ``bench/pipeline_profile.py
+--normalise``) than the normalisation.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import struct
 import warnings
 from typing import NamedTuple
@@ -28,6 +27,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image, UnidentifiedImageError
 
+from raypipe._native import load_native
 from raypipe.config import DEFAULT_MAX_PIXELS
 from raypipe.kernels import errors
 from raypipe.kernels.errors import SkipImage
@@ -36,39 +36,8 @@ from raypipe.kernels.errors import SkipImage
 def _load_region_decoder():
     """The C extension's ``decode_region``, or None (built without a compiler or libjpeg-turbo headers:
     whole-image decodes only, same pixels)."""
-    try:
-        from raypipe.kernels._jpegregion import decode_region
-
-        return decode_region
-    except ImportError:
-        pass
-    # A Ray job's --working-dir copy of raypipe carries no build products (*.so is git-ignored), and it
-    # comes first on sys.path: use the node's installed build of the same extension, if there is one.
-    import importlib.machinery
-    import importlib.metadata
-    import importlib.util
-    import json
-
-    try:
-        dist = importlib.metadata.distribution("raypipe")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    roots = [str(dist.locate_file(""))]
-    url = json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")
-    if url.startswith("file://"):
-        roots.insert(0, url[len("file://") :])  # an editable install builds in its source tree
-    for root in roots:
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = os.path.join(root, "raypipe", "kernels", "_jpegregion" + suffix)
-            if os.path.isfile(path):
-                spec = importlib.util.spec_from_file_location("raypipe.kernels._jpegregion", path)
-                module = importlib.util.module_from_spec(spec)
-                try:
-                    spec.loader.exec_module(module)
-                except ImportError:
-                    continue
-                return getattr(module, "decode_region", None)
-    return None
+    module = load_native("raypipe.kernels._jpegregion")
+    return getattr(module, "decode_region", None)
 
 
 _decode_region = _load_region_decoder()
