@@ -60,6 +60,42 @@ def test_symlink_escape_is_listed_then_refused_before_open(tmp_path):
         assert e.value.reason == OUTSIDE_ROOT
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["cached-dir-nofollow", "full-resolve"])
+def test_local_reads_stay_inside_the_root_on_both_read_paths(tmp_path, monkeypatch, fast):
+    from raypipe.sources import paths
+
+    if not fast:
+        monkeypatch.setattr(paths, "_NOFOLLOW", None)  # every read resolves the whole path (the fallback)
+    monkeypatch.setattr(paths, "_REAL_DIRS", {})
+    outside = tmp_path / "outside"
+    _touch(outside / "secret.jpg", b"secret")
+    root_dir = tmp_path / "data"
+    _touch(root_dir / "c" / "ok.jpg", b"ok")
+    _touch(root_dir / "d" / "target.jpg", b"target")
+    os.symlink(outside / "secret.jpg", root_dir / "c" / "out.jpg")
+    os.symlink(root_dir / "d" / "target.jpg", root_dir / "c" / "in.jpg")  # a link that stays inside
+    os.symlink(outside, root_dir / "c" / "dirlink")
+    os.symlink(root_dir / "d", root_dir / "dlink")
+    (root_dir / "c" / "sub").mkdir()
+    root = open_root(str(root_dir))
+    for _ in range(2):  # the second pass reads through the cached directories
+        assert root.read_bytes("c/ok.jpg") == b"ok"
+        assert root.read_bytes("c/in.jpg") == b"target"
+        assert root.read_bytes("dlink/target.jpg") == b"target"
+        assert root.read_bytes(str(root_dir / "c" / "ok.jpg")) == b"ok"
+        assert root.read_bytes("c/sub/../ok.jpg") == b"ok"
+        for bad in ["c/out.jpg", "c/dirlink/secret.jpg", "../outside/secret.jpg", "c/../../outside/secret.jpg",
+                    str(outside / "secret.jpg"), "..", "c/../.."]:  # fmt: skip
+            with pytest.raises(SkipImage) as e:
+                root.read_bytes(bad)
+            assert e.value.reason == OUTSIDE_ROOT, bad
+        for name, reason in [("c/missing.jpg", "missing"), ("nodir/x.jpg", "missing"), ("c/sub", "unreadable"),
+                             ("c/..", "unreadable")]:  # fmt: skip
+            with pytest.raises(SkipImage) as e:
+                root.read_bytes(name)
+            assert e.value.reason == reason, name
+
+
 def test_remote_root_refuses_dotdot():
     root = DatasetRoot(root="bucket/data", filesystem=pa.fs.LocalFileSystem(), uri="s3://bucket/data")
     assert root.resolve("c/x.jpg") == "bucket/data/c/x.jpg"

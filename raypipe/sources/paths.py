@@ -2,12 +2,15 @@
 
 Every dataset has a root; every file we read must lie inside it. Local paths are resolved with
 ``os.path.realpath`` (so a symlink pointing out of the root is caught) *before* anything is opened.
+Reads resolve a file's directory once per process and open the file with ``O_NOFOLLOW``; a file that
+is itself a symlink is resolved and checked in full.
 Remote URIs (``s3://``, ``gs://``, …) go through pyarrow's filesystems; there symlinks do not
 exist, so a normalised key that leaves the root prefix (``..``) is what we refuse.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 from dataclasses import dataclass
@@ -17,6 +20,12 @@ import pyarrow.fs as pafs
 from raypipe.kernels.errors import MISSING, OUTSIDE_ROOT, UNREADABLE, SkipImage
 
 __all__ = ["DatasetRoot", "open_root"]
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", None)  # None (Windows): every read resolves the whole path
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# Per process, (root, directory) -> the directory's realpath inside the root. Bounded: cleared when full.
+_REAL_DIRS: dict[tuple[str, str], str] = {}
+_REAL_DIRS_MAX = 65536
 
 
 def _is_uri(path: str) -> bool:
@@ -55,12 +64,10 @@ class DatasetRoot:
 
     def read_bytes(self, relpath: str) -> bytes:
         """Read a whole file inside the root; I/O failures become SkipImage with their reason."""
-        path = self.resolve(relpath)
         try:
             if self.is_local:
-                with open(path, "rb") as f:
-                    return f.read()
-            with self.filesystem.open_input_stream(path) as f:
+                return self._read_local(relpath)
+            with self.filesystem.open_input_stream(self.resolve(relpath)) as f:
                 return f.read()
         except FileNotFoundError as e:
             raise SkipImage(MISSING, f"{relpath}: {e}") from None
@@ -68,6 +75,39 @@ class DatasetRoot:
             if "not found" in str(e).lower() or "does not exist" in str(e).lower():
                 raise SkipImage(MISSING, f"{relpath}: {e}") from None
             raise SkipImage(UNREADABLE, f"{relpath}: {e}") from None
+
+    def _read_local(self, relpath: str) -> bytes:
+        # Fast path: the file's directory resolved once per process (realpath costs an lstat per path
+        # component, per file), the file itself opened without following a symlink. A symlinked file,
+        # or a name realpath must interpret, takes the full resolve-then-check path. Idle: 25 -> 12 µs
+        # per file (bench/NOTES.md).
+        parent, name = os.path.split(relpath)
+        real_dir = None if _NOFOLLOW is None or name in ("", ".", "..") else self._real_dir(parent)
+        if real_dir is not None:
+            try:
+                fd = os.open(os.path.join(real_dir, name), os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+            else:
+                with open(fd, "rb") as f:
+                    return f.read()
+        with open(self.resolve(relpath), "rb") as f:
+            return f.read()
+
+    def _real_dir(self, parent: str) -> str | None:
+        """realpath of the directory ``parent`` (relative to the root, or absolute) when it lies inside
+        the root; None otherwise (the caller's full path then raises the usual OUTSIDE_ROOT skip)."""
+        key = (self.root, parent)
+        real = _REAL_DIRS.get(key)
+        if real is None:
+            real = os.path.realpath(os.path.join(self.root, parent))
+            if real != self.root and not real.startswith(self.root.rstrip(os.sep) + os.sep):
+                return None
+            if len(_REAL_DIRS) >= _REAL_DIRS_MAX:
+                _REAL_DIRS.clear()
+            _REAL_DIRS[key] = real
+        return real
 
     def relative(self, abspath: str) -> str:
         sep = os.sep if self.is_local else "/"
