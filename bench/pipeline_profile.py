@@ -13,6 +13,8 @@ Reproduces the pipeline rows of bench/NOTES.md::
 ``--consumer-ms`` sleeps that long per batch, like a trainer applying backpressure; each epoch line then
 also counts the Ray worker processes started during it. ``--ray-soft-limit N`` sets Ray's
 ``num_workers_soft_limit`` (N = the CPU count is Ray's own default; raypipe's connect() uses 2 x CPUs + 4).
+"workers-stage" is the part of the workers' CPU spent on their augmentation threads (those above
+niceness 0, i.e. with ``--worker-nice`` > 0); the rest of "workers" is Ray's task loop and hand-off.
 """
 
 from __future__ import annotations
@@ -118,12 +120,28 @@ def _cpu_by_role() -> dict[str, float]:
             role = "driver"
         elif cmd.startswith("ray::"):
             role = "workers"
+            out["workers-stage"] = out.get("workers-stage", 0.0) + _lowered_threads_cpu(proc.info["pid"])
         elif "raylet" in cmd or "gcs_server" in cmd or "/ray/" in cmd or "dashboard" in cmd:
             role = "ray-daemons"
         else:
             continue
         out[role] = out.get(role, 0.0) + t.user + t.system
     return out
+
+
+def _lowered_threads_cpu(pid: int) -> float:
+    """CPU seconds of a worker's threads running above niceness 0: the augmentation stage's own thread
+    (``PipelineConfig.worker_nice`` > 0), as against Ray's task loop and hand-off on the others."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            if int(fields[16]) > 0:  # field 19 of stat: nice
+                total += int(fields[11]) + int(fields[12])  # fields 14, 15: utime, stime (clock ticks)
+    except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+        pass  # the worker exited meanwhile
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def profile_normalise(args: argparse.Namespace) -> None:
