@@ -149,7 +149,7 @@ def _normalize_fused(x: torch.Tensor | np.ndarray, out: torch.Tensor, key: tuple
     if isinstance(x, torch.Tensor):
         if x.dtype != torch.uint8 or not x.is_contiguous():
             return False
-        x = x.numpy()
+        x = x.detach().numpy()
     elif x.dtype != np.uint8 or not x.flags.c_contiguous:
         return False
     dtype = key[3]
@@ -157,7 +157,7 @@ def _normalize_fused(x: torch.Tensor | np.ndarray, out: torch.Tensor, key: tuple
     dst = dst.view(torch.int16) if dtype == torch.bfloat16 else dst
     n, c, h, w = out.shape
     mul, add = _host_constants(*key, w * c if channels_last else c)
-    _cext.affine_u8(x, dst.numpy(), mul, add, 1 if channels_last else h * w, _AFFINE_KINDS[dtype])
+    _cext.affine_u8(x, dst.detach().numpy(), mul, add, 1 if channels_last else h * w, _AFFINE_KINDS[dtype])
     return True
 
 
