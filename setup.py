@@ -1,4 +1,4 @@
-"""Build hook for the two optional C extensions; everything else is configured in pyproject.toml.
+"""Build hook for the optional C extensions; everything else is configured in pyproject.toml.
 
 ``raypipe.kernels._jpegregion`` decodes only the part of a JPEG a crop reads (libjpeg-turbo's partial
 decoding, which no maintained Python binding exposes). It needs a C compiler and libjpeg-turbo's headers
@@ -7,6 +7,10 @@ install still succeeds and raypipe decodes whole images with simplejpeg, with id
 
 ``raypipe.device._affine`` normalises uint8 batches on a CPU device in one fused, single-threaded pass
 (2-3x torch's two passes there; same bits). It needs only a C compiler; without it torch's ops run.
+
+``raypipe.kernels._warp`` runs Pillow's bilinear/bicubic affine transform of RGB images (timm's
+auto-augment rotate, shear and translate) with Pillow's exact arithmetic, bilinear four pixels per
+AVX2 vector: same bytes as Pillow, ~2.5x faster. Without it Pillow runs them.
 """
 
 from setuptools import Extension, setup
@@ -25,6 +29,13 @@ setup(
             ["raypipe/device/_affine.c"],
             # -O3 vectorises the loops; no contraction, so the plain variant rounds like torch's
             extra_compile_args=["-O3", "-ffp-contract=off"],
+            optional=True,
+        ),
+        Extension(
+            "raypipe.kernels._warp",
+            ["raypipe/kernels/_warp.c"],
+            # no contraction: Pillow's x86-64 build rounds each multiply and add separately
+            extra_compile_args=["-O2", "-ffp-contract=off"],
             optional=True,
         ),
     ]
