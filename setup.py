@@ -9,8 +9,8 @@ install still succeeds and raypipe decodes whole images with simplejpeg, with id
 (2-3x torch's two passes there; same bits). It needs only a C compiler; without it torch's ops run.
 
 ``raypipe.kernels._warp`` runs Pillow's bilinear/bicubic affine transform of RGB images (timm's
-auto-augment rotate, shear and translate) with Pillow's exact arithmetic, bilinear four pixels per
-AVX2 vector: same bytes as Pillow, ~2.5x faster. Without it Pillow runs them.
+auto-augment rotate, shear and translate) with Pillow's exact arithmetic, four pixels per AVX2
+vector: same bytes as Pillow, ~2x faster. Without it Pillow runs them.
 """
 
 from setuptools import Extension, setup

@@ -8,7 +8,8 @@ Their geometric ops (rotate, shear, translate) end in Pillow's ``Image.transform
 costliest part of a policy (~1 ms per applied op at 224 px, bilinear). The images the ops see are a
 ``PIL.Image.Image`` subclass whose ``transform`` runs such warps (RGB, bilinear or bicubic) in the
 optional C extension ``_warp``: Pillow's own arithmetic, so the same bytes (tested against Pillow),
-bilinear ~2.5x faster. Anything else goes to Pillow.
+~2x faster with AVX2 (a rand-m9 policy 617 -> 443 µs per 224 px image bilinear, 1064 -> 701 bicubic).
+Anything else goes to Pillow.
 """
 
 from __future__ import annotations
