@@ -116,12 +116,14 @@ def test_a_working_dir_copy_without_the_build_uses_the_installed_one(tmp_path):
     package = os.path.dirname(raypipe.__file__)
     shutil.copytree(package, tmp_path / "raypipe", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     code = (
-        "import importlib, raypipe, raypipe.kernels.decode as d; "
+        "import importlib, raypipe, raypipe.kernels.decode as d, raypipe.kernels.autoaug as aa; "
         "n = importlib.import_module('raypipe.device.normalize'); "
-        "print(raypipe.__file__); print(d._decode_region is not None); print(n._cext is not None)"
+        "print(raypipe.__file__); print(d._decode_region is not None); print(n._cext is not None); "
+        "print(aa._warp is not None)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
-    where, region_found, affine_found = out.stdout.split()
+    where, region_found, affine_found, warp_found = out.stdout.split()
     assert where.startswith(str(tmp_path)), "the copy was not the one imported"
     assert region_found == "True"
     assert affine_found == "True", "the CPU normalise extension (raypipe.device._affine) was not found"
+    assert warp_found == "True", "the auto-augment warp extension (raypipe.kernels._warp) was not found"
