@@ -127,13 +127,13 @@ def _affine_in_c(img: Image.Image, size, method, data, resample, fillcolor) -> I
     fill = _fill_bytes(fillcolor)
     try:
         coeffs = [float(v) for v in list(data)[:6]]
-        w, h = (int(v) for v in size)
+        w, h = size
     except (TypeError, ValueError):
         return None
-    if len(coeffs) != 6 or not all(math.isfinite(v) for v in coeffs) or fill is None or w < 1 or h < 1:
+    if len(coeffs) != 6 or not all(math.isfinite(v) for v in coeffs) or fill is None:
         return None
-    if (w, h) != tuple(size):
-        return None  # non-integer sizes: Pillow's error
+    if not (isinstance(w, int) and isinstance(h, int) and w >= 1 and h >= 1):
+        return None  # Pillow's own handling (or error) for anything but a positive int size
     out = np.empty((h, w, 3), np.uint8)
     _warp.affine_rgb(img.tobytes(), img.width, img.height, out, w, h, *coeffs, int(resample), fill)
     return _fast_affine_image(Image.fromarray(out, "RGB"))
