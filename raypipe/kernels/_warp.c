@@ -108,115 +108,85 @@ static inline void map_point(const double *a, int x, int y, double *xx, double *
     *yy = a[3] * xin + a[4] * yin + a[5];
 }
 
+/* Output pixels [x0, x1) of row y, written from `o` on, with the scalar filters. */
+static void warp_pixels(const Source *s, uint8_t *o, int x0, int x1, int y, const double *a, int filter,
+                        const uint8_t *fill) {
+    for (int x = x0; x < x1; x++, o += 3) {
+        double xx, yy;
+        map_point(a, x, y, &xx, &yy);
+        if (!(filter == 2 ? bilinear(s, xx, yy, o) : bicubic(s, xx, yy, o)))
+            memcpy(o, fill, 3);
+    }
+}
+
 static void warp_scalar(const Source *s, uint8_t *out, int dw, int dh, const double *a, int filter,
                         const uint8_t *fill) {
     for (int y = 0; y < dh; y++)
-        for (int x = 0; x < dw; x++, out += 3) {
-            double xx, yy;
-            map_point(a, x, y, &xx, &yy);
-            if (!(filter == 2 ? bilinear(s, xx, yy, out) : bicubic(s, xx, yy, out)))
-                memcpy(out, fill, 3);
-        }
+        warp_pixels(s, out + (size_t)y * dw * 3, 0, dw, y, a, filter, fill);
 }
 
 #ifdef HAVE_AVX2_VARIANT
-/* Bilinear, four output pixels per step. Each lane does the scalar code's operations on the same
- * doubles (mul, add, sub, floor, int <-> double conversions are exact-rounding IEEE in both), so
- * results are identical; lanes outside the source compute on clamped, valid addresses and get fill. */
-__attribute__((target("avx2"))) static void bilinear_avx2(const Source *s, uint8_t *out, int dw, int dh,
-                                                         const double *a, const uint8_t *fill) {
-    const __m256d a0 = _mm256_set1_pd(a[0]), a1 = _mm256_set1_pd(a[1]), a2 = _mm256_set1_pd(a[2]);
-    const __m256d a3 = _mm256_set1_pd(a[3]), a4 = _mm256_set1_pd(a[4]), a5 = _mm256_set1_pd(a[5]);
-    const __m256d zero = _mm256_setzero_pd(), half = _mm256_set1_pd(0.5);
-    const __m256d wd = _mm256_set1_pd((double)s->w), hd = _mm256_set1_pd((double)s->h);
-    const __m128i wmax = _mm_set1_epi32(s->w - 1), hmax = _mm_set1_epi32(s->h - 1), izero = _mm_setzero_si128();
-    const __m128i one = _mm_set1_epi32(1), w3 = _mm_set1_epi32(s->w * 3), three = _mm_set1_epi32(3);
-    const __m128i byte = _mm_set1_epi32(0xFF);
-    const __m128i last = _mm_set1_epi32((int)(s->len - 4)); /* a 4-byte load must start at or before this */
+/* Four output pixels per step: every lane does the scalar code's operations on the same doubles (mul,
+ * add, sub, floor and int <-> double conversions round identically), so the bytes are the same. Pixels
+ * are gathered as 4-byte RGBx words; lanes outside the source compute on clamped, valid addresses and
+ * get the fill. A step whose loads would pass the buffer's end runs the scalar code instead. */
+#define AVX2 __attribute__((target("avx2")))
+
+typedef struct {
+    __m256d dx, dy;   /* fractional positions */
+    __m128i ix, iy;   /* floor of the positions */
+} Where;
+
+typedef int (*Step4)(const Source *, const Where *, int res[3][4]); /* 0: a load would pass the end */
+
+/* RGBx word gathers at byte offsets `off`, one band of them as int32 lanes */
+AVX2 static inline __m128i band(__m128i word, int b) {
+    return _mm_and_si128(_mm_srl_epi32(word, _mm_cvtsi32_si128(8 * b)), _mm_set1_epi32(0xFF));
+}
+
+AVX2 static inline __m128i clip4(__m128i v, int n) {
+    return _mm_min_epi32(_mm_max_epi32(v, _mm_setzero_si128()), _mm_set1_epi32(n - 1));
+}
+
+AVX2 static inline __m128i inside_rows(__m128i y, int h) { /* 0 <= y < h, as lane masks */
+    return _mm_andnot_si128(_mm_cmplt_epi32(y, _mm_setzero_si128()), _mm_cmplt_epi32(y, _mm_set1_epi32(h)));
+}
+
+AVX2 static inline int past_end(const Source *s, __m128i off) { /* a 4-byte load at off passes the end */
+    return _mm_movemask_epi8(_mm_cmpgt_epi32(off, _mm_set1_epi32((int)(s->len - 4)))) != 0;
+}
+
+AVX2 static inline __m256d lane_mask(__m128i m) { return _mm256_castsi256_pd(_mm256_cvtepi32_epi64(m)); }
+
+/* BILINEAR_BODY for four pixels, three bands. */
+AVX2 static int bilinear4(const Source *s, const Where *p, int res[3][4]) {
+    const __m128i w3 = _mm_set1_epi32(s->w * 3), three = _mm_set1_epi32(3), one = _mm_set1_epi32(1);
+    __m128i y0 = clip4(p->iy, s->h), iy1 = _mm_add_epi32(p->iy, one), row1 = inside_rows(iy1, s->h);
+    __m128i r0 = _mm_mullo_epi32(y0, w3), r1 = _mm_mullo_epi32(_mm_blendv_epi8(y0, iy1, row1), w3);
+    __m128i c0 = _mm_mullo_epi32(clip4(p->ix, s->w), three);
+    __m128i c1 = _mm_mullo_epi32(clip4(_mm_add_epi32(p->ix, one), s->w), three);
+    if (past_end(s, _mm_add_epi32(r0, c1)) || past_end(s, _mm_add_epi32(r1, c1)))
+        return 0; /* c1 >= c0 in every lane */
     const int *base = (const int *)s->src;
-    for (int y = 0; y < dh; y++) {
-        const __m256d yin = _mm256_set1_pd(y + 0.5);
-        const __m256d by = _mm256_mul_pd(a1, yin), ey = _mm256_mul_pd(a4, yin);
-        int x = 0;
-        for (; x + 4 <= dw; x += 4) {
-            uint8_t *o = out + ((size_t)y * dw + x) * 3;
-            __m256d xin = _mm256_setr_pd(x + 0.5, x + 1.5, x + 2.5, x + 3.5);
-            __m256d xx = _mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(a0, xin), by), a2);
-            __m256d yy = _mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(a3, xin), ey), a5);
-            __m256d outside = _mm256_or_pd(
-                _mm256_or_pd(_mm256_cmp_pd(xx, zero, _CMP_LT_OQ), _mm256_cmp_pd(xx, wd, _CMP_GE_OQ)),
-                _mm256_or_pd(_mm256_cmp_pd(yy, zero, _CMP_LT_OQ), _mm256_cmp_pd(yy, hd, _CMP_GE_OQ)));
-            int out_mask = _mm256_movemask_pd(outside);
-            if (out_mask == 0xF) {
-                for (int i = 0; i < 4; i++)
-                    memcpy(o + 3 * i, fill, 3);
-                continue;
-            }
-            __m256d xs = _mm256_sub_pd(xx, half), ys = _mm256_sub_pd(yy, half);
-            __m256d fx = _mm256_floor_pd(xs), fy = _mm256_floor_pd(ys);
-            __m256d dx = _mm256_sub_pd(xs, fx), dy = _mm256_sub_pd(ys, fy);
-            __m128i ix = _mm256_cvttpd_epi32(fx), iy = _mm256_cvttpd_epi32(fy);
-            __m128i x0 = _mm_min_epi32(_mm_max_epi32(ix, izero), wmax);
-            __m128i x1 = _mm_min_epi32(_mm_max_epi32(_mm_add_epi32(ix, one), izero), wmax);
-            __m128i y0 = _mm_min_epi32(_mm_max_epi32(iy, izero), hmax);
-            __m128i iy1 = _mm_add_epi32(iy, one);
-            __m128i row1 = _mm_andnot_si128(_mm_cmplt_epi32(iy1, izero), _mm_cmplt_epi32(iy1, _mm_add_epi32(hmax, one)));
-            __m128i y1 = _mm_blendv_epi8(y0, iy1, row1);
-            __m128i r0 = _mm_mullo_epi32(y0, w3), r1 = _mm_mullo_epi32(y1, w3);
-            __m128i c0 = _mm_mullo_epi32(x0, three), c1 = _mm_mullo_epi32(x1, three);
-            __m128i o00 = _mm_add_epi32(r0, c0), o01 = _mm_add_epi32(r0, c1);
-            __m128i o10 = _mm_add_epi32(r1, c0), o11 = _mm_add_epi32(r1, c1);
-            __m128i far = _mm_or_si128(_mm_or_si128(_mm_cmpgt_epi32(o00, last), _mm_cmpgt_epi32(o01, last)),
-                                       _mm_or_si128(_mm_cmpgt_epi32(o10, last), _mm_cmpgt_epi32(o11, last)));
-            if (_mm_movemask_epi8(far)) { /* a load would run past the buffer's end: scalar for these four */
-                for (int i = 0; i < 4; i++) {
-                    double px, py;
-                    map_point(a, x + i, y, &px, &py);
-                    if (!bilinear(s, px, py, o + 3 * i))
-                        memcpy(o + 3 * i, fill, 3);
-                }
-                continue;
-            }
-            __m128i g00 = _mm_i32gather_epi32(base, o00, 1), g01 = _mm_i32gather_epi32(base, o01, 1);
-            __m128i g10 = _mm_i32gather_epi32(base, o10, 1), g11 = _mm_i32gather_epi32(base, o11, 1);
-            __m256d use_row1 = _mm256_castsi256_pd(_mm256_cvtepi32_epi64(row1));
-            int res[3][4];
-            for (int b = 0; b < 3; b++) {
-                __m128i sh = _mm_cvtsi32_si128(8 * b);
-                __m128i p00 = _mm_and_si128(_mm_srl_epi32(g00, sh), byte), p01 = _mm_and_si128(_mm_srl_epi32(g01, sh), byte);
-                __m128i p10 = _mm_and_si128(_mm_srl_epi32(g10, sh), byte), p11 = _mm_and_si128(_mm_srl_epi32(g11, sh), byte);
-                __m256d v1 = _mm256_add_pd(_mm256_cvtepi32_pd(p00),
-                                           _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_sub_epi32(p01, p00)), dx));
-                __m256d v2 = _mm256_add_pd(_mm256_cvtepi32_pd(p10),
-                                           _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_sub_epi32(p11, p10)), dx));
-                v2 = _mm256_blendv_pd(v1, v2, use_row1);
-                __m256d v = _mm256_add_pd(v1, _mm256_mul_pd(_mm256_sub_pd(v2, v1), dy));
-                _mm_storeu_si128((__m128i *)res[b], _mm256_cvttpd_epi32(v));
-            }
-            for (int i = 0; i < 4; i++) {
-                if (out_mask & (1 << i)) {
-                    memcpy(o + 3 * i, fill, 3);
-                } else {
-                    o[3 * i] = (uint8_t)res[0][i];
-                    o[3 * i + 1] = (uint8_t)res[1][i];
-                    o[3 * i + 2] = (uint8_t)res[2][i];
-                }
-            }
-        }
-        for (; x < dw; x++) { /* the row's last 0-3 pixels */
-            uint8_t *o = out + ((size_t)y * dw + x) * 3;
-            double px, py;
-            map_point(a, x, y, &px, &py);
-            if (!bilinear(s, px, py, o))
-                memcpy(o, fill, 3);
-        }
+    __m128i g00 = _mm_i32gather_epi32(base, _mm_add_epi32(r0, c0), 1);
+    __m128i g01 = _mm_i32gather_epi32(base, _mm_add_epi32(r0, c1), 1);
+    __m128i g10 = _mm_i32gather_epi32(base, _mm_add_epi32(r1, c0), 1);
+    __m128i g11 = _mm_i32gather_epi32(base, _mm_add_epi32(r1, c1), 1);
+    __m256d use_row1 = lane_mask(row1);
+    for (int b = 0; b < 3; b++) {
+        __m128i p00 = band(g00, b), p01 = band(g01, b), p10 = band(g10, b), p11 = band(g11, b);
+        __m256d v1 = _mm256_add_pd(_mm256_cvtepi32_pd(p00), _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_sub_epi32(p01, p00)), p->dx));
+        __m256d v2 = _mm256_add_pd(_mm256_cvtepi32_pd(p10), _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_sub_epi32(p11, p10)), p->dx));
+        v2 = _mm256_blendv_pd(v1, v2, use_row1); /* no row below: v2 = v1 */
+        __m256d v = _mm256_add_pd(v1, _mm256_mul_pd(_mm256_sub_pd(v2, v1), p->dy));
+        _mm_storeu_si128((__m128i *)res[b], _mm256_cvttpd_epi32(v));
     }
+    return 1;
 }
 
 /* One horizontal cubic pass of Pillow's BICUBIC on four lanes: q1..q4 ints (exact in int32), then
  * p1 + d (p2 + d (p3 + d p4)) in double. */
-__attribute__((target("avx2"))) static inline __m256d cubic_ints(__m128i q1, __m128i q2, __m128i q3, __m128i q4,
-                                                                 __m256d d) {
+AVX2 static inline __m256d cubic_ints(__m128i q1, __m128i q2, __m128i q3, __m128i q4, __m256d d) {
     __m128i p2 = _mm_add_epi32(_mm_sub_epi32(_mm_setzero_si128(), q1), q3);
     __m128i p3 = _mm_sub_epi32(_mm_add_epi32(_mm_slli_epi32(_mm_sub_epi32(q1, q2), 1), q3), q4);
     __m128i p4 = _mm_add_epi32(_mm_sub_epi32(_mm_add_epi32(_mm_sub_epi32(_mm_setzero_si128(), q1), q2), q3), q4);
@@ -226,8 +196,7 @@ __attribute__((target("avx2"))) static inline __m256d cubic_ints(__m128i q1, __m
 }
 
 /* The vertical pass on doubles, in the scalar macro's order: -v1 + v3, 2 (v1 - v2) + v3 - v4, ... */
-__attribute__((target("avx2"))) static inline __m256d cubic_doubles(__m256d v1, __m256d v2, __m256d v3, __m256d v4,
-                                                                    __m256d d) {
+AVX2 static inline __m256d cubic_doubles(__m256d v1, __m256d v2, __m256d v3, __m256d v4, __m256d d) {
     const __m256d sign = _mm256_set1_pd(-0.0), two = _mm256_set1_pd(2.0);
     __m256d n1 = _mm256_xor_pd(v1, sign); /* -v1, exactly */
     __m256d p2 = _mm256_add_pd(n1, v3);
@@ -238,88 +207,72 @@ __attribute__((target("avx2"))) static inline __m256d cubic_doubles(__m256d v1, 
     return _mm256_add_pd(v2, _mm256_mul_pd(d, inner));
 }
 
-/* Bicubic, four output pixels per step: 16 gathers (4 rows x 4 columns of RGBx words), the same
- * operations per lane as bicubic() above. */
-__attribute__((target("avx2"))) static void bicubic_avx2(const Source *s, uint8_t *out, int dw, int dh,
-                                                        const double *a, const uint8_t *fill) {
-    const __m256d a0 = _mm256_set1_pd(a[0]), a1 = _mm256_set1_pd(a[1]), a2 = _mm256_set1_pd(a[2]);
-    const __m256d a3 = _mm256_set1_pd(a[3]), a4 = _mm256_set1_pd(a[4]), a5 = _mm256_set1_pd(a[5]);
-    const __m256d zero = _mm256_setzero_pd(), half = _mm256_set1_pd(0.5), top = _mm256_set1_pd(255.0);
+/* BICUBIC_BODY for four pixels, three bands: 4 rows x 4 columns of gathers. */
+AVX2 static int bicubic4(const Source *s, const Where *p, int res[3][4]) {
+    const __m128i w3 = _mm_set1_epi32(s->w * 3), three = _mm_set1_epi32(3);
+    __m128i x = _mm_sub_epi32(p->ix, _mm_set1_epi32(1)), y = _mm_sub_epi32(p->iy, _mm_set1_epi32(1));
+    __m128i col[4], row[4], valid[4];
+    for (int k = 0; k < 4; k++)
+        col[k] = _mm_mullo_epi32(clip4(_mm_add_epi32(x, _mm_set1_epi32(k)), s->w), three);
+    row[0] = _mm_mullo_epi32(clip4(y, s->h), w3);
+    for (int k = 1; k < 4; k++) { /* a row outside the image repeats the previous one (below) */
+        __m128i yk = _mm_add_epi32(y, _mm_set1_epi32(k));
+        valid[k] = inside_rows(yk, s->h);
+        row[k] = _mm_blendv_epi8(row[0], _mm_mullo_epi32(yk, w3), valid[k]);
+    }
+    for (int k = 0; k < 4; k++)
+        if (past_end(s, _mm_add_epi32(row[k], col[3]))) /* col[3] is each lane's largest column */
+            return 0;
+    __m128i g[4][4];
+    for (int k = 0; k < 4; k++)
+        for (int c = 0; c < 4; c++)
+            g[k][c] = _mm_i32gather_epi32((const int *)s->src, _mm_add_epi32(row[k], col[c]), 1);
+    for (int b = 0; b < 3; b++) {
+        __m256d v[4];
+        for (int k = 0; k < 4; k++) {
+            v[k] = cubic_ints(band(g[k][0], b), band(g[k][1], b), band(g[k][2], b), band(g[k][3], b), p->dx);
+            if (k > 0)
+                v[k] = _mm256_blendv_pd(v[k - 1], v[k], lane_mask(valid[k]));
+        }
+        __m256d r = cubic_doubles(v[0], v[1], v[2], v[3], p->dy);
+        r = _mm256_min_pd(_mm256_max_pd(r, _mm256_setzero_pd()), _mm256_set1_pd(255.0)); /* then truncated */
+        _mm_storeu_si128((__m128i *)res[b], _mm256_cvttpd_epi32(r));
+    }
+    return 1;
+}
+
+AVX2 static void warp_avx2(const Source *s, uint8_t *out, int dw, int dh, const double *a, int filter,
+                           const uint8_t *fill) {
+    const Step4 step = filter == 2 ? bilinear4 : bicubic4;
+    const __m256d a0 = _mm256_set1_pd(a[0]), a2 = _mm256_set1_pd(a[2]);
+    const __m256d a3 = _mm256_set1_pd(a[3]), a5 = _mm256_set1_pd(a[5]);
+    const __m256d zero = _mm256_setzero_pd(), half = _mm256_set1_pd(0.5);
     const __m256d wd = _mm256_set1_pd((double)s->w), hd = _mm256_set1_pd((double)s->h);
-    const __m128i wmax = _mm_set1_epi32(s->w - 1), hmax = _mm_set1_epi32(s->h - 1), izero = _mm_setzero_si128();
-    const __m128i hcount = _mm_set1_epi32(s->h), w3 = _mm_set1_epi32(s->w * 3), three = _mm_set1_epi32(3);
-    const __m128i byte = _mm_set1_epi32(0xFF);
-    const __m128i last = _mm_set1_epi32((int)(s->len - 4));
-    const int *base = (const int *)s->src;
     for (int y = 0; y < dh; y++) {
         const __m256d yin = _mm256_set1_pd(y + 0.5);
-        const __m256d by = _mm256_mul_pd(a1, yin), ey = _mm256_mul_pd(a4, yin);
+        const __m256d by = _mm256_mul_pd(_mm256_set1_pd(a[1]), yin), ey = _mm256_mul_pd(_mm256_set1_pd(a[4]), yin);
+        uint8_t *o = out + (size_t)y * dw * 3;
         int x = 0;
-        for (; x + 4 <= dw; x += 4) {
-            uint8_t *o = out + ((size_t)y * dw + x) * 3;
+        for (; x + 4 <= dw; x += 4, o += 12) {
+            /* affine_transform, left to right: (a0 xin + a1 yin) + a2 */
             __m256d xin = _mm256_setr_pd(x + 0.5, x + 1.5, x + 2.5, x + 3.5);
             __m256d xx = _mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(a0, xin), by), a2);
             __m256d yy = _mm256_add_pd(_mm256_add_pd(_mm256_mul_pd(a3, xin), ey), a5);
-            __m256d outside = _mm256_or_pd(
+            int outside = _mm256_movemask_pd(_mm256_or_pd(
                 _mm256_or_pd(_mm256_cmp_pd(xx, zero, _CMP_LT_OQ), _mm256_cmp_pd(xx, wd, _CMP_GE_OQ)),
-                _mm256_or_pd(_mm256_cmp_pd(yy, zero, _CMP_LT_OQ), _mm256_cmp_pd(yy, hd, _CMP_GE_OQ)));
-            int out_mask = _mm256_movemask_pd(outside);
-            if (out_mask == 0xF) {
-                for (int i = 0; i < 4; i++)
-                    memcpy(o + 3 * i, fill, 3);
-                continue;
-            }
-            __m256d xs = _mm256_sub_pd(xx, half), ys = _mm256_sub_pd(yy, half);
-            __m256d fx = _mm256_floor_pd(xs), fy = _mm256_floor_pd(ys);
-            __m256d dx = _mm256_sub_pd(xs, fx), dy = _mm256_sub_pd(ys, fy);
-            __m128i ix = _mm_sub_epi32(_mm256_cvttpd_epi32(fx), _mm_set1_epi32(1));
-            __m128i iy = _mm_sub_epi32(_mm256_cvttpd_epi32(fy), _mm_set1_epi32(1));
-            __m128i col[4], row[4], valid[4];
-            for (int k = 0; k < 4; k++) {
-                __m128i xk = _mm_add_epi32(ix, _mm_set1_epi32(k));
-                col[k] = _mm_mullo_epi32(_mm_min_epi32(_mm_max_epi32(xk, izero), wmax), three);
-            }
-            row[0] = _mm_mullo_epi32(_mm_min_epi32(_mm_max_epi32(iy, izero), hmax), w3);
-            valid[0] = _mm_set1_epi32(-1);
-            __m128i far = izero;
-            for (int k = 1; k < 4; k++) {
-                __m128i yk = _mm_add_epi32(iy, _mm_set1_epi32(k));
-                valid[k] = _mm_andnot_si128(_mm_cmplt_epi32(yk, izero), _mm_cmplt_epi32(yk, hcount));
-                row[k] = _mm_blendv_epi8(row[0], _mm_mullo_epi32(yk, w3), valid[k]);
-            }
-            for (int k = 0; k < 4; k++) /* col[3] is the largest column offset of each lane */
-                far = _mm_or_si128(far, _mm_cmpgt_epi32(_mm_add_epi32(row[k], col[3]), last));
-            if (_mm_movemask_epi8(far)) {
-                for (int i = 0; i < 4; i++) {
-                    double px, py;
-                    map_point(a, x + i, y, &px, &py);
-                    if (!bicubic(s, px, py, o + 3 * i))
-                        memcpy(o + 3 * i, fill, 3);
-                }
-                continue;
-            }
-            __m128i g[4][4];
-            for (int k = 0; k < 4; k++)
-                for (int c = 0; c < 4; c++)
-                    g[k][c] = _mm_i32gather_epi32(base, _mm_add_epi32(row[k], col[c]), 1);
+                _mm256_or_pd(_mm256_cmp_pd(yy, zero, _CMP_LT_OQ), _mm256_cmp_pd(yy, hd, _CMP_GE_OQ))));
             int res[3][4];
-            for (int b = 0; b < 3; b++) {
-                __m128i sh = _mm_cvtsi32_si128(8 * b);
-                __m256d v[4];
-                for (int k = 0; k < 4; k++) {
-                    __m128i q[4];
-                    for (int c = 0; c < 4; c++)
-                        q[c] = _mm_and_si128(_mm_srl_epi32(g[k][c], sh), byte);
-                    v[k] = cubic_ints(q[0], q[1], q[2], q[3], dx);
-                    if (k > 0) /* a row outside the image repeats the previous one */
-                        v[k] = _mm256_blendv_pd(v[k - 1], v[k], _mm256_castsi256_pd(_mm256_cvtepi32_epi64(valid[k])));
+            if (outside != 0xF) {
+                __m256d xs = _mm256_sub_pd(xx, half), ys = _mm256_sub_pd(yy, half);
+                __m256d fx = _mm256_floor_pd(xs), fy = _mm256_floor_pd(ys);
+                Where p = {_mm256_sub_pd(xs, fx), _mm256_sub_pd(ys, fy), _mm256_cvttpd_epi32(fx), _mm256_cvttpd_epi32(fy)};
+                if (!step(s, &p, res)) {
+                    warp_pixels(s, o, x, x + 4, y, a, filter, fill);
+                    continue;
                 }
-                __m256d r = cubic_doubles(v[0], v[1], v[2], v[3], dy);
-                r = _mm256_min_pd(_mm256_max_pd(r, zero), top); /* <= 0 -> 0, >= 255 -> 255, else truncated */
-                _mm_storeu_si128((__m128i *)res[b], _mm256_cvttpd_epi32(r));
             }
             for (int i = 0; i < 4; i++) {
-                if (out_mask & (1 << i)) {
+                if (outside & (1 << i)) {
                     memcpy(o + 3 * i, fill, 3);
                 } else {
                     o[3 * i] = (uint8_t)res[0][i];
@@ -328,13 +281,7 @@ __attribute__((target("avx2"))) static void bicubic_avx2(const Source *s, uint8_
                 }
             }
         }
-        for (; x < dw; x++) {
-            uint8_t *o = out + ((size_t)y * dw + x) * 3;
-            double px, py;
-            map_point(a, x, y, &px, &py);
-            if (!bicubic(s, px, py, o))
-                memcpy(o, fill, 3);
-        }
+        warp_pixels(s, o, x, dw, y, a, filter, fill); /* the row's last 0-3 pixels */
     }
 }
 #endif
@@ -366,12 +313,9 @@ static PyObject *affine_rgb(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
 #ifdef HAVE_AVX2_VARIANT
         /* 32-bit gather offsets: images under 2 GiB */
-        if (use_avx2 && src.len >= 4 && src.len < ((Py_ssize_t)1 << 31)) {
-            if (filter == 2)
-                bilinear_avx2(&s, (uint8_t *)dst.buf, dw, dh, a, (const uint8_t *)fill.buf);
-            else
-                bicubic_avx2(&s, (uint8_t *)dst.buf, dw, dh, a, (const uint8_t *)fill.buf);
-        } else
+        if (use_avx2 && src.len >= 4 && src.len < ((Py_ssize_t)1 << 31))
+            warp_avx2(&s, (uint8_t *)dst.buf, dw, dh, a, filter, (const uint8_t *)fill.buf);
+        else
 #endif
             warp_scalar(&s, (uint8_t *)dst.buf, dw, dh, a, filter, (const uint8_t *)fill.buf);
         Py_END_ALLOW_THREADS
