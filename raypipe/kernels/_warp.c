@@ -39,14 +39,26 @@ typedef struct {
     int w, h;
 } Source;
 
-/* Pillow's BILINEAR_HEAD/BILINEAR_BODY for one pixel, all three bands; 0 if outside. */
-static inline int bilinear(const Source *s, double xin, double yin, uint8_t *out) {
+/* Pillow's BILINEAR_HEAD / BICUBIC_HEAD: 0 when (xin, yin) is outside the source, else the pixel-centre
+ * position's floor (x, y) and fractions (dx, dy). */
+static inline int locate(const Source *s, double xin, double yin, int *x, int *y, double *dx, double *dy) {
     if (xin < 0.0 || xin >= s->w || yin < 0.0 || yin >= s->h)
         return 0;
     xin -= 0.5;
     yin -= 0.5;
-    int x = FLOOR(xin), y = FLOOR(yin);
-    double dx = xin - x, dy = yin - y;
+    *x = FLOOR(xin);
+    *y = FLOOR(yin);
+    *dx = xin - *x;
+    *dy = yin - *y;
+    return 1;
+}
+
+/* Pillow's BILINEAR_BODY for one pixel, all three bands; 0 if outside. */
+static inline int bilinear(const Source *s, double xin, double yin, uint8_t *out) {
+    int x, y;
+    double dx, dy;
+    if (!locate(s, xin, yin, &x, &y, &dx, &dy))
+        return 0;
     const uint8_t *r0 = s->src + (size_t)CLIP(y, s->h) * s->w * 3;
     const uint8_t *r1 = (y + 1 >= 0 && y + 1 < s->h) ? s->src + (size_t)(y + 1) * s->w * 3 : NULL;
     int x0 = CLIP(x, s->w) * 3, x1 = CLIP(x + 1, s->w) * 3;
@@ -70,12 +82,10 @@ static inline int bilinear(const Source *s, double xin, double yin, uint8_t *out
     } while (0)
 
 static inline int bicubic(const Source *s, double xin, double yin, uint8_t *out) {
-    if (xin < 0.0 || xin >= s->w || yin < 0.0 || yin >= s->h)
+    int x, y;
+    double dx, dy;
+    if (!locate(s, xin, yin, &x, &y, &dx, &dy))
         return 0;
-    xin -= 0.5;
-    yin -= 0.5;
-    int x = FLOOR(xin), y = FLOOR(yin);
-    double dx = xin - x, dy = yin - y;
     x--;
     y--;
     int xs[4];
