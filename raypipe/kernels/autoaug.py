@@ -15,8 +15,12 @@ Anything else goes to Pillow.
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import math
+import os
 import random
+import sys
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -26,31 +30,64 @@ from raypipe._native import load_native
 __all__ = ["aa_hparams", "build_auto_augment", "apply_auto_augment", "jitter_enabled"]
 
 
+# timm.data.transforms' str_to_pil_interp, which imports torch to offer it
+_PIL_INTERP = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+    "lanczos": Image.Resampling.LANCZOS,
+}
+
+
 def aa_hparams(input_size: tuple[int, int], mean: tuple[float, ...], interpolation: str) -> dict:
     """The hparams timm's ``transforms_imagenet_train`` passes to its policies."""
-    from timm.data.transforms import str_to_pil_interp  # timm (and torch) only when a policy is used
-
     hp = dict(
         translate_const=int(min(input_size) * 0.45),
         img_mean=tuple(min(255, round(255 * x)) for x in mean),
     )
     if interpolation and interpolation != "random":
-        hp["interpolation"] = str_to_pil_interp(interpolation)
+        hp["interpolation"] = _PIL_INTERP[interpolation]
     return hp
+
+
+@functools.cache
+def timm_auto_augment():
+    """timm's ``timm.data.auto_augment`` module, without importing the ``timm`` package if it is not yet.
+
+    The module itself needs only Pillow and NumPy, but importing it through its package imports timm's
+    models and torch: 3 s of CPU and ~600 MB per augmentation worker, for code the stage never runs. So
+    it is loaded from its file as a module of its own (the same code, so the same behaviour); if timm is
+    already imported, or the file stops being loadable alone, the package's module is used.
+    """
+    loaded = sys.modules.get("timm.data.auto_augment")
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.find_spec("timm")  # locates the package without running it
+    path = os.path.join(spec.submodule_search_locations[0], "data", "auto_augment.py") if spec else ""
+    if os.path.isfile(path):
+        alone = importlib.util.spec_from_file_location("raypipe._timm_auto_augment", path)
+        module = importlib.util.module_from_spec(alone)
+        try:
+            alone.loader.exec_module(module)
+            return module
+        except ImportError:  # it imports other parts of timm now
+            pass
+    return importlib.import_module("timm.data.auto_augment")
 
 
 def build_auto_augment(policy: str, input_size: tuple[int, int], mean: tuple[float, ...], interpolation: str):
     """timm's policy object for ``policy`` (``rand-…``, ``augmix-…``, or an AutoAugment name)."""
-    from timm.data.auto_augment import augment_and_mix_transform, auto_augment_transform, rand_augment_transform
-
+    timm_aa = timm_auto_augment()
     hp = aa_hparams(input_size, mean, interpolation)
     if policy.startswith("rand"):
-        op = rand_augment_transform(policy, hp)
+        op = timm_aa.rand_augment_transform(policy, hp)
     elif policy.startswith("augmix"):
         hp["translate_pct"] = 0.3
-        op = augment_and_mix_transform(policy, hp)
+        op = timm_aa.augment_and_mix_transform(policy, hp)
     else:
-        op = auto_augment_transform(policy, hp)
+        op = timm_aa.auto_augment_transform(policy, hp)
     _patch_posterize(op)
     _patch_fast_affine(op)
     return op
