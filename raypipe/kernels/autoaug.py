@@ -72,7 +72,7 @@ def timm_auto_augment():
         try:
             alone.loader.exec_module(module)
             return module
-        except ImportError:  # it imports other parts of timm now
+        except Exception:  # noqa: BLE001 - e.g. it imports other parts of timm now: use the package
             pass
     return importlib.import_module("timm.data.auto_augment")
 
@@ -103,11 +103,16 @@ def _posterize(img: Image.Image, bits_to_keep: int, **_) -> Image.Image:
     return ImageOps.posterize(img, bits_to_keep)
 
 
-def _patch_posterize(op) -> None:
+def _ops(op) -> list:
+    """Every AugmentOp of a RandAugment / AugMix (``ops``) or AutoAugment (``policy``: lists of ops)."""
     ops = list(getattr(op, "ops", []))
     for sub in getattr(op, "policy", []):
         ops.extend(sub)
-    for o in ops:
+    return ops
+
+
+def _patch_posterize(op) -> None:
+    for o in _ops(op):
         if getattr(o, "name", "").startswith("Posterize"):
             o.aug_fn = _posterize
 
@@ -181,10 +186,7 @@ def _patch_fast_affine(op) -> None:
     second op gets the first one's output, which Pillow's colour ops return as a plain image."""
     if _warp is None:
         return
-    ops = list(getattr(op, "ops", []))
-    for sub in getattr(op, "policy", []):
-        ops.extend(sub)
-    for o in ops:
+    for o in _ops(op):
         if hasattr(o, "aug_fn") and not getattr(o.aug_fn, "_raypipe_fast_affine", False):
             o.aug_fn = _on_fast_image(o.aug_fn)
 
