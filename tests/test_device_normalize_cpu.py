@@ -154,3 +154,8 @@ def test_cpu_loader_results_do_not_depend_on_the_path(monkeypatch):
             assert torch.equal(a, b)
         else:
             torch.testing.assert_close(a, b, atol=0, rtol=2 * torch.finfo(torch.float32).eps)
+
+
+def test_a_batch_that_is_not_4d_is_a_clear_error():
+    with pytest.raises(ValueError, match="4-D image batch"):
+        norm.normalize(np.zeros((8, 8, 3), np.uint8), mean=MEAN, std=STD, dtype=torch.float32)

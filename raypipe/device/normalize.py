@@ -62,6 +62,8 @@ def nchw_view(x: torch.Tensor, layout: str) -> torch.Tensor:
 
 def nchw_shape(shape: Sequence[int], layout: str) -> tuple[int, int, int, int]:
     """The NCHW shape of a 4-D batch of ``shape`` in ``layout``."""
+    if len(shape) != 4:
+        raise ValueError(f"expected a 4-D image batch ({layout}), got shape {tuple(shape)}")
     n, a, b, c = shape
     return (n, c, a, b) if layout == "NHWC" else (n, a, b, c)
 
