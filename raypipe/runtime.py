@@ -67,8 +67,9 @@ def worker_pool_config(cpus: int) -> dict:
     - ``num_workers_soft_limit``: Ray kills idle worker processes beyond it (default: the CPU count)
       after a second. raypipe runs two augmentation workers per CPU (``cpus_per_actor=0.5``) and a
       trainer that applies backpressure, so workers idled, were killed and restarted, each
-      re-importing the stage (torch, timm, OpenCV): 22 worker processes started in 10 s on a 16-core
-      machine, and a 2-core run started 3 per 2000-image epoch (none with this limit).
+      re-importing the stage (then torch and timm too with auto-augment; OpenCV): 22 worker processes
+      started in 10 s on a 16-core machine, and a 2-core run started 3 per 2000-image epoch (none with
+      this limit).
 
     ``RAY_worker_niceness`` / ``RAY_num_workers_soft_limit`` in the environment win, as for clusters
     started with ``ray start`` (see cluster.yaml)."""
