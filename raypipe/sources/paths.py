@@ -50,7 +50,7 @@ class DatasetRoot:
         if self.is_local:
             joined = relpath if os.path.isabs(relpath) else os.path.join(self.root, relpath)
             real = os.path.realpath(joined)
-            if real != self.root and not real.startswith(self.root.rstrip(os.sep) + os.sep):
+            if not self._contains(real):
                 raise SkipImage(OUTSIDE_ROOT, f"{relpath!r} resolves to {real!r}, outside {self.root!r}")
             return real
         rel = relpath
@@ -95,6 +95,10 @@ class DatasetRoot:
         with open(self.resolve(relpath), "rb") as f:
             return f.read()
 
+    def _contains(self, real: str) -> bool:
+        """Whether the resolved local path ``real`` is the root or lies under it."""
+        return real == self.root or real.startswith(self.root.rstrip(os.sep) + os.sep)
+
     def _real_dir(self, parent: str) -> str | None:
         """realpath of the directory ``parent`` (relative to the root, or absolute) when it lies inside
         the root; None otherwise (the caller's full path then raises the usual OUTSIDE_ROOT skip)."""
@@ -102,7 +106,7 @@ class DatasetRoot:
         real = _REAL_DIRS.get(key)
         if real is None:
             real = os.path.realpath(os.path.join(self.root, parent))
-            if real != self.root and not real.startswith(self.root.rstrip(os.sep) + os.sep):
+            if not self._contains(real):
                 return None
             if len(_REAL_DIRS) >= _REAL_DIRS_MAX:
                 _REAL_DIRS.clear()
