@@ -1,0 +1,164 @@
+"""Small measurements behind the fifth session's notes (bench/NOTES.md), one subcommand each:
+
+    python bench/micro_profile.py reads DATA          # read_bytes per file: cached directory vs full resolve
+    python bench/micro_profile.py aa-import           # building a rand-m9 policy in a fresh process
+    python bench/micro_profile.py kernel-procs DATA   # the train kernel alone, in 1, 2 and 4 processes at once
+    python bench/micro_profile.py prefilter DATA      # resize prefilter: sepFilter2D vs GaussianBlur
+    python bench/micro_profile.py block-alloc         # a fresh np.zeros output block vs a reused one
+    python bench/micro_profile.py rng                 # sample_rng and its parts
+
+CPU figures are per-thread (``time.thread_time``) unless said otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def _cpu_us(fn, n: int) -> float:
+    fn()
+    start = time.thread_time()
+    for _ in range(n):
+        fn()
+    return (time.thread_time() - start) / n * 1e6
+
+
+def reads(args) -> None:
+    from raypipe.sources import open_root, paths
+
+    root = open_root(args.data)
+    files = [os.path.relpath(p, root.root) for p in sorted(glob.glob(os.path.join(root.root, "*", "*")))]
+
+    def read_all():
+        for f in files:
+            root.read_bytes(f)
+
+    cached = _cpu_us(read_all, 2) / len(files)
+    nofollow, paths._NOFOLLOW = paths._NOFOLLOW, None  # every read resolves the whole path (the old way)
+    try:
+        full = _cpu_us(read_all, 2) / len(files)
+    finally:
+        paths._NOFOLLOW = nofollow
+    print(f"read_bytes over {len(files)} files, CPU µs/file: directory cached + O_NOFOLLOW {cached:.1f}, "
+          f"full resolve {full:.1f}")  # fmt: skip
+
+
+_BUILD = """
+import resource, sys, time
+t, c = time.perf_counter(), time.process_time()
+{prelude}
+from raypipe.kernels import autoaug
+autoaug.build_auto_augment("rand-m9-mstd0.5-inc1", (224, 224), (0.485, 0.456, 0.406), "bilinear")
+print(f"wall {{time.perf_counter() - t:.2f}} s, CPU {{time.process_time() - c:.2f}} s, "
+      f"max RSS {{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}} MB, torch imported: "
+      f"{{'torch' in sys.modules}}")
+"""
+
+
+def aa_import(args) -> None:
+    for name, prelude in (("timm's module loaded alone (raypipe)", ""),
+                          ("through the timm package (before)", "import timm.data.auto_augment")):  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", _BUILD.format(prelude=prelude)], capture_output=True,
+                             text=True, check=True).stdout.strip()  # fmt: skip
+        print(f"build a rand-m9 policy in a fresh process, {name}: {out}")
+
+
+_KERNEL = """
+import glob, os, sys, time
+import numpy as np
+from raypipe.config import DecodeConfig, TrainAugment
+from raypipe.kernels import build_transform, sample_rng
+files = [open(p, "rb").read() for p in sorted(glob.glob(os.path.join(sys.argv[1], "*", "*")))[:600]]
+t = build_transform(TrainAugment(input_size=224, color_jitter=None), DecodeConfig())
+out = np.empty((224, 224, 3), np.uint8)
+for i, d in enumerate(files[:50]):
+    t(d, sample_rng(0, 0, i), out=out)
+c = time.thread_time()
+for i, d in enumerate(files):
+    t(d, sample_rng(0, 0, i), out=out)
+print(f"{(time.thread_time() - c) / len(files) * 1e6:.0f}")
+"""
+
+
+def kernel_procs(args) -> None:
+    for n in (1, 2, 4):
+        procs = [subprocess.Popen([sys.executable, "-c", _KERNEL, args.data], stdout=subprocess.PIPE, text=True)
+                 for _ in range(n)]  # fmt: skip
+        figures = [p.communicate()[0].strip() for p in procs]
+        print(f"RRC224+flip kernel, {n} process(es) at once: CPU µs/img {' / '.join(figures)}")
+
+
+def prefilter(args) -> None:
+    import cv2
+
+    cv2.setNumThreads(1)
+    img = cv2.imread(sorted(glob.glob(os.path.join(args.data, "*", "*")))[0])
+    for h, w in ((365, 480), (260, 280)):
+        roi = np.ascontiguousarray(img[:h, :w])
+        h, w = roi.shape[:2]
+        taps, sigmas = [], []
+        for s in (w / 224, h / 224):
+            a = (s * s - 1) / 12
+            taps.append(np.array([a, 1 - 2 * a, a], np.float32))
+            sigmas.append(math.sqrt(-1 / (2 * math.log(a / (1 - 2 * a)))))  # Gaussian with the same taps
+        sep, gauss = _prefilter_pair(cv2, roi, taps, sigmas)
+        print(f"prefilter on a {h}x{w} crop, CPU µs: sepFilter2D {sep:.0f}, GaussianBlur {gauss:.0f}")
+
+
+def _prefilter_pair(cv2, roi, taps, sigmas) -> tuple[float, float]:
+    sep = _cpu_us(lambda: cv2.sepFilter2D(roi, -1, taps[0], taps[1], borderType=cv2.BORDER_REPLICATE), 300)
+    gauss = _cpu_us(
+        lambda: cv2.GaussianBlur(roi, (3, 3), sigmaX=sigmas[0], sigmaY=sigmas[1], borderType=cv2.BORDER_REPLICATE),
+        300,
+    )
+    return sep, gauss
+
+
+def block_alloc(args) -> None:
+    shape = (128, 224, 224, 3)
+    reused = np.empty(shape, np.uint8)
+
+    def fresh():
+        block = np.zeros(shape, np.uint8)
+        block[:] = 1
+
+    def again():
+        reused[:] = 1
+
+    print(f"128-image output block, CPU ms: np.zeros + writes {_cpu_us(fresh, 20) / 1e3:.2f}, "
+          f"reused block + writes {_cpu_us(again, 20) / 1e3:.2f}")  # fmt: skip
+
+
+def rng(args) -> None:
+    from raypipe.kernels import sample_rng
+
+    ss = np.random.SeedSequence([0, 3, 12345])
+    print(f"CPU µs: sample_rng {_cpu_us(lambda: sample_rng(0, 3, 12345), 20000):.1f}, "
+          f"SeedSequence {_cpu_us(lambda: np.random.SeedSequence([0, 3, 12345]), 20000):.1f}, "
+          f"PCG64 {_cpu_us(lambda: np.random.PCG64(ss), 20000):.1f}")  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    for name, fn, needs_data in (("reads", reads, True), ("aa-import", aa_import, False),
+                                 ("kernel-procs", kernel_procs, True), ("prefilter", prefilter, True),
+                                 ("block-alloc", block_alloc, False), ("rng", rng, False)):  # fmt: skip
+        sp = sub.add_parser(name)
+        if needs_data:
+            sp.add_argument("data")
+        sp.set_defaults(fn=fn)
+    args = p.parse_args()
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()
