@@ -14,15 +14,8 @@ import math
 import time
 
 import numpy as np
+from micro_profile import cpu_us  # bench/ is on sys.path when run as a script
 from PIL import Image
-
-
-def _cpu_us(fn, n: int) -> float:
-    fn()
-    start = time.thread_time()
-    for _ in range(n):
-        fn()
-    return (time.thread_time() - start) / n * 1e6
 
 
 def main() -> None:
@@ -44,13 +37,13 @@ def main() -> None:
     plain, src, out = Image.fromarray(photo), photo.tobytes(), np.empty_like(photo)
     print("one 224 px affine warp (rotate 25°), CPU µs")
     for name, flt in (("bilinear", Image.Resampling.BILINEAR), ("bicubic", Image.Resampling.BICUBIC)):
-        pil = _cpu_us(lambda f=flt: Image.Image.transform(plain, (224, 224), Image.Transform.AFFINE, a, f), args.reps)
+        pil = cpu_us(lambda f=flt: Image.Image.transform(plain, (224, 224), Image.Transform.AFFINE, a, f), args.reps)
         row = f"  {name:8s} Pillow {pil:6.0f}"
         if warp is not None:
             call = lambda f=flt: warp.affine_rgb(src, 224, 224, out, 224, 224, *a, int(f), b"\0\0\0")
             warp.set_vector(False)
-            scalar = _cpu_us(call, args.reps)
-            vector = f"AVX2 {_cpu_us(call, args.reps):6.0f}" if warp.set_vector(True) else "no AVX2"
+            scalar = cpu_us(call, args.reps)
+            vector = f"AVX2 {cpu_us(call, args.reps):6.0f}" if warp.set_vector(True) else "no AVX2"
             row += f"   C scalar {scalar:6.0f}   C {vector}"
         print(row)
     if warp is None:

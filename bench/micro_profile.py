@@ -23,7 +23,8 @@ import time
 import numpy as np
 
 
-def _cpu_us(fn, n: int) -> float:
+def cpu_us(fn, n: int) -> float:
+    """CPU µs of this thread per call of ``fn`` over ``n`` calls, after one warm-up call."""
     fn()
     start = time.thread_time()
     for _ in range(n):
@@ -41,10 +42,10 @@ def reads(args) -> None:
         for f in files:
             root.read_bytes(f)
 
-    cached = _cpu_us(read_all, 2) / len(files)
+    cached = cpu_us(read_all, 2) / len(files)
     nofollow, paths._NOFOLLOW = paths._NOFOLLOW, None  # every read resolves the whole path (the old way)
     try:
-        full = _cpu_us(read_all, 2) / len(files)
+        full = cpu_us(read_all, 2) / len(files)
     finally:
         paths._NOFOLLOW = nofollow
     print(f"read_bytes over {len(files)} files, CPU µs/file: directory cached + O_NOFOLLOW {cached:.1f}, "
@@ -114,8 +115,8 @@ def prefilter(args) -> None:
 
 
 def _prefilter_pair(cv2, roi, taps, sigmas) -> tuple[float, float]:
-    sep = _cpu_us(lambda: cv2.sepFilter2D(roi, -1, taps[0], taps[1], borderType=cv2.BORDER_REPLICATE), 300)
-    gauss = _cpu_us(
+    sep = cpu_us(lambda: cv2.sepFilter2D(roi, -1, taps[0], taps[1], borderType=cv2.BORDER_REPLICATE), 300)
+    gauss = cpu_us(
         lambda: cv2.GaussianBlur(roi, (3, 3), sigmaX=sigmas[0], sigmaY=sigmas[1], borderType=cv2.BORDER_REPLICATE),
         300,
     )
@@ -133,17 +134,17 @@ def block_alloc(args) -> None:
     def again():
         reused[:] = 1
 
-    print(f"128-image output block, CPU ms: np.zeros + writes {_cpu_us(fresh, 20) / 1e3:.2f}, "
-          f"reused block + writes {_cpu_us(again, 20) / 1e3:.2f}")  # fmt: skip
+    print(f"128-image output block, CPU ms: np.zeros + writes {cpu_us(fresh, 20) / 1e3:.2f}, "
+          f"reused block + writes {cpu_us(again, 20) / 1e3:.2f}")  # fmt: skip
 
 
 def rng(args) -> None:
     from raypipe.kernels import sample_rng
 
     ss = np.random.SeedSequence([0, 3, 12345])
-    print(f"CPU µs: sample_rng {_cpu_us(lambda: sample_rng(0, 3, 12345), 20000):.1f}, "
-          f"SeedSequence {_cpu_us(lambda: np.random.SeedSequence([0, 3, 12345]), 20000):.1f}, "
-          f"PCG64 {_cpu_us(lambda: np.random.PCG64(ss), 20000):.1f}")  # fmt: skip
+    print(f"CPU µs: sample_rng {cpu_us(lambda: sample_rng(0, 3, 12345), 20000):.1f}, "
+          f"SeedSequence {cpu_us(lambda: np.random.SeedSequence([0, 3, 12345]), 20000):.1f}, "
+          f"PCG64 {cpu_us(lambda: np.random.PCG64(ss), 20000):.1f}")  # fmt: skip
 
 
 def main() -> None:
