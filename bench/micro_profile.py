@@ -3,6 +3,7 @@
     python bench/micro_profile.py reads DATA          # read_bytes per file: cached directory vs full resolve
     python bench/micro_profile.py aa-import           # building a rand-m9 policy in a fresh process
     python bench/micro_profile.py kernel-procs DATA   # the train kernel alone, in 1, 2 and 4 processes at once
+    python bench/micro_profile.py kernel-split DATA   # where the kernel's time goes (cProfile, own time)
     python bench/micro_profile.py prefilter DATA      # resize prefilter: sepFilter2D vs GaussianBlur
     python bench/micro_profile.py block-alloc         # a fresh np.zeros output block vs a reused one
     python bench/micro_profile.py rng                 # sample_rng and its parts
@@ -97,6 +98,34 @@ def kernel_procs(args) -> None:
         print(f"RRC224+flip kernel, {n} process(es) at once: CPU µs/img {' / '.join(figures)}")
 
 
+def kernel_split(args) -> None:
+    import cProfile
+    import pstats
+
+    from raypipe.config import DecodeConfig, TrainAugment
+    from raypipe.kernels import build_transform, sample_rng
+
+    files = [open(p, "rb").read() for p in sorted(glob.glob(os.path.join(args.data, "*", "*")))[::4]]
+    t = build_transform(TrainAugment(input_size=224, color_jitter=None), DecodeConfig())
+    out = np.empty((224, 224, 3), np.uint8)
+
+    def run():
+        for i, d in enumerate(files):
+            t(d, sample_rng(0, 0, i), out=out)
+
+    run()
+    prof = cProfile.Profile()
+    prof.runcall(run)
+    own = {f[2]: v[2] for f, v in pstats.Stats(prof).stats.items()}  # function name -> own time
+    total = sum(own.values())
+    parts = {"JPEG decode": ("decode_region", "decode_jpeg"), "resize + prefilter": ("resize", "sepFilter2D",
+             "warpAffine")}  # fmt: skip
+    shares = {k: sum(v for name, v in own.items() if any(n in name for n in names)) for k, names in parts.items()}
+    shares["the rest (Python, flips, ...)"] = total - sum(shares.values())
+    print(f"RRC224+flip kernel over {len(files)} images, {total / len(files) * 1e6:.0f} µs/img under cProfile:",
+          ", ".join(f"{k} {v / total:.0%}" for k, v in shares.items()))  # fmt: skip
+
+
 def prefilter(args) -> None:
     import cv2
 
@@ -151,7 +180,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
     for name, fn, needs_data in (("reads", reads, True), ("aa-import", aa_import, False),
-                                 ("kernel-procs", kernel_procs, True), ("prefilter", prefilter, True),
+                                 ("kernel-procs", kernel_procs, True), ("kernel-split", kernel_split, True),
+                                 ("prefilter", prefilter, True),
                                  ("block-alloc", block_alloc, False), ("rng", rng, False)):  # fmt: skip
         sp = sub.add_parser(name)
         if needs_data:
