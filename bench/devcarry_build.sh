@@ -13,7 +13,7 @@
 #   _jpegregion.cpython-XY-x86_64-linux-gnu.so   the partial-decode extension for that Python, with
 #                libjpeg-turbo linked in statically (that machine may lack libjpeg.so.62), if
 #                python$PYVER's headers and /usr/lib/x86_64-linux-gnu/libjpeg.a exist
-#   _warp.*.so, _affine.*.so   the auto-augment warp and CPU normalise extensions for that Python
+#   _warp.*.so, _resample.*.so, _affine.*.so   the auto-augment warp, resize and CPU normalise extensions for that Python
 set -euo pipefail
 PYVER=${1:-3.12}
 TAG=cp${PYVER/./}
@@ -83,10 +83,12 @@ C
 else
     echo "no python$PYVER headers or no $LIBJPEG: skipping the extension (whole-image decodes there)"
 fi
-if [ -n "$INC" ]; then  # the two extensions without a library: auto-augment warps, CPU normalise
-    echo "_warp and _affine for CPython $PYVER"
-    gcc -shared -fPIC -O2 -ffp-contract=off -I"$INC" "$ROOT/raypipe/kernels/_warp.c" \
-        -o "$OUT/_warp.cpython-${PYVER/./}-x86_64-linux-gnu.so"
+if [ -n "$INC" ]; then  # the extensions without a library: auto-augment warps, resize, CPU normalise
+    echo "_warp, _resample and _affine for CPython $PYVER"
+    for ext in _warp _resample; do
+        gcc -shared -fPIC -O2 -ffp-contract=off -I"$INC" "$ROOT/raypipe/kernels/$ext.c" \
+            -o "$OUT/$ext.cpython-${PYVER/./}-x86_64-linux-gnu.so"
+    done
     gcc -shared -fPIC -O3 -ffp-contract=off -I"$INC" "$ROOT/raypipe/device/_affine.c" \
         -o "$OUT/_affine.cpython-${PYVER/./}-x86_64-linux-gnu.so"
 fi

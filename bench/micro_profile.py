@@ -7,6 +7,7 @@
     python bench/micro_profile.py prefilter DATA      # resize prefilter: sepFilter2D vs GaussianBlur
     python bench/micro_profile.py block-alloc         # a fresh np.zeros output block vs a reused one
     python bench/micro_profile.py rng                 # sample_rng and its parts
+    python bench/micro_profile.py resize DATA         # crop+resize to 224: Pillow, C (AVX2 / scalar), OpenCV
 
 CPU figures are per-thread (``time.thread_time``) unless said otherwise.
 """
@@ -176,13 +177,48 @@ def rng(args) -> None:
           f"PCG64 {cpu_us(lambda: np.random.PCG64(ss), 20000):.1f}")  # fmt: skip
 
 
+def resize(args) -> None:
+    from PIL import Image
+
+    img = np.asarray(Image.open(sorted(glob.glob(os.path.join(args.data, "*", "*")))[0]).convert("RGB"))
+    for interp in ("bilinear", "bicubic"):
+        for h, w in ((310, 350), (200, 260), (360, 220)):  # shrink ~1.5x, ~1x, a tall crop (vertical first)
+            row = _resize_row(img, w, h, interp)
+            print(f"{interp:8s} {w}x{h} -> 224, CPU µs: " + ", ".join(f"{k} {v:.0f}" for k, v in row.items()))
+
+
+def _resize_row(img: np.ndarray, w: int, h: int, interp: str) -> dict[str, float]:
+    from PIL import Image
+
+    from raypipe.kernels import geometry
+
+    pil = Image.fromarray(np.ascontiguousarray(img[:h, :w]))
+    filt = Image.BILINEAR if interp == "bilinear" else Image.BICUBIC
+    row = {"Pillow": cpu_us(lambda: pil.resize((224, 224), filt), 100)}
+    ext = geometry._resample
+
+    def ours():
+        geometry.crop_resize(img, (0, 0, w, h), (224, 224), interp)
+
+    if ext is not None:
+        for vector in (True, False):
+            name = "C AVX2" if ext.set_vector(vector) else "C scalar"
+            row[name] = cpu_us(ours, 300)
+        ext.set_vector(True)
+    geometry._resample = None
+    row["OpenCV approx."] = cpu_us(ours, 300)
+    geometry._resample = ext
+    return row
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
     for name, fn, needs_data in (("reads", reads, True), ("aa-import", aa_import, False),
                                  ("kernel-procs", kernel_procs, True), ("kernel-split", kernel_split, True),
                                  ("prefilter", prefilter, True),
-                                 ("block-alloc", block_alloc, False), ("rng", rng, False)):  # fmt: skip
+                                 ("block-alloc", block_alloc, False), ("rng", rng, False),
+                                 ("resize", resize, True)):  # fmt: skip
         sp = sub.add_parser(name)
         if needs_data:
             sp.add_argument("data")

@@ -117,13 +117,14 @@ def test_a_working_dir_copy_without_the_build_uses_the_installed_one(tmp_path):
     shutil.copytree(package, tmp_path / "raypipe", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     code = (
         "import importlib, raypipe, raypipe.kernels.decode as d, raypipe.kernels.autoaug as aa; "
-        "n = importlib.import_module('raypipe.device.normalize'); "
+        "import raypipe.kernels.geometry as g; n = importlib.import_module('raypipe.device.normalize'); "
         "print(raypipe.__file__); print(d._decode_region is not None); print(n._cext is not None); "
-        "print(aa._warp is not None)"
+        "print(aa._warp is not None); print(g._resample is not None)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
-    where, region_found, affine_found, warp_found = out.stdout.split()
+    where, region_found, affine_found, warp_found, resample_found = out.stdout.split()
     assert where.startswith(str(tmp_path)), "the copy was not the one imported"
     assert region_found == "True"
     assert affine_found == "True", "the CPU normalise extension (raypipe.device._affine) was not found"
     assert warp_found == "True", "the auto-augment warp extension (raypipe.kernels._warp) was not found"
+    assert resample_found == "True", "the resize extension (raypipe.kernels._resample) was not found"

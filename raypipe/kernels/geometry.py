@@ -1,5 +1,6 @@
 """Geometry: RandomResizedCrop parameters (timm's draw, from our generator), eval crop geometry
-(timm's ``transforms_imagenet_eval``) and one fused crop+resize(+flip) with OpenCV.
+(timm's ``transforms_imagenet_eval``) and one fused crop+resize(+flip): Pillow's own resize in C
+(``_resample``, the same bytes as timm's Pillow path) or, without that extension, OpenCV.
 
 Parameters are drawn once (``rrc_params``/``eval_geometry``), then applied deterministically
 (``crop_resize``), torchvision-v2 style, so the apply step is testable against Pillow with fixed boxes.
@@ -13,6 +14,8 @@ from typing import NamedTuple
 import cv2
 import numpy as np
 
+from raypipe._native import load_native
+
 __all__ = ["Box", "EvalGeometry", "rrc_params", "eval_geometry", "crop_resize", "CV2_INTERP"]
 
 cv2.setNumThreads(1)  # one process per core under Ray; OpenCV's own pool would oversubscribe
@@ -20,6 +23,24 @@ cv2.setNumThreads(1)  # one process per core under Ray; OpenCV's own pool would 
 CV2_INTERP = {"bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC}
 
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in pixel-edge coordinates
+
+_resample = load_native("raypipe.kernels._resample")
+_PIL_FILTER = {"bilinear": 2, "bicubic": 3}
+_vertical_first: bool | None = None
+
+
+def _pillow_vertical_first() -> bool:
+    """Whether the installed Pillow may start a resize with its vertical pass (Pillow >= 13, #9549):
+    the pass order changes some bytes, and timm's images are whatever the installed Pillow makes."""
+    global _vertical_first
+    if _vertical_first is None:
+        import importlib.metadata
+
+        try:
+            _vertical_first = int(importlib.metadata.version("pillow").split(".")[0]) >= 13
+        except (importlib.metadata.PackageNotFoundError, ValueError):
+            _vertical_first = True
+    return _vertical_first
 
 
 def rrc_params(
@@ -148,11 +169,57 @@ def crop_resize(
     """Resize the (sub-pixel) ``box`` of HWC uint8 ``img`` to ``size`` (H, W), optionally flipped.
 
     Pixel-centre mapping (Pillow's convention). A box on whole pixels (every RandomResizedCrop box of
-    a full-size decode) is one ``cv2.resize`` of the ROI view straight into ``out``; a fractional box
-    (eval, DCT-scaled decodes) is one ``cv2.warpAffine``. Shrinks are antialiased like Pillow's: up to
-    2.5x per axis by a 3-tap prefilter (see :func:`_prefilter_taps`), beyond by an exact integer
-    INTER_AREA reduction first. Flips are applied in place on the result (exact mirror images).
+    a full-size decode) is cropped, then resized, as torchvision's ``resized_crop`` (timm's RRC) does;
+    a fractional box (eval, DCT-scaled decodes) is Pillow's ``resize(size, box=box)`` of the image.
+    With the ``_resample`` extension both are Pillow's own arithmetic, i.e. the same bytes. Without it
+    OpenCV approximates Pillow's antialiasing: up to 2.5x per axis by a 3-tap prefilter (see
+    :func:`_prefilter_taps`), beyond by an exact integer INTER_AREA reduction first. Flips are applied
+    in place on the result (exact mirror images).
     """
+    if _resample is not None and interpolation in _PIL_FILTER:
+        res = _pillow_resize(img, box, size, interpolation, out)
+    else:
+        res = _opencv_resize(img, box, size, interpolation, out)
+    if hflip or vflip:
+        cv2.flip(res, -1 if (hflip and vflip) else (1 if hflip else 0), dst=res)
+    if out is None:
+        return res
+    if res is not out and res.ctypes.data != out.ctypes.data:
+        out[...] = res
+    return out
+
+
+def _packed(a: np.ndarray) -> bool:
+    """HxWx3 uint8 with 3-byte pixels and forward rows: what the extension reads and writes in place."""
+    return a.dtype == np.uint8 and a.ndim == 3 and a.shape[2] == 3 and a.strides[1:] == (3, 1) and a.strides[0] > 0
+
+
+def _whole_pixel_box(img: np.ndarray, box: Box) -> tuple[int, int, int, int] | None:
+    H, W = img.shape[:2]
+    if not all(map(_integral, box)):
+        return None
+    x0, y0, x1, y1 = (round(v) for v in box)
+    return (x0, y0, x1, y1) if 0 <= x0 < x1 <= W and 0 <= y0 < y1 <= H else None
+
+
+def _pillow_resize(img: np.ndarray, box: Box, size: tuple[int, int], interpolation: str, out) -> np.ndarray:
+    oh, ow = size
+    if not _packed(img):
+        img = np.ascontiguousarray(img, np.uint8)
+    whole = _whole_pixel_box(img, box)
+    if whole is not None:
+        x0, y0, x1, y1 = whole
+        src, b = img[y0:y1, x0:x1], (0.0, 0.0, float(x1 - x0), float(y1 - y0))
+    else:  # clamp float noise at the edges; Pillow refuses boxes outside the image
+        H, W = img.shape[:2]
+        src = img
+        b = (min(max(box[0], 0.0), W), min(max(box[1], 0.0), H), min(max(box[2], 0.0), W), min(max(box[3], 0.0), H))
+    dst = out if out is not None and out.shape == (oh, ow, 3) and _packed(out) else np.empty((oh, ow, 3), np.uint8)
+    _resample.resample(src, dst, *b, _PIL_FILTER[interpolation], _pillow_vertical_first())
+    return dst
+
+
+def _opencv_resize(img: np.ndarray, box: Box, size: tuple[int, int], interpolation: str, out) -> np.ndarray:
     oh, ow = size
     x0, y0, x1, y1 = box
     sx, sy = (x1 - x0) / ow, (y1 - y0) / oh
@@ -166,25 +233,21 @@ def crop_resize(
     H, W = img.shape[:2]
     if all(map(_integral, (x0, y0, x1, y1))) and 0 <= round(x0) < round(x1) <= W and 0 <= round(y0) < round(y1) <= H:
         roi = _antialias(img[round(y0) : round(y1), round(x0) : round(x1)], sx, sy)
-        res = cv2.resize(roi, (ow, oh), dst=out if direct else None, interpolation=flags)
-    else:
-        # Prefilter only the whole-pixel region the warp reads (one pixel of margin for the kernel).
-        ix0, iy0 = max(0, int(math.floor(x0)) - 2), max(0, int(math.floor(y0)) - 2)
-        ix1, iy1 = min(W, int(math.ceil(x1)) + 2), min(H, int(math.ceil(y1)) + 2)
-        src = _antialias(img[iy0:iy1, ix0:ix1], sx, sy)
-        # dst pixel centre (u + .5) -> src centre x0 + (u + .5) * sx, in OpenCV's integer-centre coords
-        m = np.array([[sx, 0.0, x0 - ix0 + 0.5 * sx - 0.5], [0.0, sy, y0 - iy0 + 0.5 * sy - 0.5]], np.float64)
-        res = cv2.warpAffine(
-            src, m, (ow, oh), dst=out if direct else None,
-            flags=flags | cv2.WARP_INVERSE_MAP, borderMode=cv2.BORDER_REPLICATE,
-        )
-    if hflip or vflip:
-        cv2.flip(res, -1 if (hflip and vflip) else (1 if hflip else 0), dst=res)
-    if out is None:
-        return res
-    if res is not out and res.ctypes.data != out.ctypes.data:
-        out[...] = res
-    return out
+        return cv2.resize(roi, (ow, oh), dst=out if direct else None, interpolation=flags)
+    # Prefilter only the whole-pixel region the warp reads (one pixel of margin for the kernel).
+    ix0, iy0 = max(0, int(math.floor(x0)) - 2), max(0, int(math.floor(y0)) - 2)
+    ix1, iy1 = min(W, int(math.ceil(x1)) + 2), min(H, int(math.ceil(y1)) + 2)
+    src = _antialias(img[iy0:iy1, ix0:ix1], sx, sy)
+    # dst pixel centre (u + .5) -> src centre x0 + (u + .5) * sx, in OpenCV's integer-centre coords
+    m = np.array([[sx, 0.0, x0 - ix0 + 0.5 * sx - 0.5], [0.0, sy, y0 - iy0 + 0.5 * sy - 0.5]], np.float64)
+    return cv2.warpAffine(
+        src,
+        m,
+        (ow, oh),
+        dst=out if direct else None,
+        flags=flags | cv2.WARP_INVERSE_MAP,
+        borderMode=cv2.BORDER_REPLICATE,
+    )
 
 
 def _reduce(img: np.ndarray, box: Box, kx: int, ky: int) -> tuple[np.ndarray, Box]:
