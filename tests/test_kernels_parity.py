@@ -15,7 +15,7 @@ from PIL import Image
 from timm.data.transforms import RandomResizedCropAndInterpolation
 from timm.data.transforms_factory import transforms_imagenet_eval
 
-from raypipe.config import EvalAugment
+from raypipe.config import DecodeConfig, EvalAugment
 from raypipe.kernels import build_transform, color, crop_resize, decode_for_crop, geometry, open_image, rrc_params
 
 PIL_INTERP = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
@@ -65,28 +65,28 @@ def test_flips_fold_into_the_resize():
     assert np.array_equal(crop_resize(img, box, (96, 128), vflip=True), plain[::-1])
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        dict(crop_mode="center"),
-        dict(crop_mode="center", crop_pct=0.95, input_size=(192, 256)),
-        dict(crop_mode="squash", crop_pct=1.0),
-        dict(crop_mode="squash", crop_pct=0.9, interpolation="bicubic"),
-        dict(crop_mode="border"),
-        dict(crop_mode="border", input_size=(256, 160), crop_pct=1.0),
-    ],
-    ids=lambda kw: "-".join(f"{v}" for v in kw.values()),
-)
-def test_eval_matches_timm(kw):
+EVAL_CONFIGS = [
+    dict(crop_mode="center"),
+    dict(crop_mode="center", crop_pct=0.95, input_size=(192, 256)),
+    dict(crop_mode="squash", crop_pct=1.0),
+    dict(crop_mode="squash", crop_pct=0.9, interpolation="bicubic"),
+    dict(crop_mode="border"),
+    dict(crop_mode="border", input_size=(256, 160), crop_pct=1.0),
+]
+
+
+def _eval_pair(kw, decode=None):
     aug = EvalAugment(**kw)
     ref_t = transforms_imagenet_eval(
-        img_size=aug.input_size,
-        crop_pct=aug.crop_pct,
-        crop_mode=aug.crop_mode,
-        interpolation=aug.interpolation,
-        use_prefetcher=True,
-    )
-    ours_t = build_transform(aug)
+        img_size=aug.input_size, crop_pct=aug.crop_pct, crop_mode=aug.crop_mode,
+        interpolation=aug.interpolation, use_prefetcher=True,
+    )  # fmt: skip
+    return ref_t, build_transform(aug, decode)
+
+
+@pytest.mark.parametrize("kw", EVAL_CONFIGS, ids=lambda kw: "-".join(f"{v}" for v in kw.values()))
+def test_eval_matches_timm(kw):
+    ref_t, ours_t = _eval_pair(kw)
     for name in ("astronaut", "chelsea", "coffee"):
         for size in ((500, 375), (300, 420)):
             data = f.photo_jpeg(name, size)
@@ -94,6 +94,20 @@ def test_eval_matches_timm(kw):
             ours = ours_t(data)
             assert ours.shape == ref.shape
             assert mae(ours, ref) <= 2.0, (name, size, mae(ours, ref))
+
+
+@pytest.mark.skipif(geometry._resample is None, reason="the _resample C extension is not built")
+@pytest.mark.parametrize("kw", EVAL_CONFIGS, ids=lambda kw: "-".join(f"{v}" for v in kw.values()))
+def test_eval_is_timms_bytes_from_a_full_size_decode(kw):
+    # with a full-size decode (always, without DCT scaling) the eval image is timm's resize + centre
+    # crop / pad byte for byte; a DCT-scaled decode (big images) stays within the MAE bound above
+    ref_t, ours_t = _eval_pair(kw, DecodeConfig(dct_scaling=False))
+    for name in ("astronaut", "coffee"):
+        for size in ((500, 375), (300, 420), (1200, 900)):
+            data = f.photo_jpeg(name, size)
+            ref = ref_t(pil_rgb(data)).permute(1, 2, 0).numpy()
+            ours = ours_t(data)
+            assert np.array_equal(ours, ref), (name, size, int((ours != ref).any(-1).sum()))
 
 
 def _stats(boxes, width, height):

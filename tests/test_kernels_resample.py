@@ -78,6 +78,24 @@ def test_training_sized_crops_and_strided_output(vector, filt):
         assert (canvas == 7).all()
 
 
+@pytest.mark.parametrize("filt", [BILINEAR, BICUBIC], ids=["bilinear", "bicubic"])
+def test_a_window_is_the_crop_of_the_whole_resize(vector, filt):
+    # resample(..., full_w, full_h, off_x, off_y) = resize((full_w, full_h), box=box).crop(window):
+    # timm's eval resize + centre crop; a window may also keep an axis at its size (Pillow skips that
+    # pass, here its weights are exactly 1 and 0)
+    rng = np.random.default_rng(20 + filt)
+    for i in range(150):
+        src, box, (fw, fh) = _case(rng, i)
+        if i % 4 == 0:
+            fh = src.shape[0]  # rows keep their size
+        ow, oh = int(rng.integers(1, fw + 1)), int(rng.integers(1, fh + 1))
+        ox, oy = int(rng.integers(0, fw - ow + 1)), int(rng.integers(0, fh - oh + 1))
+        out = np.empty((oh, ow, 3), np.uint8)
+        R.resample(src, out, *box, filt, True, fw, fh, ox, oy)
+        ref = _pillow(src, box, (fw, fh), filt)[oy : oy + oh, ox : ox + ow]
+        assert np.array_equal(out, ref), (i, src.shape, box, (fw, fh), (ox, oy, ow, oh))
+
+
 @needs_ext
 def test_pass_order_follows_the_installed_pillow():
     # Pillow 13 runs the vertical pass first when rows shrink by more than twice as many as columns
@@ -117,6 +135,9 @@ def test_bad_arguments_are_value_errors():
     for src, dst, box, filt, words in bad:
         with pytest.raises(ValueError, match=words):
             R.resample(src, dst, *box, filt)
+    for window in ((8, 12, 0, 0), (40, 40, 31, 0), (40, 40, 0, -1)):  # dst (10x10) must fit inside
+        with pytest.raises(ValueError, match="window"):
+            R.resample(img, out, 0, 0, 30, 20, BILINEAR, True, *window)
     read_only = out.copy()
     read_only.flags.writeable = False
     with pytest.raises((ValueError, BufferError)):

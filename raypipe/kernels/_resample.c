@@ -1,6 +1,6 @@
 /* Pillow's antialiased resize of an RGB image (bilinear or bicubic), with Pillow's exact arithmetic.
  *
- * resample(src, dst, x0, y0, x1, y1, filter, vertical_first_rule=True) -> None
+ * resample(src, dst, x0, y0, x1, y1, filter, vertical_first_rule=True, full_w=0, full_h=0, off_x=0, off_y=0)
  *
  * dst (oh x ow x 3 uint8) receives Image.fromarray(src).resize((ow, oh), filter, box=(x0, y0, x1, y1))
  * byte for byte: src and dst are HxWx3 uint8 arrays whose rows may be strided (numpy views), filter
@@ -9,6 +9,9 @@
  * vertical_first_rule: Pillow 13 runs the vertical pass first when the image loses more than twice as
  * many rows as columns (Pillow #9549); earlier versions always start horizontally. The order changes
  * some bytes (each pass rounds to uint8), so the caller passes what its Pillow does.
+ * full_w/full_h/off_x/off_y: dst is the window at (off_x, off_y) of a full_w x full_h resize, i.e.
+ * resize((full_w, full_h), box=...).crop((off_x, off_y, off_x + ow, off_y + oh)): timm's eval resize
+ * then centre crop, without computing the pixels the crop drops.
  *
  * Pillow (Resample.c) computes per output pixel a window of source pixels and double-precision
  * filter weights stretched by the shrink factor, rounds them to 22-bit fixed point, and runs a
@@ -82,8 +85,10 @@ static void axis_free(Axis *ax) {
 }
 
 /* Pillow's precompute_coeffs + normalize_coeffs_8bpc for in_size source pixels, box [in0, in1), out_size
- * outputs. in0/in1 are floats in Pillow's signature, so the box arrives rounded to float there too. */
-static int axis_build(Axis *ax, int in_size, float in0, float in1, int out_size, int filter, int uniform) {
+ * outputs, of which the n from `off` on are kept. in0/in1 are floats in Pillow's signature, so the box
+ * arrives rounded to float there too. */
+static int axis_build(Axis *ax, int in_size, float in0, float in1, int out_size, int off, int n, int filter,
+                      int uniform) {
     double (*fn)(double) = filter == 3 ? bicubic_filter : bilinear_filter;
     double support, scale, filterscale;
     filterscale = scale = (double)(in1 - in0) / out_size;
@@ -93,9 +98,9 @@ static int axis_build(Axis *ax, int in_size, float in0, float in1, int out_size,
     int ksize = (int)ceil(support) * 2 + 1;
     memset(ax, 0, sizeof(*ax));
     double *w = malloc(sizeof(double) * ksize);
-    int32_t *kk = malloc(sizeof(int32_t) * (size_t)ksize * out_size);
-    ax->start = malloc(sizeof(int) * out_size);
-    ax->count = malloc(sizeof(int) * out_size);
+    int32_t *kk = malloc(sizeof(int32_t) * (size_t)ksize * n);
+    ax->start = malloc(sizeof(int) * n);
+    ax->count = malloc(sizeof(int) * n);
     if (!w || !kk || !ax->start || !ax->count) {
         free(w);
         free(kk);
@@ -103,8 +108,8 @@ static int axis_build(Axis *ax, int in_size, float in0, float in1, int out_size,
         return -1;
     }
     int taps = 1;
-    for (int xx = 0; xx < out_size; xx++) {
-        double center = in0 + (xx + 0.5) * scale;
+    for (int xx = 0; xx < n; xx++) {
+        double center = in0 + (xx + off + 0.5) * scale;
         double ww = 0.0;
         double ss = 1.0 / filterscale;
         int xmin = (int)(center - support + 0.5);
@@ -131,7 +136,7 @@ static int axis_build(Axis *ax, int in_size, float in0, float in1, int out_size,
             taps = xmax;
     }
     free(w);
-    ax->n = out_size;
+    ax->n = n;
     ax->taps = taps;
     if (!uniform) {
         ax->k = kk;
@@ -139,13 +144,13 @@ static int axis_build(Axis *ax, int in_size, float in0, float in1, int out_size,
         return 0;
     }
     ax->stride = taps;
-    ax->k = calloc((size_t)taps * out_size, sizeof(int32_t));
+    ax->k = calloc((size_t)taps * n, sizeof(int32_t));
     if (!ax->k) {
         free(kk);
         axis_free(ax);
         return -1;
     }
-    for (int xx = 0; xx < out_size; xx++) {
+    for (int xx = 0; xx < n; xx++) {
         int s = ax->start[xx] < in_size - taps ? ax->start[xx] : in_size - taps;
         memcpy(ax->k + (size_t)xx * taps + (ax->start[xx] - s), kk + (size_t)xx * ksize,
                sizeof(int32_t) * ax->count[xx]);
@@ -400,22 +405,25 @@ static void vertical(const Plane *src, const Plane *dst, const Axis *ay, int vec
     vertical_scalar(src, dst, ay, 0);
 }
 
-/* Pillow's ImagingResampleInner for RGB. The two passes run horizontal first, except (with
- * `vertical_first_rule`, Pillow >= 13) when the image loses more than twice as many rows as columns.
+/* Pillow's ImagingResampleInner for RGB, resizing to full_w x full_h and keeping the dst-sized window
+ * at (off_x, off_y). The two passes run horizontal first, except (with `vertical_first_rule`, Pillow
+ * >= 13) when the image loses more than twice as many rows as columns. A pass Pillow skips (that axis
+ * keeps its size and box) has weights of exactly 1 and 0 here, so running it for a window is exact.
  * Returns 0, or -1 when out of memory. */
-static int resample_rgb(const Plane *src, const Plane *dst, const float box[4], int filter, int vertical_first_rule) {
-    int need_h = dst->w != src->w || box[0] != 0 || box[2] != dst->w;
-    int need_v = dst->h != src->h || box[1] != 0 || box[3] != dst->h;
+static int resample_rgb(const Plane *src, const Plane *dst, const float box[4], int filter, int vertical_first_rule,
+                        int full_w, int full_h, int off_x, int off_y) {
+    int need_h = full_w != src->w || box[0] != 0 || box[2] != full_w || off_x || dst->w != full_w;
+    int need_v = full_h != src->h || box[1] != 0 || box[3] != full_h || off_y || dst->h != full_h;
     int vector = use_avx2;
     Axis ax = {0}, ay = {0};
     uint8_t *tmp = NULL;
     int rc = -1;
-    if (axis_build(&ay, src->h, box[1], box[3], dst->h, filter, 0) < 0)
+    if (axis_build(&ay, src->h, box[1], box[3], full_h, off_y, dst->h, filter, 0) < 0)
         goto done;
-    if (need_h && axis_build(&ax, src->w, box[0], box[2], dst->w, filter, vector) < 0)
+    if (need_h && axis_build(&ax, src->w, box[0], box[2], full_w, off_x, dst->w, filter, vector) < 0)
         goto done;
     if (need_h && need_v) {
-        int v_first = vertical_first_rule && dst->h < src->h && src->h - dst->h > 2 * (src->w - dst->w);
+        int v_first = vertical_first_rule && full_h < src->h && src->h - full_h > 2 * (src->w - full_w);
         Plane mid; /* the first pass's result, kept only where the second pass reads */
         if (!v_first) {
             int first = ay.start[0], last = ay.start[ay.n - 1] + ay.count[ay.n - 1];
@@ -488,9 +496,9 @@ static int get_plane(PyObject *obj, Py_buffer *view, int writable, Plane *pl, co
 static PyObject *resample(PyObject *self, PyObject *args) {
     PyObject *src_obj, *dst_obj;
     double b[4];
-    int filter, vertical_first_rule = 1;
-    if (!PyArg_ParseTuple(args, "OOddddi|p", &src_obj, &dst_obj, &b[0], &b[1], &b[2], &b[3], &filter,
-                          &vertical_first_rule))
+    int filter, vertical_first_rule = 1, full_w = 0, full_h = 0, off_x = 0, off_y = 0;
+    if (!PyArg_ParseTuple(args, "OOddddi|piiii", &src_obj, &dst_obj, &b[0], &b[1], &b[2], &b[3], &filter,
+                          &vertical_first_rule, &full_w, &full_h, &off_x, &off_y))
         return NULL;
     if (filter != 2 && filter != 3) {
         PyErr_SetString(PyExc_ValueError, "resample: filter must be 2 (bilinear) or 3 (bicubic)");
@@ -513,10 +521,14 @@ static PyObject *resample(PyObject *self, PyObject *args) {
         problem = "the box must lie inside src"; /* Pillow: "Box can't exceed original image size" */
     else if (!problem && (box[2] - box[0] <= 0 || box[3] - box[1] <= 0))
         problem = "the box must not be empty";
+    if (full_w == 0 && full_h == 0 && off_x == 0 && off_y == 0)
+        full_w = dst.w, full_h = dst.h; /* no window: the whole resize */
+    if (!problem && (off_x < 0 || off_y < 0 || full_w - off_x < dst.w || full_h - off_y < dst.h))
+        problem = "the window (off_x, off_y) + dst's size must lie inside (full_w, full_h)";
     int rc = 0;
     if (!problem) {
         Py_BEGIN_ALLOW_THREADS
-        rc = resample_rgb(&src, &dst, box, filter, vertical_first_rule);
+        rc = resample_rgb(&src, &dst, box, filter, vertical_first_rule, full_w, full_h, off_x, off_y);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&sv);
@@ -544,9 +556,10 @@ static PyObject *set_vector(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"resample", resample, METH_VARARGS,
-     "resample(src, dst, x0, y0, x1, y1, filter, vertical_first_rule=True): dst = Pillow's resize of the RGB "
-     "uint8 array src to dst's size, box (x0, y0, x1, y1), filter 2 (bilinear) or 3 (bicubic); the same bytes "
-     "as Pillow (vertical_first_rule: Pillow >= 13's choice of the first pass). ValueError "
+     "resample(src, dst, x0, y0, x1, y1, filter, vertical_first_rule=True, full_w=0, full_h=0, off_x=0, off_y=0): "
+     "dst = Pillow's resize of the RGB uint8 array src to dst's size (or the window of a full_w x full_h resize "
+     "at off_x, off_y), box (x0, y0, x1, y1), filter 2 (bilinear) or 3 (bicubic); the same bytes as Pillow "
+     "(vertical_first_rule: Pillow >= 13's choice of the first pass). ValueError "
      "on arrays that are not HxWx3 uint8 with packed pixels, or a box outside src."},
     {"set_vector", set_vector, METH_O, "set_vector(on) -> bool: use the AVX2 passes (where the CPU has them)."},
     {NULL, NULL, 0, NULL},

@@ -75,7 +75,10 @@ def rrc_params(
 
 
 class EvalGeometry(NamedTuple):
-    """Source ``box`` lands in output rows ``top:top+h``, cols ``left:left+w``; the rest is ``fill``."""
+    """Source ``box`` lands in output rows ``top:top+h``, cols ``left:left+w``; the rest is ``fill``.
+
+    The same as timm computes it: the whole image resized to ``resized`` (H, W), then the h x w window
+    at ``start`` (row, col) of that kept."""
 
     box: Box
     top: int
@@ -83,6 +86,8 @@ class EvalGeometry(NamedTuple):
     h: int
     w: int
     fill: tuple[int, int, int] | None
+    resized: tuple[int, int] = (0, 0)
+    start: tuple[int, int] = (0, 0)
 
 
 def _resized_size(width: int, height: int, size: tuple[int, int], crop_mode: str) -> tuple[int, int]:
@@ -109,19 +114,36 @@ def eval_geometry(
     rh, rw = (max(1, v) for v in _resized_size(width, height, scale_size, crop_mode))  # 1-px-thin inputs
     fy, fx = height / rh, width / rw
 
-    def axis(r: int, c: int, f: float) -> tuple[float, float, int, int]:
+    def axis(r: int, c: int, f: float) -> tuple[float, float, int, int, int]:
         # torchvision CenterCrop / timm CenterCropOrPad, per axis: pad (content centred) or crop.
         if c > r:
-            return 0.0, r * f, (c - r) // 2, r
+            return 0.0, r * f, (c - r) // 2, r, 0
         start = int(round((r - c) / 2.0))
-        return start * f, (start + c) * f, 0, c
+        return start * f, (start + c) * f, 0, c, start
 
-    y0, y1, top, h = axis(rh, oh, fy)
-    x0, x1, left, w = axis(rw, ow, fx)
+    y0, y1, top, h, sy = axis(rh, oh, fy)
+    x0, x1, left, w, sx = axis(rw, ow, fx)
     fill = tuple(round(255 * v) for v in mean) if crop_mode == "border" else (0, 0, 0)
     if h == oh and w == ow:
         fill = None
-    return EvalGeometry((x0, y0, x1, y1), top, left, h, w, fill)
+    return EvalGeometry((x0, y0, x1, y1), top, left, h, w, fill, (rh, rw), (sy, sx))
+
+
+def resize_window(
+    img: np.ndarray, resized: tuple[int, int], start: tuple[int, int], out: np.ndarray, interpolation: str
+) -> bool:
+    """``out`` = the ``out``-sized window at ``start`` (row, col) of Pillow's resize of the whole ``img``
+    to ``resized`` (H, W): timm's eval resize + centre crop, byte for byte, without computing the
+    pixels the crop drops. False (``out`` untouched) without the ``_resample`` extension."""
+    if _resample is None or interpolation not in _PIL_FILTER or not _packed(out):
+        return False
+    if not _packed(img):
+        img = np.ascontiguousarray(img, np.uint8)
+    H, W = img.shape[:2]
+    (rh, rw), (sy, sx) = resized, start
+    _resample.resample(img, out, 0.0, 0.0, float(W), float(H), _PIL_FILTER[interpolation],
+                       _pillow_vertical_first(), rw, rh, sx, sy)  # fmt: skip
+    return True
 
 
 # Largest per-axis shrink the 3-tap prefilter handles (its centre weight 1 - (s*s - 1)/6 stays > 0.1);

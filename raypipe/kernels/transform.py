@@ -16,7 +16,7 @@ import numpy as np
 from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
 from raypipe.kernels import autoaug, color
 from raypipe.kernels.decode import DecodeBuffer, decode_for_crop, open_image
-from raypipe.kernels.geometry import crop_resize, eval_geometry, rrc_params
+from raypipe.kernels.geometry import crop_resize, eval_geometry, resize_window, rrc_params
 
 __all__ = ["TrainTransform", "EvalTransform", "build_transform", "sample_rng"]
 
@@ -116,7 +116,9 @@ class EvalTransform:
         if g.fill is not None:
             out[...] = np.asarray(g.fill, np.uint8)
         region = out[g.top : g.top + g.h, g.left : g.left + g.w]
-        crop_resize(pixels, box, (g.h, g.w), a.interpolation, out=region)
+        full_size = pixels.shape[:2] == (height, width)  # not DCT-scaled: timm's own resize + crop exactly
+        if not (full_size and resize_window(pixels, g.resized, g.start, region, a.interpolation)):
+            crop_resize(pixels, box, (g.h, g.w), a.interpolation, out=region)
         return out
 
 
