@@ -46,12 +46,20 @@ def quiet_ray_data_console() -> None:
     """Ray Data prints every execution's start, plan and end at INFO (each epoch, train and eval);
     raypipe prints its own per-epoch summary. Raise the level of Ray Data's console handler only: its
     session log file (ray-data.log) keeps everything. Ray Data sets its logging up when ``ray.data`` is
-    first imported (so a level set on the logger before that is lost), hence the import here."""
+    first imported (so a level set on the logger before that is lost), hence the import here.
+
+    Also drops Ray Data's "Progress bars disabled. To enable, set ..." warning: raypipe turns its
+    progress bars off on purpose (it draws its own), so the advice would only mislead."""
     import ray.data  # noqa: F401 - configures the "ray.data" logger and its handlers
 
     for handler in logging.getLogger("ray.data").handlers:
         if "File" not in type(handler).__name__:  # Ray Data's SessionFileHandler is no logging.FileHandler
             handler.setLevel(max(handler.level, logging.WARNING))
+    logging.getLogger("ray.data._internal.progress").addFilter(_drop_progress_bar_notice)  # once: same object
+
+
+def _drop_progress_bar_notice(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Progress bars disabled")
 
 
 def worker_pool_config(cpus: int) -> dict:
