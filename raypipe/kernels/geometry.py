@@ -135,7 +135,7 @@ def resize_window(
     """``out`` = the ``out``-sized window at ``start`` (row, col) of Pillow's resize of the whole ``img``
     to ``resized`` (H, W): timm's eval resize + centre crop, byte for byte, without computing the
     pixels the crop drops. False (``out`` untouched) without the ``_resample`` extension."""
-    if _resample is None or interpolation not in _PIL_FILTER or not _packed(out):
+    if _resample is None or interpolation not in _PIL_FILTER or not _packed(out) or img.shape[2:] != (3,):
         return False
     if not _packed(img):
         img = np.ascontiguousarray(img, np.uint8)
@@ -198,7 +198,8 @@ def crop_resize(
     :func:`_prefilter_taps`), beyond by an exact integer INTER_AREA reduction first. Flips are applied
     in place on the result (exact mirror images).
     """
-    if _resample is not None and interpolation in _PIL_FILTER:
+    rgb = img.ndim == 3 and img.shape[2] == 3 and img.dtype == np.uint8
+    if _resample is not None and interpolation in _PIL_FILTER and rgb:
         res = _pillow_resize(img, box, size, interpolation, out)
     else:
         res = _opencv_resize(img, box, size, interpolation, out)
