@@ -8,6 +8,7 @@
     python bench/micro_profile.py block-alloc         # a fresh np.zeros output block vs a reused one
     python bench/micro_profile.py rng                 # sample_rng and its parts
     python bench/micro_profile.py resize DATA         # crop+resize to 224: Pillow, C (AVX2 / scalar), OpenCV
+    python bench/micro_profile.py ray-null            # Ray's own CPU per 128-image block (a stage that only allocates)
 
 CPU figures are per-thread (``time.thread_time``) unless said otherwise.
 """
@@ -211,6 +212,61 @@ def _resize_row(img: np.ndarray, w: int, h: int, interp: str) -> dict[str, float
     return row
 
 
+def ray_null(args) -> None:
+    """The pipeline's Ray Data shape (one object per 128-row block, tasks of 0.5 CPU, 4 at a time,
+    blocks iterated in this process) with a stage that only allocates and touches its output: what Ray
+    itself costs per block, split by process role."""
+    import psutil
+    import pyarrow as pa
+
+    from raypipe.runtime import connect
+
+    connect()
+    import ray
+    import ray.data
+
+    n, b = 128 * 120, 128
+    table = pa.table({"sample_id": np.arange(n), "label": np.arange(n) % 10})
+    blocks = [table.slice(i, b) for i in range(0, n, b)]
+    for rep in range(3):  # the first pays for starting the workers
+        ds = ray.data.from_arrow_refs([ray.put(x) for x in blocks])
+        ds = ds.map_batches(_null_stage, batch_size=b, batch_format="numpy", num_cpus=0.5,
+                            compute=ray.data.TaskPoolStrategy(size=4))  # fmt: skip
+        ds.context.op_resource_reservation_enabled = False
+        ds.context.enable_progress_bars = False
+        c0, t0, rows = _cpu_by_role(psutil), time.perf_counter(), 0
+        for batch in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=4):
+            rows += len(batch["sample_id"])
+        dt, c1 = time.perf_counter() - t0, _cpu_by_role(psutil)
+        per = {k: (c1[k] - c0.get(k, 0)) / (rows / b) * 1e3 for k in c1}
+        print(f"run {rep}: {rows / dt:5.0f} img/s, CPU ms per block: "
+              + "  ".join(f"{k} {v:.1f}" for k, v in sorted(per.items())))  # fmt: skip
+
+
+def _null_stage(batch: dict) -> dict:
+    n = len(batch["sample_id"])
+    images = np.zeros((n, 224, 224, 3), np.uint8)
+    images[:, ::8] = 1  # touch the pages, as a stage writing its images does
+    empty = np.full(n, "", object)
+    return {"image": images, "label": np.asarray(batch["label"], np.int64), "sample_id": batch["sample_id"],
+            "ok": np.ones(n, bool), "reason": empty, "detail": empty, "path": empty}  # fmt: skip
+
+
+def _cpu_by_role(psutil) -> dict[str, float]:
+    me, out = os.getpid(), {}
+    for p in psutil.process_iter(["cmdline"]):
+        line = " ".join(p.info["cmdline"] or [])
+        if p.pid != me and "ray" not in line:
+            continue
+        role = "driver" if p.pid == me else ("workers" if "ray::" in line else "ray-daemons")
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
@@ -218,7 +274,7 @@ def main() -> None:
                                  ("kernel-procs", kernel_procs, True), ("kernel-split", kernel_split, True),
                                  ("prefilter", prefilter, True),
                                  ("block-alloc", block_alloc, False), ("rng", rng, False),
-                                 ("resize", resize, True)):  # fmt: skip
+                                 ("resize", resize, True), ("ray-null", ray_null, False)):  # fmt: skip
         sp = sub.add_parser(name)
         if needs_data:
             sp.add_argument("data")
