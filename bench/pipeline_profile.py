@@ -3,7 +3,7 @@
 Reproduces the pipeline rows of bench/NOTES.md::
 
     python bench/pipeline_profile.py DATA --block-size 64 --cpus-per-actor 1      # 1 worker per core
-    python bench/pipeline_profile.py DATA --block-size 128 --cpus-per-actor 0.5   # the defaults
+    python bench/pipeline_profile.py DATA --block-size 128|256                    # 256: the default at batch 128
     python bench/pipeline_profile.py DATA --device-loader                          # + CPU DeviceLoader
     python bench/pipeline_profile.py --normalise                                   # the CPU trainer side only
     python bench/pipeline_profile.py DATA -b 256 --block-size 128|256              # packing copy or views
@@ -95,7 +95,7 @@ def profile_take(args: argparse.Namespace) -> None:
     """The Packer's gather of good rows: np.take into a batch buffer, default mode vs mode="clip"."""
     import numpy as np
 
-    b, s = args.block_size, args.img_size
+    b, s = args.block_size or 128, args.img_size
     block = np.random.default_rng(0).integers(0, 256, (b, s, s, 3), dtype=np.uint8)
     out = np.empty((2 * b, s, s, 3), np.uint8)
     idx = np.arange(b)
@@ -229,7 +229,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("-b", "--batch-size", type=int, default=128)
     p.add_argument("--img-size", type=int, default=224)
-    p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--block-size", type=int, help="rows per block (default: raypipe's auto_block_size)")
     p.add_argument("--cpus-per-actor", type=float, default=0.5)
     p.add_argument("--num-actors", type=int)
     p.add_argument("--no-warm", action="store_true", help="do not warm up the next epoch")
