@@ -5,7 +5,7 @@ the next. Reproduces the warm-up rows of bench/NOTES.md::
     python bench/epoch_startup.py /tmp/bench2k --contender-runs 3 --aa     # back-to-back bench runs
     python bench/epoch_startup.py /tmp/bench2k --contender-runs 3 --aa --no-cap   # as before the cap
     python bench/epoch_startup.py /tmp/bench2k --warm-leads 0 1 0 1 [--aa] --epochs 6  # warm-up lead
-    python bench/epoch_startup.py /tmp/bench2k --timeline 0 --epochs 4  # when each epoch starts, first block
+    python bench/epoch_startup.py /tmp/bench2k --timeline 0 --epochs 4 [--block-size 128]  # when each epoch starts
 
 The first mode starts one epoch's execution at a time (nothing else running) and prints how long the
 first ``--batch-size`` rows take to arrive. The second runs ``raypipe bench``'s raypipe contender
@@ -115,7 +115,7 @@ def timeline(args: argparse.Namespace) -> None:
     pl.EpochRun._put, pl.EpochRun.prestart, pl.Pipeline.dataset = timed_put, timed_prestart, timed_dataset
     extra = {"auto_augment": "rand-m9-mstd0.5-inc1"} if args.aa else {}
     aug = TrainAugment(input_size=args.img_size, color_jitter=None, **extra)
-    pipe = Pipeline(args.data, aug, config=PipelineConfig(batch_size=args.batch_size))
+    pipe = Pipeline(args.data, aug, config=PipelineConfig(batch_size=args.batch_size, block_size=args.block_size))
     source = EpochSource(pipe, end_epoch=args.epochs, warm_lead_s=args.timeline)
     for epoch in range(args.epochs):
         note(f"--- consumer begins epoch {epoch}")
@@ -133,6 +133,7 @@ def main() -> None:
     p.add_argument("data")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("-b", "--batch-size", type=int, default=128)
+    p.add_argument("--block-size", type=int, help="rows per block in --timeline (default: auto)")
     p.add_argument("--img-size", type=int, default=224)
     p.add_argument("--block-sizes", type=int, nargs="+", default=[8, 32, 128])
     p.add_argument("--contender-runs", type=int, default=0, help="run the bench contender this many times")
