@@ -254,34 +254,3 @@ def test_worker_nice_applies_to_the_stage_thread_only(ray_local, sample_dir):
     assert all(t.get(pid, 0) == 0 for pid, t in threads.items())  # every worker's main thread untouched
     # ... so the workers Ray hands to later tasks of the job run them at normal priority
     assert set(ray_local.get([niceness.remote() for _ in range(8)])) == {0}
-
-
-@pytest.mark.parametrize(
-    "batch, rows, workers", [(128, 2000, 4), (32, 1000, 3), (256, 5000, 8), (48, 100, 2), (8, 0, 2)]
-)
-def test_block_layout_covers_every_row_once_with_small_lead_blocks(batch, rows, workers):
-    from raypipe.pipeline.pipeline import block_layout
-
-    cfg = PipelineConfig(batch_size=batch)
-    layout = block_layout(rows, cfg, workers)
-    assert sum(n for _, n in layout) == rows
-    assert [start for start, _ in layout] == list(np.cumsum([0] + [n for _, n in layout])[:-1])
-    lead = layout[:workers]
-    assert all(n <= max(128, batch) and n <= cfg.block_size for _, n in lead)  # each worker's first task is short
-    assert all(n == cfg.block_size for _, n in layout[workers:-1])
-    assert all(n % batch == 0 for _, n in layout[:-1])  # whole batches: packed as views of one block
-
-
-def test_each_block_is_one_stage_call_lead_blocks_included(ray_local, sample_dir, monkeypatch):
-    # Ray Data must not re-bundle the small lead blocks into block_size batches (map_batches with a
-    # numeric batch_size would): the stage's output blocks have exactly the layout's sizes
-    from raypipe.pipeline import pipeline as pl
-    from raypipe.pipeline.pipeline import block_layout
-
-    monkeypatch.setattr(pl, "LEAD_BLOCK_ROWS", 8)  # 128 in use: more rows than this data set has
-    cfg = PipelineConfig(batch_size=4, block_size=12, num_actors=2)
-    pipe = Pipeline(str(sample_dir), AUG, config=cfg)
-    ds, rows = pipe.dataset(0)
-    out = [len(b["sample_id"]) for b in ds.iter_batches(batch_size=None, batch_format="numpy")]
-    layout = [n for _, n in block_layout(rows, cfg, pipe.num_workers())]
-    assert layout[:2] == [8, 8] and sorted(out) == sorted(layout)

@@ -112,15 +112,14 @@ class Pipeline:
             len(self.rows), seed=cfg.seed, epoch=epoch, shuffle=cfg.shuffle, rank=rank, world_size=world_size
         )
         table = self.rows.table.take(pa.array(idx, type=pa.int64()))
-        workers = self.num_workers()
-        blocks = [table.slice(start, rows) for start, rows in block_layout(table.num_rows, cfg, workers)]
+        blocks = [table.slice(i, cfg.block_size) for i in range(0, table.num_rows, cfg.block_size)]
         if not blocks:
             blocks = [table]
         # One object per block: from_arrow(list) hands all blocks to a single task (measured: serial).
         ds = ray.data.from_arrow_refs([ray.put(b) for b in blocks])
         spec = self.stage_spec(epoch)
-        # batch_size None: each input block is one call (a number would re-bundle the small lead blocks)
-        common = dict(batch_size=None, batch_format="numpy", num_cpus=cfg.cpus_per_actor)
+        workers = self.num_workers()
+        common = dict(batch_size=cfg.block_size, batch_format="numpy", num_cpus=cfg.cpus_per_actor)
         if cfg.resources:
             common["resources"] = dict(cfg.resources)
         if cfg.compute == "actors":
@@ -158,28 +157,6 @@ class Pipeline:
 
     def epoch(self, epoch: int, *, rank: int = 0, world_size: int = 1) -> EpochRun:
         return EpochRun(self, epoch, rank=rank, world_size=world_size)
-
-
-LEAD_BLOCK_ROWS = 128
-
-
-def block_layout(rows: int, cfg: PipelineConfig, workers: int) -> list[tuple[int, int]]:
-    """(start, rows) of each block of an epoch's ``rows`` source rows, in order.
-
-    Blocks of ``cfg.block_size`` rows, except the first ``workers`` ones, which are at most
-    ``LEAD_BLOCK_ROWS`` (the largest multiple of the batch up to it, at least one batch): each worker's first task then
-    finishes early, so the first batch comes as soon as with small blocks (2 cores, 256-row blocks
-    throughout: first batch 1.1-1.8 s against timm's 0.5), while the rest pay Ray's per-block cost
-    only once per ``block_size`` rows. Every block is still a whole number of batches where the block
-    size is."""
-    size = cfg.block_size
-    lead = min(size, max(cfg.batch_size, cfg.batch_size * (LEAD_BLOCK_ROWS // cfg.batch_size)))
-    layout, start = [], 0
-    while start < rows:
-        n = lead if len(layout) < workers else size
-        layout.append((start, min(n, rows - start)))
-        start += n
-    return layout
 
 
 class EpochRun:
