@@ -115,6 +115,17 @@ def test_pass_order_follows_the_installed_pillow():
     assert geometry._pillow_vertical_first() == (pillow_major >= 13)
 
 
+def test_pillow_version_from_pil_when_the_distribution_has_another_name(monkeypatch):
+    import PIL
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    monkeypatch.setattr(PIL, "__version__", "9.5.0.post1")  # e.g. Pillow-SIMD: horizontal pass first
+    assert geometry._pillow_major() == 9
+
+
 @needs_ext
 def test_bad_arguments_are_value_errors():
     img = np.zeros((20, 30, 3), np.uint8)

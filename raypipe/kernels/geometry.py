@@ -34,13 +34,22 @@ def _pillow_vertical_first() -> bool:
     the pass order changes some bytes, and timm's images are whatever the installed Pillow makes."""
     global _vertical_first
     if _vertical_first is None:
-        import importlib.metadata
-
-        try:
-            _vertical_first = int(importlib.metadata.version("pillow").split(".")[0]) >= 13
-        except (importlib.metadata.PackageNotFoundError, ValueError):
-            _vertical_first = True
+        _vertical_first = _pillow_major() >= 13
     return _vertical_first
+
+
+def _pillow_major() -> int:
+    """The installed Pillow's major version: from the package metadata (no PIL import in workers that
+    do not need it), else from PIL itself (a fork such as Pillow-SIMD installs under another name)."""
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("pillow")
+    except importlib.metadata.PackageNotFoundError:
+        import PIL
+
+        version = PIL.__version__
+    return int(version.split(".")[0])
 
 
 def rrc_params(
