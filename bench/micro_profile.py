@@ -6,7 +6,7 @@
     python bench/micro_profile.py kernel-split DATA   # where the kernel's time goes (cProfile, own time)
     python bench/micro_profile.py prefilter DATA      # resize prefilter: sepFilter2D vs GaussianBlur
     python bench/micro_profile.py block-alloc         # a fresh np.zeros output block vs a reused one
-    python bench/micro_profile.py rng                 # sample_rng and its parts
+    python bench/micro_profile.py rng [DATA]          # sample_rng and its parts, BlockRngs; with DATA the stage
     python bench/micro_profile.py resize DATA         # crop+resize to 224: Pillow, C (AVX2 / scalar), OpenCV
     python bench/micro_profile.py ray-null            # Ray's own CPU per 128-image block (a stage that only allocates)
 
@@ -171,11 +171,53 @@ def block_alloc(args) -> None:
 
 def rng(args) -> None:
     from raypipe.kernels import sample_rng
+    from raypipe.kernels.seeding import BlockRngs
 
     ss = np.random.SeedSequence([0, 3, 12345])
+    block = BlockRngs(0, 3, np.arange(128))
     print(f"CPU µs: sample_rng {cpu_us(lambda: sample_rng(0, 3, 12345), 20000):.1f}, "
           f"SeedSequence {cpu_us(lambda: np.random.SeedSequence([0, 3, 12345]), 20000):.1f}, "
-          f"PCG64 {cpu_us(lambda: np.random.PCG64(ss), 20000):.1f}")  # fmt: skip
+          f"PCG64 {cpu_us(lambda: np.random.PCG64(ss), 20000):.1f}; BlockRngs per 128-id block "
+          f"{cpu_us(lambda: BlockRngs(0, 3, np.arange(128)), 300):.0f}, "
+          f"get {cpu_us(lambda: block.get(5), 20000):.1f}")  # fmt: skip
+    if args.data:
+        _stage_with_and_without_block_rngs(args.data)
+
+
+def _stage_with_and_without_block_rngs(data: str) -> None:
+    """The augmentation stage over 4 x 128 files, per-sample generators from BlockRngs vs sample_rng."""
+    from raypipe.config import DecodeConfig, TrainAugment
+    from raypipe.kernels import sample_rng
+    from raypipe.sources.paths import DatasetRoot
+    from raypipe.stages import augment
+    from raypipe.stages.augment import AugmentStage, StageSpec
+
+    root = DatasetRoot(os.path.realpath(data))
+    files = sorted(glob.glob(os.path.join(root.root, "*", "*")))[:512]
+    spec = StageSpec(kind="folder", root=root, augment=TrainAugment(input_size=224, color_jitter=None),
+                     decode=DecodeConfig(), seed=0, epoch=1)  # fmt: skip
+    stage = AugmentStage(spec)
+    blocks = [{"sample_id": np.arange(i, i + 128), "path": np.array([os.path.relpath(f, root.root) for f in
+               files[i:i + 128]], dtype=object), "label": np.zeros(128, np.int64), "row": np.zeros(128, np.int64)}
+              for i in range(0, 512, 128)]  # fmt: skip
+
+    class PerSample:  # what the stage did before BlockRngs
+        def __init__(self, seed, epoch, ids):
+            self.seed, self.epoch, self.ids = seed, epoch, ids
+
+        def get(self, i):
+            return sample_rng(self.seed, self.epoch, int(self.ids[i]))
+
+    def run():
+        for b in blocks:
+            stage(b)
+
+    figures = {}
+    for name, cls in (("BlockRngs", augment.BlockRngs), ("sample_rng", PerSample)) * 2:
+        augment.BlockRngs = cls
+        figures.setdefault(name, []).append(cpu_us(run, 2) / 512)
+    print("stage CPU µs/img (two passes each, alternating): "
+          + ", ".join(f"{k} {' / '.join(f'{v:.0f}' for v in vs)}" for k, vs in figures.items()))  # fmt: skip
 
 
 def resize(args) -> None:
@@ -273,11 +315,13 @@ def main() -> None:
     for name, fn, needs_data in (("reads", reads, True), ("aa-import", aa_import, False),
                                  ("kernel-procs", kernel_procs, True), ("kernel-split", kernel_split, True),
                                  ("prefilter", prefilter, True),
-                                 ("block-alloc", block_alloc, False), ("rng", rng, False),
+                                 ("block-alloc", block_alloc, False), ("rng", rng, None),
                                  ("resize", resize, True), ("ray-null", ray_null, False)):  # fmt: skip
         sp = sub.add_parser(name)
         if needs_data:
             sp.add_argument("data")
+        elif needs_data is None:
+            sp.add_argument("data", nargs="?")
         sp.set_defaults(fn=fn)
     args = p.parse_args()
     args.fn(args)

@@ -20,8 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
-from raypipe.kernels import SkipImage, build_transform, sample_rng
+from raypipe.kernels import SkipImage, build_transform
 from raypipe.kernels.errors import DECODE_ERROR, NULL_IMAGE
+from raypipe.kernels.seeding import BlockRngs
 from raypipe.sources.paths import DatasetRoot
 
 T = TypeVar("T")
@@ -146,16 +147,15 @@ class AugmentStage:
         detail = np.full(n, "", dtype=object)
         shown = np.full(n, "", dtype=object)
         errors = batch.get("error")
+        rngs = BlockRngs(self.spec.seed, self.spec.epoch, batch["sample_id"])  # = sample_rng per row, cheaper
         for i in range(n):
-            sid = int(batch["sample_id"][i])
             path = str(batch["path"][i])
             try:
                 if errors is not None and errors[i]:
                     why, _, more = str(errors[i]).partition(": ")
                     raise SkipImage(why, more)
                 data = self._read(path, int(batch["row"][i]))
-                rng = sample_rng(self.spec.seed, self.spec.epoch, sid)
-                self.transform(data, rng, out=images[i])
+                self.transform(data, rngs.get(i), out=images[i])
                 ok[i] = True
             except SkipImage as e:
                 reason[i], detail[i] = e.reason, e.detail
