@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     from raypipe.train import parse_job, run_training
 
     job = parse_job(argv)
-    connect()
+    connect(dashboard=True)  # Ray Train's placement-group cleaner asks the dashboard's State API
     run_training(job)
     return 0
 

@@ -18,11 +18,15 @@ __all__ = [
 ]
 
 
-def connect(*, num_cpus: int | None = None, object_store_memory: int | None = None, quiet: bool = True) -> None:
+def connect(
+    *, num_cpus: int | None = None, object_store_memory: int | None = None, quiet: bool = True, dashboard: bool = False
+) -> None:
     """``ray.init`` once: joins ``RAY_ADDRESS`` (set by ``ray job submit``; ``RAY_ADDRESS=auto`` joins a
-    cluster started with ``ray start`` on this machine), else starts a private local Ray with no
-    dashboard. Never joins some other local cluster by accident (Ray's bare ``ray.init()`` would).
-    Token auth is Ray's default in 2.60 and is left on."""
+    cluster started with ``ray start`` on this machine), else starts a private local Ray, with the
+    dashboard (on 127.0.0.1) only when ``dashboard``: Ray Train needs it, as its placement-group cleaner
+    asks the State API, which the dashboard serves, whether the train controller still lives (without
+    it the cleaner warns every few seconds and cannot clean up). Never joins some other local cluster by
+    accident (Ray's bare ``ray.init()`` would). Token auth is Ray's default in 2.60 and is left on."""
     if quiet:
         quiet_ray_data_console()
     if ray.is_initialized():
@@ -36,7 +40,8 @@ def connect(*, num_cpus: int | None = None, object_store_memory: int | None = No
         address="local",
         num_cpus=num_cpus,
         object_store_memory=object_store_memory,
-        include_dashboard=False,
+        include_dashboard=dashboard,
+        dashboard_host="127.0.0.1",
         _system_config=worker_pool_config(num_cpus or os.cpu_count() or 1),
         **kwargs,
     )

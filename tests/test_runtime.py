@@ -2,6 +2,8 @@
 
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -113,3 +115,24 @@ def test_call_at_niceness_runs_on_a_lowered_thread_and_leaves_the_caller_alone()
     assert call_at_niceness(0, os.nice, 0) == start  # 0: inline, on the caller's thread
     with pytest.raises(ZeroDivisionError):  # errors reach the caller with their type
         call_at_niceness(target, lambda: 1 // 0)
+
+
+_DASHBOARD_PROBE = """
+import ray
+from raypipe.runtime import connect
+connect(dashboard={on})
+print(ray._private.worker.global_worker.node.address_info.get("webui_url") or "none")
+ray.shutdown()
+"""
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_local_cluster_dashboard_only_on_request_and_on_loopback(on):
+    # Ray Train's placement-group cleaner needs the dashboard's State API; nothing else here does
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, "-c", _DASHBOARD_PROBE.format(on=on)], capture_output=True, text=True,
+                         env=env, timeout=120, check=True).stdout.split()[-1]  # fmt: skip
+    if on:
+        assert out.startswith("127.0.0.1:"), out
+    else:
+        assert out == "none", out

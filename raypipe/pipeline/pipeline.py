@@ -118,7 +118,8 @@ class Pipeline:
         # One object per block: from_arrow(list) hands all blocks to a single task (measured: serial).
         ds = ray.data.from_arrow_refs([ray.put(b) for b in blocks])
         spec = self.stage_spec(epoch)
-        workers = self.num_workers()
+        # no more concurrent tasks than blocks (a small eval split is one block; Ray Data warns otherwise)
+        workers = min(self.num_workers(), len(blocks))
         common = dict(batch_size=cfg.block_size, batch_format="numpy", num_cpus=cfg.cpus_per_actor)
         if cfg.resources:
             common["resources"] = dict(cfg.resources)
