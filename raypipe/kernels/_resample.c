@@ -193,19 +193,21 @@ static void horizontal_scalar(const Plane *src, int row0, int rows, const Plane 
 }
 
 /* Vertical pass: dst row yy = weighted rows [start, start + count) of src, every byte of the row. */
-static void vertical_scalar(const Plane *src, const Plane *dst, const Axis *ay, int from) {
-    int bytes = dst->w * 3;
-    for (int yy = 0; yy < ay->n; yy++) {
-        const int32_t *k = ay->k + (size_t)yy * ay->stride;
-        const uint8_t *s = src->p + ay->start[yy] * src->stride;
-        uint8_t *d = dst->p + yy * dst->stride;
-        for (int x = from; x < bytes; x++) {
-            int acc = HALF;
-            for (int y = 0; y < ay->count[yy]; y++)
-                acc += s[y * src->stride + x] * k[y];
-            d[x] = clip8(acc);
-        }
+/* Bytes [from, to) of one output row: Pillow's sum down the n source rows from s (stride apart). */
+static inline void row_scalar(const uint8_t *s, Py_ssize_t stride, const int32_t *k, int n, uint8_t *d, int from,
+                              int to) {
+    for (int x = from; x < to; x++) {
+        int acc = HALF;
+        for (int y = 0; y < n; y++)
+            acc += s[y * stride + x] * k[y];
+        d[x] = clip8(acc);
     }
+}
+
+static void vertical_scalar(const Plane *src, const Plane *dst, const Axis *ay) {
+    for (int yy = 0; yy < ay->n; yy++)
+        row_scalar(src->p + ay->start[yy] * src->stride, src->stride, ay->k + (size_t)yy * ay->stride,
+                   ay->count[yy], dst->p + yy * dst->stride, 0, dst->w * 3);
 }
 
 #ifdef HAVE_AVX2_VARIANT
@@ -361,12 +363,7 @@ __attribute__((target("avx2"))) static void vertical_avx2(const Plane *src, cons
             }
             _mm_storel_epi64((__m128i *)(d + x), pack8(a0));
         }
-        for (; x < bytes; x++) {
-            int acc = HALF;
-            for (int y = 0; y < n; y++)
-                acc += s[y * src->stride + x] * k[y];
-            d[x] = clip8(acc);
-        }
+        row_scalar(s, src->stride, k, n, d, x, bytes);
     }
 }
 #endif
@@ -402,7 +399,7 @@ static void vertical(const Plane *src, const Plane *dst, const Axis *ay, int vec
         return;
     }
 #endif
-    vertical_scalar(src, dst, ay, 0);
+    vertical_scalar(src, dst, ay);
 }
 
 /* Pillow's ImagingResampleInner for RGB, resizing to full_w x full_h and keeping the dst-sized window

@@ -8,6 +8,7 @@ Parameters are drawn once (``rrc_params``/``eval_geometry``), then applied deter
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -26,16 +27,13 @@ Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in pixel-edge coordina
 
 _resample = load_native("raypipe.kernels._resample")
 _PIL_FILTER = {"bilinear": 2, "bicubic": 3}
-_vertical_first: bool | None = None
 
 
+@functools.cache
 def _pillow_vertical_first() -> bool:
     """Whether the installed Pillow may start a resize with its vertical pass (Pillow >= 13, #9549):
     the pass order changes some bytes, and timm's images are whatever the installed Pillow makes."""
-    global _vertical_first
-    if _vertical_first is None:
-        _vertical_first = _pillow_major() >= 13
-    return _vertical_first
+    return _pillow_major() >= 13
 
 
 def _pillow_major() -> int:
@@ -263,8 +261,9 @@ def _opencv_resize(img: np.ndarray, box: Box, size: tuple[int, int], interpolati
     flags = CV2_INTERP[interpolation]
     direct = out is not None and out.flags.c_contiguous and out.shape == (oh, ow, 3) and out.dtype == np.uint8
     H, W = img.shape[:2]
-    if all(map(_integral, (x0, y0, x1, y1))) and 0 <= round(x0) < round(x1) <= W and 0 <= round(y0) < round(y1) <= H:
-        roi = _antialias(img[round(y0) : round(y1), round(x0) : round(x1)], sx, sy)
+    whole = _whole_pixel_box(img, (x0, y0, x1, y1))
+    if whole is not None:
+        roi = _antialias(img[whole[1] : whole[3], whole[0] : whole[2]], sx, sy)
         return cv2.resize(roi, (ow, oh), dst=out if direct else None, interpolation=flags)
     # Prefilter only the whole-pixel region the warp reads (one pixel of margin for the kernel).
     ix0, iy0 = max(0, int(math.floor(x0)) - 2), max(0, int(math.floor(y0)) - 2)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from raypipe.kernels.transform import sample_rng
+
 __all__ = ["BlockRngs"]
 
 # numpy/random/bit_generator.pyx (SeedSequence): pool of 4 uint32 words, hash constants, 16-bit xorshift
@@ -101,8 +103,6 @@ class BlockRngs:
 
     def get(self, i: int) -> np.random.Generator:
         if self._words is None:
-            from raypipe.kernels.transform import sample_rng
-
             return sample_rng(self.seed, self.epoch, int(self.ids[i]))
         state, inc = pcg64_state(self._words[i])
         self._bits.state = {
