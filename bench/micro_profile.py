@@ -258,8 +258,8 @@ def ray_null(args) -> None:
     """The pipeline's Ray Data shape (one object per 128-row block, tasks of 0.5 CPU, 4 at a time,
     blocks iterated in this process) with a stage that only allocates and touches its output: what Ray
     itself costs per block, split by process role."""
-    import psutil
     import pyarrow as pa
+    from pipeline_profile import _cpu_by_role  # bench/ is on sys.path when run as a script
 
     from raypipe.runtime import connect
 
@@ -276,13 +276,23 @@ def ray_null(args) -> None:
                             compute=ray.data.TaskPoolStrategy(size=4))  # fmt: skip
         ds.context.op_resource_reservation_enabled = False
         ds.context.enable_progress_bars = False
-        c0, t0, rows = _cpu_by_role(psutil), time.perf_counter(), 0
+        c0, t0, rows = _cpu_by_role(), time.perf_counter(), 0
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=4):
             rows += len(batch["sample_id"])
-        dt, c1 = time.perf_counter() - t0, _cpu_by_role(psutil)
-        per = {k: (c1[k] - c0.get(k, 0)) / (rows / b) * 1e3 for k in c1}
+        dt, c1 = time.perf_counter() - t0, _cpu_by_role()
+        per = {k: (c1[k] - c0.get(k, 0)) / (rows / b) * 1e3 for k in ("driver", "workers", "ray-daemons")}
         print(f"run {rep}: {rows / dt:5.0f} img/s, CPU ms per block: "
               + "  ".join(f"{k} {v:.1f}" for k, v in sorted(per.items())))  # fmt: skip
+    # the parts of a worker's share that are not Ray's task path, timed here in one process
+    from ray.data.block import BlockAccessor
+
+    rows_in = {"sample_id": np.arange(b), "label": np.zeros(b, np.int64)}
+    out = _null_stage(rows_in)
+    block = BlockAccessor.batch_to_block(out)
+    stage_ms = cpu_us(lambda: _null_stage(rows_in), 20) / 1e3
+    print(f"in one process, CPU ms per block: the stage (allocate + touch) {stage_ms:.1f}, "
+          f"batch_to_block {cpu_us(lambda: BlockAccessor.batch_to_block(out), 20) / 1e3:.1f}, "
+          f"ray.put {cpu_us(lambda: ray.put(block), 20) / 1e3:.1f}")  # fmt: skip
 
 
 def _null_stage(batch: dict) -> dict:
@@ -292,21 +302,6 @@ def _null_stage(batch: dict) -> dict:
     empty = np.full(n, "", object)
     return {"image": images, "label": np.asarray(batch["label"], np.int64), "sample_id": batch["sample_id"],
             "ok": np.ones(n, bool), "reason": empty, "detail": empty, "path": empty}  # fmt: skip
-
-
-def _cpu_by_role(psutil) -> dict[str, float]:
-    me, out = os.getpid(), {}
-    for p in psutil.process_iter(["cmdline"]):
-        line = " ".join(p.info["cmdline"] or [])
-        if p.pid != me and "ray" not in line:
-            continue
-        role = "driver" if p.pid == me else ("workers" if "ray::" in line else "ray-daemons")
-        try:
-            t = p.cpu_times()
-        except psutil.Error:
-            continue
-        out[role] = out.get(role, 0.0) + t.user + t.system
-    return out
 
 
 def main() -> None:

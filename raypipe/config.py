@@ -179,7 +179,7 @@ def auto_block_size(batch_size: int) -> int:
     """Rows per Ray block for a batch size: the smallest multiple of it that is >= 128 for batches up
     to 256 (each batch is then a view of one block: no packing copy in the trainer process, measured
     -60 % of its CPU at batch 256), else the largest divisor in 128..256, else 256. Blocks stay within
-    128-256 rows: fewer pay Ray's per-task cost (~23 ms of CPU per block across its processes,
+    128-256 rows: fewer pay Ray's per-task cost (~23-27 ms of CPU per block across its processes,
     ``bench/micro_profile.py ray-null``) too often, more delay the first batch at every epoch start:
     256-row blocks at batch 128 ran long stretches 6.7 % faster on 2 cores but made the bench's
     first batch 2-2.5x slower (see bench/NOTES.md, sixth session), so long epochs may want
@@ -204,7 +204,7 @@ class PipelineConfig:
     # writes). Measured on 2 cores, 64-row blocks: 1 CPU each 780 img/s at 65 % CPU; 0.5 CPU 970 at 90 %.
     cpus_per_actor: float = 0.5
     compute: str = "tasks"  # "tasks": stateless Ray tasks on warm workers; "actors": ActorPoolStrategy
-    # Rows per Ray block, i.e. per augmentation task. Ray's per-task cost is ~23 ms of CPU: 32-row
+    # Rows per Ray block, i.e. per augmentation task. Ray's per-task cost is ~23-27 ms of CPU: 32-row
     # blocks ran at 550 img/s, 64 at 970, 128 at 1100-1200 (2 cores, 224 px; 256 +6.7 % over 128 with
     # the sixth session's kernel, at the price of slower epoch starts). None: ``auto_block_size``
     # (a multiple of the batch size where it can be, so the consumer packs batches without copying).
