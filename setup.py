@@ -16,6 +16,10 @@ vector: same bytes as Pillow, ~2x faster. Without it Pillow runs them.
 exact arithmetic (AVX2 where the CPU has it): the crop-and-resize of every training image,
 1.6-2.1x faster (bilinear) than the OpenCV approximation it replaces and the same bytes as timm's Pillow
 path. Without it OpenCV approximates Pillow's filter (mean error <= 2 levels, tested).
+
+``raypipe.kernels._colorops`` runs timm's auto-augment colour ops (point tables, blends, Sharpness's
+3x3 filter) on arrays with Pillow's arithmetic, so a policy never converts to PIL images: the same
+bytes as timm's ops on Pillow. Without it the policies run on PIL images.
 """
 
 from setuptools import Extension, setup
@@ -39,14 +43,22 @@ setup(
         Extension(
             "raypipe.kernels._warp",
             ["raypipe/kernels/_warp.c"],
-            # no contraction: Pillow's x86-64 build rounds each multiply and add separately
-            extra_compile_args=["-O2", "-ffp-contract=off"],
+            # no contraction: Pillow's x86-64 build rounds each multiply and add separately. -O3: 12 %
+            # faster than -O2 here (bench/NOTES.md, seventh session); still IEEE arithmetic throughout
+            extra_compile_args=["-O3", "-ffp-contract=off"],
             optional=True,
         ),
         Extension(
             "raypipe.kernels._resample",
             ["raypipe/kernels/_resample.c"],
             # no contraction: the filter weights must round as in Pillow's x86-64 build
+            extra_compile_args=["-O2", "-ffp-contract=off"],
+            optional=True,
+        ),
+        Extension(
+            "raypipe.kernels._colorops",
+            ["raypipe/kernels/_colorops.c"],
+            # no contraction: the blends and the 3x3 filter must round as in Pillow's x86-64 build
             extra_compile_args=["-O2", "-ffp-contract=off"],
             optional=True,
         ),

@@ -13,7 +13,8 @@
 #   _jpegregion.cpython-XY-x86_64-linux-gnu.so   the partial-decode extension for that Python, with
 #                libjpeg-turbo linked in statically (that machine may lack libjpeg.so.62), if
 #                python$PYVER's headers and /usr/lib/x86_64-linux-gnu/libjpeg.a exist
-#   _warp.*.so, _resample.*.so, _affine.*.so   the auto-augment warp, resize and CPU normalise extensions for that Python
+#   _warp.*.so, _resample.*.so, _colorops.*.so, _affine.*.so   the auto-augment warp, resize, auto-augment colour ops
+#                                               and CPU normalise extensions for that Python
 set -euo pipefail
 PYVER=${1:-3.12}
 TAG=cp${PYVER/./}
@@ -84,9 +85,10 @@ else
     echo "no python$PYVER headers or no $LIBJPEG: skipping the extension (whole-image decodes there)"
 fi
 if [ -n "$INC" ]; then  # the extensions without a library: auto-augment warps, resize, CPU normalise
-    echo "_warp, _resample and _affine for CPython $PYVER"
-    for ext in _warp _resample; do
-        gcc -shared -fPIC -O2 -ffp-contract=off -I"$INC" "$ROOT/raypipe/kernels/$ext.c" \
+    echo "_warp, _resample, _colorops and _affine for CPython $PYVER"
+    for ext in _warp _resample _colorops; do  # setup.py's flags: -O3 for _warp
+        opt=-O2; [ "$ext" = _warp ] && opt=-O3
+        gcc -shared -fPIC $opt -ffp-contract=off -I"$INC" "$ROOT/raypipe/kernels/$ext.c" \
             -o "$OUT/$ext.cpython-${PYVER/./}-x86_64-linux-gnu.so"
     done
     gcc -shared -fPIC -O3 -ffp-contract=off -I"$INC" "$ROOT/raypipe/device/_affine.c" \

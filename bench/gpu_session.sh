@@ -11,7 +11,7 @@
 # Where the machine lacks Ray and simplejpeg and has no package index, put a bundle in .devcarry/
 # (bench/devcarry_build.sh builds it; the device tool's run needs carry [".devcarry"]) and it is
 # installed into /tmp/site first: ray.tar.xz (the ray package), wheels/*.whl (what else is missing),
-# optionally _jpegregion.*.so, _warp.*.so, _resample.*.so and _affine.*.so built for that Python, photos/
+# optionally _jpegregion.*.so, _warp.*.so, _resample.*.so, _colorops.*.so and _affine.*.so built for that Python, photos/
 # (scikit-image's sample photos).
 set -u
 OUT=${OUT:-/tmp/raypipe-gpu}
@@ -34,7 +34,7 @@ if ! python3 -c "import ray, simplejpeg" 2>/dev/null && [ -f .devcarry/ray.tar.x
     rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf .devcarry/ray.tar.xz -C /tmp/site &&
         python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .devcarry/wheels/*.whl ||
         { echo "installing the carried bundle failed"; exit 99; }
-    cp .devcarry/_jpegregion.*.so .devcarry/_warp.*.so .devcarry/_resample.*.so raypipe/kernels/ 2>/dev/null || true
+    cp .devcarry/_jpegregion.*.so .devcarry/_warp.*.so .devcarry/_resample.*.so .devcarry/_colorops.*.so raypipe/kernels/ 2>/dev/null || true
     cp .devcarry/_affine.*.so raypipe/device/ 2>/dev/null || true
     export PYTHONPATH=/tmp/site:$PWD
     echo "carried bundle installed in $(($(date +%s) - t0)) s"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from raypipe.kernels import autoaug
+from raypipe.kernels import aa_arrays, autoaug
 
 BILINEAR, BICUBIC = Image.Resampling.BILINEAR, Image.Resampling.BICUBIC
 needs_warp = pytest.mark.skipif(autoaug._warp is None, reason="the _warp C extension is not built")
@@ -111,6 +111,7 @@ def test_extension_rejects_bad_arguments():
     ],
 )
 def test_policies_give_the_same_images_as_with_pillow_alone(monkeypatch, sample_photo, policy, interpolation):
+    """Through the C warps (on array images, or PIL images for AugMix) and with Pillow running every op."""
     img = sample_photo
     mean = (0.485, 0.456, 0.406)
     fast = autoaug.build_auto_augment(policy, (224, 224), mean, interpolation)
@@ -125,9 +126,12 @@ def test_policies_give_the_same_images_as_with_pillow_alone(monkeypatch, sample_
                 return real.affine_rgb(*args)
 
         monkeypatch.setattr(autoaug, "_warp", Counting())
+        monkeypatch.setattr(aa_arrays, "_warp", autoaug._warp)
     got = [autoaug.apply_auto_augment(fast, img, seed) for seed in range(80)]
-    monkeypatch.setattr(autoaug, "_warp", None)
+    for module, name in ((autoaug, "_warp"), (aa_arrays, "_warp"), (aa_arrays, "_colorops")):
+        monkeypatch.setattr(module, name, None)
     slow = autoaug.build_auto_augment(policy, (224, 224), mean, interpolation)
+    assert not slow._raypipe_arrays
     want = [autoaug.apply_auto_augment(slow, img, seed) for seed in range(80)]
     for seed, (g, w) in enumerate(zip(got, want, strict=True)):
         assert np.array_equal(g, w), f"seed {seed}"

@@ -1,15 +1,17 @@
-"""timm's AutoAugment / RandAugment / AugMix, reused as they are (on PIL images), seeded from our generator.
+"""timm's AutoAugment / RandAugment / AugMix, reused as they are, seeded from our generator.
 
 timm's policies draw from Python's ``random`` and NumPy's global generator. Right before each call we
 seed both from the sample's generator, so the result depends only on (seed, epoch, sample_id). That
 makes a transform using them **not thread-safe** (one transform per process, as Ray workers run them).
 
-Their geometric ops (rotate, shear, translate) end in Pillow's ``Image.transform(AFFINE)``, the
-costliest part of a policy (~1 ms per applied op at 224 px, bilinear). The images the ops see are a
-``PIL.Image.Image`` subclass whose ``transform`` runs such warps (RGB, bilinear or bicubic) in the
-optional C extension ``_warp``: Pillow's own arithmetic, so the same bytes (tested against Pillow),
-~2x faster with AVX2 (a rand-m9 policy 617 -> 443 µs per 224 px image bilinear, 1064 -> 701 bicubic).
-Anything else goes to Pillow.
+RandAugment and AutoAugment policies whose ops all have array versions (timm's standard ops; see
+:mod:`raypipe.kernels.aa_arrays`) run on the array itself: timm's policy object draws as always, the
+colour ops are Pillow's arithmetic in the ``_colorops`` extension and the geometric ops timm's own
+functions on an array image, so the bytes are timm's on Pillow without a single PIL image (a rand-m9
+policy ~470 -> ~150 µs per 224 px image). Other policies (AugMix, custom ops) and builds without
+``_colorops`` run on PIL images; there the geometric ops' ``Image.transform`` (rotate, shear, translate:
+~1 ms per applied op at 224 px, bilinear) still runs in the ``_warp`` extension with Pillow's own
+arithmetic, through a ``PIL.Image.Image`` subclass.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-import math
+import logging
 import os
 import random
 import sys
@@ -25,7 +27,9 @@ import sys
 import numpy as np
 from PIL import Image, ImageOps
 
-from raypipe._native import load_native
+from raypipe.kernels import aa_arrays
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["aa_hparams", "build_auto_augment", "apply_auto_augment", "jitter_enabled"]
 
@@ -89,7 +93,7 @@ def build_auto_augment(policy: str, input_size: tuple[int, int], mean: tuple[flo
     else:
         op = timm_aa.auto_augment_transform(policy, hp)
     _patch_posterize(op)
-    _patch_fast_affine(op)
+    _patch_ops(op, timm_aa)
     return op
 
 
@@ -126,12 +130,19 @@ def apply_auto_augment(op, img: np.ndarray, seed: int) -> np.ndarray:
     """Run timm's ``op`` on an RGB uint8 array with ``random`` and NumPy's global RNG seeded by ``seed``."""
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
+    if getattr(op, "_raypipe_arrays", False):
+        try:
+            return op(aa_arrays.ArrayImage(np.ascontiguousarray(img))).array
+        except AttributeError as e:  # a newer timm/Pillow reached past ArrayImage's interface
+            op._raypipe_arrays = False
+            logger.warning("auto-augment ops fall back to PIL images (%s): same images, slower", e)
+            random.seed(seed)
+            np.random.seed(seed & 0xFFFFFFFF)
     out = op(_fast_affine_image(Image.fromarray(img, "RGB")))
     return np.asarray(out.convert("RGB") if out.mode != "RGB" else out)
 
 
-_warp = load_native("raypipe.kernels._warp")  # None when not built: Pillow runs every warp
-_FAST_FILTERS = (Image.Resampling.BILINEAR, Image.Resampling.BICUBIC)
+_warp = aa_arrays._warp  # None when not built: Pillow runs every warp of a PIL image
 
 
 class _FastAffineImage(Image.Image):
@@ -152,49 +163,39 @@ def _fast_affine_image(img: Image.Image) -> Image.Image:
     return img
 
 
-def _fill_bytes(fillcolor) -> bytes | None:
-    if fillcolor is None:
-        return b"\0\0\0"  # Pillow zero-fills when no colour is given
-    if isinstance(fillcolor, (tuple, list)) and len(fillcolor) == 3:
-        if all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255 for v in fillcolor):
-            return bytes(fillcolor)
-    return None  # colour names, single numbers, floats: Pillow's parsing decides
-
-
 def _affine_in_c(img: Image.Image, size, method, data, resample, fillcolor) -> Image.Image | None:
     """Pillow's ``img.transform(size, AFFINE, data, resample, fillcolor=fillcolor)`` through ``_warp``,
     or None when the call is not one it reproduces exactly (then Pillow runs it)."""
-    if _warp is None or img.mode != "RGB" or method != Image.Transform.AFFINE or resample not in _FAST_FILTERS:
+    if _warp is None or img.mode != "RGB":
         return None
-    fill = _fill_bytes(fillcolor)
-    try:
-        coeffs = [float(v) for v in list(data)[:6]]
-        w, h = size
-    except (TypeError, ValueError):
-        return None
-    if len(coeffs) != 6 or not all(math.isfinite(v) for v in coeffs) or fill is None:
-        return None
-    if not (isinstance(w, int) and isinstance(h, int) and w >= 1 and h >= 1):
-        return None  # Pillow's own handling (or error) for anything but a positive int size
-    out = np.empty((h, w, 3), np.uint8)
-    _warp.affine_rgb(img.tobytes(), img.width, img.height, out, w, h, *coeffs, int(resample), fill)
-    return _fast_affine_image(Image.fromarray(out, "RGB"))
+    out = aa_arrays.affine_array(np.asarray(img), size, method, data, resample, fillcolor)
+    return None if out is None else _fast_affine_image(Image.fromarray(out, "RGB"))
 
 
-def _patch_fast_affine(op) -> None:
-    """Hand every op of ``op`` (RandAugment, AutoAugment, AugMix) a ``_FastAffineImage``: a policy's
-    second op gets the first one's output, which Pillow's colour ops return as a plain image."""
-    if _warp is None:
-        return
+def _patch_ops(op, timm_aa) -> None:
+    """Give every op of ``op`` (RandAugment, AutoAugment, AugMix) a function that takes both image kinds:
+    an ``ArrayImage`` goes to the op's array version, a PIL image to timm's function as a
+    ``_FastAffineImage`` (a policy's second op gets the first one's output, which Pillow's colour ops
+    return as a plain image). ``op._raypipe_arrays`` says whether the whole policy can run on arrays."""
+    table = aa_arrays.array_ops(timm_aa, _posterize) if aa_arrays.available() else {}
+    ready = type(op) in (getattr(timm_aa, "RandAugment", None), getattr(timm_aa, "AutoAugment", None))
     for o in _ops(op):
-        if hasattr(o, "aug_fn") and not getattr(o.aug_fn, "_raypipe_fast_affine", False):
-            o.aug_fn = _on_fast_image(o.aug_fn)
+        fn = getattr(o, "aug_fn", None)
+        if fn is None or getattr(fn, "_raypipe_dual", False):
+            ready = False
+            continue
+        array_fn = table.get(fn)
+        ready = ready and array_fn is not None
+        o.aug_fn = _dual(fn, array_fn)
+    op._raypipe_arrays = ready and bool(_ops(op))
 
 
-def _on_fast_image(fn):
+def _dual(fn, array_fn):
     @functools.wraps(fn)
     def run(img, *args, **kwargs):
+        if isinstance(img, aa_arrays.ArrayImage):
+            return array_fn(img, *args, **kwargs)
         return fn(_fast_affine_image(img), *args, **kwargs)
 
-    run._raypipe_fast_affine = True
+    run._raypipe_dual = True
     return run
