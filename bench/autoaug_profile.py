@@ -1,10 +1,13 @@
 """Auto-augment costs, CPU µs per 224 px image: one affine warp through Pillow, through the C extension
-``raypipe.kernels._warp`` (scalar and AVX2 loops), and whole timm policies with and without it.
+``raypipe.kernels._warp`` (scalar, AVX2 and the fastest loops the CPU has: AVX-512 for bilinear), and whole
+timm policies with and without it.
 
     python bench/autoaug_profile.py [--policy rand-m9-mstd0.5-inc1] [--seeds 400]
 
 The policy rows apply the policy to one photo (skimage's astronaut) under ``--seeds`` different seeds,
-so each op is drawn as often as in training; bench/NOTES.md (fifth session) has the figures.
+so each op is drawn as often as in training: on arrays (raypipe's path with both extensions built), on PIL
+images with the C warps (policies with ops that have no array version), and Pillow alone. bench/NOTES.md
+(fifth and seventh sessions) has the figures.
 """
 
 from __future__ import annotations
@@ -41,29 +44,41 @@ def main() -> None:
         row = f"  {name:8s} Pillow {pil:6.0f}"
         if warp is not None:
             call = lambda f=flt: warp.affine_rgb(src, 224, 224, out, 224, 224, *a, int(f), b"\0\0\0")
-            warp.set_vector(False)
-            scalar = cpu_us(call, args.reps)
-            vector = f"AVX2 {cpu_us(call, args.reps):6.0f}" if warp.set_vector(True) else "no AVX2"
-            row += f"   C scalar {scalar:6.0f}   C {vector}"
+            for level, label in ((0, "C scalar"), (2, "C AVX2"), (1, "C fastest")):
+                on = warp.set_vector(level)
+                if level == 0 or on:
+                    path = f" ({warp.vector_path()})" if level == 1 else ""
+                    row += f"   {label}{path} {cpu_us(call, args.reps):6.0f}"
+            warp.set_vector(1)
         print(row)
     if warp is None:
         print("  (the _warp extension is not built: Pillow only)")
 
     print(f"policy {args.policy}, CPU µs per image over {args.seeds} seeds")
+    from raypipe.kernels import aa_arrays
+
+    colorops = aa_arrays._colorops
+    setups = {  # (autoaug._warp, aa_arrays._warp, aa_arrays._colorops)
+        "on arrays": (warp, warp, colorops),  # what raypipe runs when both extensions are built
+        "PIL images + _warp": (warp, warp, None),
+        "Pillow only": (None, None, None),
+    }
     for interp in ("bilinear", "bicubic"):
-        figures = []
-        for use_c in (True, False):
-            autoaug._warp = warp if use_c else None
+        row = f"  {interp:8s}"
+        for label, (w1, w2, ops) in setups.items():
+            if label != "Pillow only" and (w1 is None or (label == "on arrays" and ops is None)):
+                row += f"   {label}    n/a"
+                continue
+            autoaug._warp, aa_arrays._warp, aa_arrays._colorops = w1, w2, ops
             try:
                 op = autoaug.build_auto_augment(args.policy, (224, 224), (0.485, 0.456, 0.406), interp)
                 start = time.thread_time()
                 for seed in range(args.seeds):
                     autoaug.apply_auto_augment(op, photo, seed)
-                figures.append((time.thread_time() - start) / args.seeds * 1e6)
+                row += f"   {label} {(time.thread_time() - start) / args.seeds * 1e6:6.0f}"
             finally:
-                autoaug._warp = warp
-        with_c = f"{figures[0]:6.0f}" if warp is not None else "   n/a"
-        print(f"  {interp:8s} with _warp {with_c}   Pillow only {figures[1]:6.0f}")
+                autoaug._warp, aa_arrays._warp, aa_arrays._colorops = warp, warp, colorops
+        print(row)
 
 
 if __name__ == "__main__":

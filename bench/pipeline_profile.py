@@ -5,6 +5,7 @@ Reproduces the pipeline rows of bench/NOTES.md::
     python bench/pipeline_profile.py DATA --block-size 64 --cpus-per-actor 1      # 1 worker per core
     python bench/pipeline_profile.py DATA --block-size 128|256                    # 256: the default at batch 128
     python bench/pipeline_profile.py DATA --device-loader                          # + CPU DeviceLoader
+    python bench/pipeline_profile.py DATA --device-loader --auto-augment rand-m9-mstd0.5-inc1
     python bench/pipeline_profile.py --normalise                                   # the CPU trainer side only
     python bench/pipeline_profile.py DATA -b 256 --block-size 128|256              # packing copy or views
     python bench/pipeline_profile.py --take                                        # np.take "raise" vs "clip"
@@ -51,7 +52,8 @@ def profile_pipeline(args: argparse.Namespace) -> None:
         num_actors=args.num_actors,
         worker_nice=args.worker_nice,
     )
-    pipe = Pipeline(args.data, TrainAugment(input_size=args.img_size, color_jitter=None), config=cfg)
+    aug = TrainAugment(input_size=args.img_size, color_jitter=None, auto_augment=args.auto_augment)
+    pipe = Pipeline(args.data, aug, config=cfg)
     source = EpochSource(pipe, warm_next=not args.no_warm, end_epoch=args.epochs)
     it = DeviceLoader(source, device="cpu", img_dtype=args.img_dtype) if args.device_loader else source
     for epoch in range(args.epochs):
@@ -229,6 +231,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("-b", "--batch-size", type=int, default=128)
     p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--auto-augment", help="a timm policy, e.g. rand-m9-mstd0.5-inc1 (default: none)")
     p.add_argument("--block-size", type=int, help="rows per block (default: raypipe's auto_block_size)")
     p.add_argument("--cpus-per-actor", type=float, default=0.5)
     p.add_argument("--num-actors", type=int)
