@@ -335,40 +335,81 @@ static inline __attribute__((target("avx2"))) __m128i pack8(__m256i acc) {
     return _mm_packus_epi16(w16, w16);
 }
 
-/* 16 bytes of a row per step, then 8, then the scalar tail. Reads exactly the bytes it writes. */
-__attribute__((target("avx2"))) static void vertical_avx2(const Plane *src, const Plane *dst, const Axis *ay) {
-    int bytes = dst->w * 3;
+/* Bytes [x, bytes) of one output row: 16 per step, then 8, then the scalar tail. Reads exactly the bytes
+ * it writes. */
+__attribute__((target("avx2"))) static void vertical_row_avx2(const uint8_t *s, Py_ssize_t stride, const int32_t *k,
+                                                               int n, uint8_t *d, int x, int bytes) {
     int vec_end = bytes & ~7;
+    for (; x + 16 <= bytes; x += 16) {
+        __m256i a0 = _mm256_set1_epi32(HALF), a1 = a0;
+        for (int y = 0; y < n; y++) {
+            const uint8_t *row = s + y * stride + x;
+            __m256i kv = _mm256_set1_epi32(k[y]);
+            a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)row)), kv));
+            a1 = _mm256_add_epi32(a1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + 8))), kv));
+        }
+        _mm_storeu_si128((__m128i *)(d + x), _mm_unpacklo_epi64(pack8(a0), pack8(a1)));
+    }
+    for (; x < vec_end; x += 8) {
+        __m256i a0 = _mm256_set1_epi32(HALF);
+        for (int y = 0; y < n; y++) {
+            const uint8_t *row = s + y * stride + x;
+            a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)row)),
+                                                         _mm256_set1_epi32(k[y])));
+        }
+        _mm_storel_epi64((__m128i *)(d + x), pack8(a0));
+    }
+    row_scalar(s, stride, k, n, d, x, bytes);
+}
+
+__attribute__((target("avx2"))) static void vertical_avx2(const Plane *src, const Plane *dst, const Axis *ay) {
+    for (int yy = 0; yy < ay->n; yy++)
+        vertical_row_avx2(src->p + ay->start[yy] * src->stride, src->stride, ay->k + (size_t)yy * ay->stride,
+                          ay->count[yy], dst->p + yy * dst->stride, 0, dst->w * 3);
+}
+
+/* The vertical pass with AVX-512 (where the CPU has it): 32 bytes per step, the same integer sums, so
+ * the same bytes; the pass ~1.5x faster here. (A horizontal pass with four pixels per vector was no
+ * faster: its loads and byte shuffles all go to one execution port, as the AVX2 pass's do.) */
+#define AVX512 __attribute__((target("avx2,avx512f,avx512vl,avx512bw,avx512dq")))
+
+/* 16 int32 sums -> 16 bytes clamped to [0, 255], as pack8's two saturating packs */
+static inline AVX512 __attribute__((always_inline)) __m128i clamp_bytes(__m512i v) {
+    return _mm512_cvtusepi32_epi8(_mm512_max_epi32(v, _mm512_setzero_si512()));
+}
+
+/* 32 bytes of a row per step; the rest of the row with AVX2 */
+AVX512 static void vertical_avx512(const Plane *src, const Plane *dst, const Axis *ay) {
+    int bytes = dst->w * 3;
     for (int yy = 0; yy < ay->n; yy++) {
         const int32_t *k = ay->k + (size_t)yy * ay->stride;
         const uint8_t *s = src->p + ay->start[yy] * src->stride;
         uint8_t *d = dst->p + yy * dst->stride;
         int n = ay->count[yy], x = 0;
-        for (; x + 16 <= bytes; x += 16) {
-            __m256i a0 = _mm256_set1_epi32(HALF), a1 = a0;
+        for (; x + 32 <= bytes; x += 32) {
+            __m512i a0 = _mm512_set1_epi32(HALF), a1 = a0;
             for (int y = 0; y < n; y++) {
                 const uint8_t *row = s + y * src->stride + x;
-                __m256i kv = _mm256_set1_epi32(k[y]);
-                a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)row)), kv));
-                a1 = _mm256_add_epi32(a1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + 8))), kv));
+                __m512i kv = _mm512_set1_epi32(k[y]);
+                a0 = _mm512_add_epi32(a0, _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)row)), kv));
+                a1 = _mm512_add_epi32(a1, _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + 16))), kv));
             }
-            _mm_storeu_si128((__m128i *)(d + x), _mm_unpacklo_epi64(pack8(a0), pack8(a1)));
+            _mm_storeu_si128((__m128i *)(d + x), clamp_bytes(_mm512_srai_epi32(a0, PRECISION_BITS)));
+            _mm_storeu_si128((__m128i *)(d + x + 16), clamp_bytes(_mm512_srai_epi32(a1, PRECISION_BITS)));
         }
-        for (; x < vec_end; x += 8) {
-            __m256i a0 = _mm256_set1_epi32(HALF);
-            for (int y = 0; y < n; y++) {
-                const uint8_t *row = s + y * src->stride + x;
-                a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)row)),
-                                                             _mm256_set1_epi32(k[y])));
-            }
-            _mm_storel_epi64((__m128i *)(d + x), pack8(a0));
-        }
-        row_scalar(s, src->stride, k, n, d, x, bytes);
+        vertical_row_avx2(s, src->stride, k, n, d, x, bytes);
     }
 }
 #endif
 
-static int use_avx2 = 0;
+static int use_avx2 = 0, use_avx512 = 0;
+
+#ifdef HAVE_AVX2_VARIANT
+static int avx512_usable(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+}
+#endif
 
 /* The horizontal pass over rows [row0, row0 + rows) of src into dst, vectorised where it can be.
  * `last_row_unsafe`: the byte after src's last row may lie outside the array (see horizontal_avx2). */
@@ -394,6 +435,10 @@ static int horizontal(const Plane *src, int row0, int rows, const Plane *dst, co
 
 static void vertical(const Plane *src, const Plane *dst, const Axis *ay, int vector) {
 #ifdef HAVE_AVX2_VARIANT
+    if (vector && use_avx512) {
+        vertical_avx512(src, dst, ay);
+        return;
+    }
     if (vector) {
         vertical_avx2(src, dst, ay);
         return;
@@ -540,15 +585,21 @@ static PyObject *resample(PyObject *self, PyObject *args) {
 }
 
 static PyObject *set_vector(PyObject *self, PyObject *arg) {
-    /* for tests: turn the AVX2 passes off (0) or back on where the CPU has it (1); returns their state */
-    int want = PyObject_IsTrue(arg);
-    if (want < 0)
+    /* for tests and benchmarks: 0 (or False) the scalar passes, 1 (or True) the fastest vector passes the
+     * CPU has (the vertical pass on AVX-512, else AVX2), 2 AVX2 only; returns whether a vector path is on */
+    long level = PyLong_AsLong(arg);
+    if (level == -1 && PyErr_Occurred())
         return NULL;
 #ifdef HAVE_AVX2_VARIANT
     __builtin_cpu_init();
-    use_avx2 = want && __builtin_cpu_supports("avx2");
+    use_avx2 = level != 0 && __builtin_cpu_supports("avx2");
+    use_avx512 = level == 1 && avx512_usable();
 #endif
     return PyBool_FromLong(use_avx2);
+}
+
+static PyObject *vector_path(PyObject *self, PyObject *unused) {
+    return PyUnicode_FromString(use_avx512 ? "avx512" : use_avx2 ? "avx2" : "scalar");
 }
 
 static PyMethodDef methods[] = {
@@ -558,7 +609,9 @@ static PyMethodDef methods[] = {
      "at off_x, off_y), box (x0, y0, x1, y1), filter 2 (bilinear) or 3 (bicubic); the same bytes as Pillow "
      "(vertical_first_rule: Pillow >= 13's choice of the first pass). ValueError "
      "on arrays that are not HxWx3 uint8 with packed pixels, or a box outside src."},
-    {"set_vector", set_vector, METH_O, "set_vector(on) -> bool: use the AVX2 passes (where the CPU has them)."},
+    {"set_vector", set_vector, METH_O,
+     "set_vector(level) -> bool: 0 scalar, 1 the fastest vector passes the CPU has, 2 AVX2 only."},
+    {"vector_path", vector_path, METH_NOARGS, "vector_path() -> 'avx512', 'avx2' or 'scalar'."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -568,6 +621,7 @@ PyMODINIT_FUNC PyInit__resample(void) {
 #ifdef HAVE_AVX2_VARIANT
     __builtin_cpu_init();
     use_avx2 = __builtin_cpu_supports("avx2");
+    use_avx512 = avx512_usable();
 #endif
     return PyModule_Create(&module);
 }
