@@ -61,10 +61,23 @@ def test_whole_batches_of_a_big_block_are_views_and_the_rest_is_packed():
     assert [b["sample_id"].tolist() for b in out] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 12], [13, 14, 15, 16]]
     assert np.shares_memory(out[0]["image"], big["image"]) and np.shares_memory(out[1]["image"], big["image"])
     assert not np.shares_memory(out[2]["image"], big["image"])  # rows 8, 9 were copied into a new batch
-    # a block arriving while rows are pending is copied, not viewed: batch order stays the row order
     for b in out:
         assert b["image"].flags.c_contiguous and np.all(b["image"][:, 0, 0, 0] == b["sample_id"] % 251)
         assert b["label"].dtype == np.int64 and np.array_equal(b["label"], b["sample_id"] % 7)
+
+
+def test_clean_blocks_stay_views_while_rows_are_pending():
+    """A short block (an epoch's last) or a partly bad one leaves rows pending; the clean blocks after it
+    still pass as views, and the pending rows become one batch with later leftovers (or the last)."""
+    p = Packer(BatchSpec(4, (2, 3, 3)))
+    clean = [block(range(10 + 4 * k, 14 + 4 * k)) for k in range(3)]
+    out = run(p, [block([0, 1, 2], ok=[1, 0, 1]), *clean, block([30, 31])])
+    want = [[10, 11, 12, 13], [14, 15, 16, 17], [18, 19, 20, 21], [0, 2, 30, 31]]
+    assert [b["sample_id"].tolist() for b in out] == want
+    for b, blk in zip(out[:3], clean, strict=True):
+        assert np.shares_memory(b["image"], blk["image"])  # no copy behind the pending rows
+    assert np.all(out[3]["image"][:, 0, 0, 0] == out[3]["sample_id"] % 251)
+    assert np.array_equal(out[3]["label"], out[3]["sample_id"] % 7)
 
 
 def test_batches_do_not_share_buffers():

@@ -2,10 +2,11 @@
 
 Blocks arrive from Ray with any number of rows, some of them skip records. The packer keeps the
 good rows and emits batches of exactly ``batch_size`` (the last one partial unless ``drop_last``):
-``image`` uint8 (N, H, W, C) C-contiguous, ``label`` int64, ``sample_id`` int64. While nothing is
-pending, the whole clean batches at the start of a block are passed on as views of it, without a
-copy (so a block of k × batch_size clean rows costs the consumer no copy at all); other rows are
-copied into the pending batch.
+``image`` uint8 (N, H, W, C) C-contiguous, ``label`` int64, ``sample_id`` int64. The whole batches
+at the start of a clean block (every row good) are passed on as views of it, without a copy, also
+while rows of earlier blocks wait in the pending batch; other rows are copied into the pending batch.
+So one short or partly bad block costs one partial copy, not a copy of every block after it (blocks
+arrive in Ray's completion order, so the rows' order across blocks was never fixed anyway).
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ class Packer:
         ok = block["ok"]
         b = self.spec.batch_size
         start_row = 0
-        if self._fill == 0 and ok.all() and block["image"].flags.c_contiguous:
+        if ok.all() and block["image"].flags.c_contiguous:
             # Whole clean batches at the start of a block are views of it: no copy in this process.
+            # Pending rows stay pending: copying this block behind them would copy every block after.
             full = len(ok) // b
             for j in range(full):
                 rows = slice(j * b, (j + 1) * b)
