@@ -2,7 +2,7 @@
 ``raypipe.kernels._warp`` (scalar, AVX2 and the fastest loops the CPU has: AVX-512 for bilinear), and whole
 timm policies with and without it.
 
-    python bench/autoaug_profile.py [--policy rand-m9-mstd0.5-inc1] [--seeds 400]
+    python bench/autoaug_profile.py [--policy rand-m9-mstd0.5-inc1] [--seeds 400] [--per-op]
 
 The policy rows apply the policy to one photo (skimage's astronaut) under ``--seeds`` different seeds,
 so each op is drawn as often as in training: on arrays (raypipe's path with both extensions built), on PIL
@@ -26,6 +26,7 @@ def main() -> None:
     p.add_argument("--policy", default="rand-m9-mstd0.5-inc1")
     p.add_argument("--seeds", type=int, default=400)
     p.add_argument("--reps", type=int, default=40, help="warps per timing")
+    p.add_argument("--per-op", action="store_true", help="also each op of the policy, always applied")
     args = p.parse_args()
 
     from skimage import data
@@ -79,6 +80,47 @@ def main() -> None:
             finally:
                 autoaug._warp, aa_arrays._warp, aa_arrays._colorops = warp, warp, colorops
         print(row)
+    if args.per_op:
+        _per_op(args, photo)
+
+
+def _per_op(args, photo: np.ndarray) -> None:
+    """Each op of the (bilinear) policy applied every time, magnitudes drawn as in training: on PIL images
+    (the conversions in and out included, as apply_auto_augment pays them) and on arrays."""
+    import random
+
+    from raypipe.kernels import aa_arrays, autoaug
+
+    op = autoaug.build_auto_augment(args.policy, (224, 224), (0.485, 0.456, 0.406), "bilinear")
+    print(f"each op of {args.policy} (bilinear), applied every time, CPU µs per 224 px image")
+    for o in autoaug._ops(op):
+        prob, o.prob = o.prob, 1.0
+        try:
+            row = f"  {o.name:22s}"
+            for label, wrap in (("PIL images", _on_pil), ("arrays", _on_array)):
+                if label == "arrays" and not aa_arrays.available():
+                    continue
+                random.seed(0)
+                start = time.thread_time()
+                for _ in range(args.seeds // 4):
+                    wrap(o, photo)
+                row += f"   {label} {(time.thread_time() - start) / (args.seeds // 4) * 1e6:6.0f}"
+            print(row)
+        finally:
+            o.prob = prob
+
+
+def _on_pil(o, photo: np.ndarray) -> np.ndarray:
+    from raypipe.kernels import autoaug
+
+    out = o(autoaug._fast_affine_image(Image.fromarray(photo, "RGB")))
+    return np.asarray(out.convert("RGB") if out.mode != "RGB" else out)
+
+
+def _on_array(o, photo: np.ndarray) -> np.ndarray:
+    from raypipe.kernels import aa_arrays
+
+    return o(aa_arrays.ArrayImage(photo)).array
 
 
 if __name__ == "__main__":

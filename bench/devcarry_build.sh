@@ -86,9 +86,8 @@ else
 fi
 if [ -n "$INC" ]; then  # the extensions without a library: auto-augment warps, resize, CPU normalise
     echo "_warp, _resample, _colorops and _affine for CPython $PYVER"
-    for ext in _warp _resample _colorops; do  # setup.py's flags: -O3 for _warp
-        opt=-O2; [ "$ext" = _warp ] && opt=-O3
-        gcc -shared -fPIC $opt -ffp-contract=off -I"$INC" "$ROOT/raypipe/kernels/$ext.c" \
+    for ext in _warp _resample _colorops; do
+        gcc -shared -fPIC -O2 -ffp-contract=off -I"$INC" "$ROOT/raypipe/kernels/$ext.c" \
             -o "$OUT/$ext.cpython-${PYVER/./}-x86_64-linux-gnu.so"
     done
     gcc -shared -fPIC -O3 -ffp-contract=off -I"$INC" "$ROOT/raypipe/device/_affine.c" \
