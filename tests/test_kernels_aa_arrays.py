@@ -97,17 +97,7 @@ def test_geometric_ops_on_array_images_give_pillows_bytes():
 
 def _reference(policy: str, interpolation: str):
     """timm's policy object on Pillow alone (raypipe's posterize, which only differs at 0 bits)."""
-    hp = autoaug.aa_hparams((224, 224), MEAN, interpolation)
-    t = _timm()
-    if policy.startswith("rand"):
-        ref = t.rand_augment_transform(policy, hp)
-    elif policy.startswith("augmix"):
-        hp["translate_pct"] = 0.3
-        ref = t.augment_and_mix_transform(policy, hp)
-    else:
-        ref = t.auto_augment_transform(policy, hp)
-    autoaug._patch_posterize(ref)
-    return ref
+    return autoaug.timm_policy(policy, (224, 224), MEAN, interpolation)
 
 
 def _run_reference(ref, img: np.ndarray, seed: int) -> np.ndarray:

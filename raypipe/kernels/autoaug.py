@@ -82,7 +82,16 @@ def timm_auto_augment():
 
 
 def build_auto_augment(policy: str, input_size: tuple[int, int], mean: tuple[float, ...], interpolation: str):
-    """timm's policy object for ``policy`` (``rand-…``, ``augmix-…``, or an AutoAugment name)."""
+    """timm's policy object for ``policy`` (``rand-…``, ``augmix-…``, or an AutoAugment name), its ops
+    taking array images too (see the module docstring)."""
+    op = timm_policy(policy, input_size, mean, interpolation)
+    _patch_ops(op, timm_auto_augment())
+    return op
+
+
+def timm_policy(policy: str, input_size: tuple[int, int], mean: tuple[float, ...], interpolation: str):
+    """timm's policy object as ``transforms_imagenet_train`` builds it, on PIL images only (its posterize
+    made safe for 0 bits): what ``build_auto_augment``'s images must equal."""
     timm_aa = timm_auto_augment()
     hp = aa_hparams(input_size, mean, interpolation)
     if policy.startswith("rand"):
@@ -93,7 +102,6 @@ def build_auto_augment(policy: str, input_size: tuple[int, int], mean: tuple[flo
     else:
         op = timm_aa.auto_augment_transform(policy, hp)
     _patch_posterize(op)
-    _patch_ops(op, timm_aa)
     return op
 
 
