@@ -104,6 +104,26 @@ def test_non_contiguous_input_is_normalised_correctly(monkeypatch, path):
     assert (out.double() - reference_normalize(big)).abs().max().item() <= TOL[torch.float32]
 
 
+def test_streaming_and_plain_stores_give_the_same_bits():
+    """fp32 channels-last rows of a multiple of 8 values into 32-byte aligned memory take the streaming
+    loop; any other destination the plain one. Both must write the same bits."""
+    if norm._cext is None:
+        pytest.skip("the _affine C extension is not built")
+    src = _images(3, 7, 8).reshape(-1)  # rows of 8 x 3 = 24 values
+    mul = np.random.default_rng(1).uniform(0.01, 0.05, 24).astype(np.float32)
+    add = np.random.default_rng(2).uniform(-2.5, 2.5, 24).astype(np.float32)
+    raw = np.zeros(src.size * 4 + 128, np.uint8)
+    outs = []
+    for misalign in (0, 4):  # bytes past a 64-byte boundary
+        start = -raw.ctypes.data % 64 + misalign
+        dst = raw[start : start + src.size * 4].view(np.float32)
+        norm._cext.affine_u8(src, dst, mul, add, 1, 0)
+        outs.append(dst.copy())
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+    want = src.reshape(-1, 24).astype(np.float32) * mul + add  # numpy rounds each op: fused differs slightly
+    np.testing.assert_allclose(outs[0].reshape(-1, 24), want, rtol=1e-6, atol=1e-6)
+
+
 def test_extension_rejects_mismatched_buffers():
     if norm._cext is None:
         pytest.skip("the _affine C extension is not built")

@@ -141,6 +141,9 @@ class Staging:
         self.stream = None
 
 
+_ALIGN = 64
+
+
 class OutputPool:
     """Recycled CPU output buffers, reused only once nothing handed out still refers to them.
 
@@ -160,19 +163,21 @@ class OutputPool:
         return sys.getrefcount(self._buffers[i]) <= 2
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
-        """An uninitialised NCHW tensor of ``shape`` (channels_last memory if asked)."""
+        """An uninitialised NCHW tensor of ``shape`` (channels_last memory if asked), 64-byte aligned (the
+        normalise's streaming stores need 32)."""
         n, c, h, w = shape
         nbytes = n * c * h * w * dtype.itemsize
-        fits = (i for i in range(len(self._buffers)) if self._buffers[i].nbytes >= nbytes and self._free(i))
-        found = next(fits, None)
+        room = (i for i in range(len(self._buffers)) if self._buffers[i].nbytes >= nbytes + _ALIGN and self._free(i))
+        found = next(room, None)
         if found is None:
-            buf = np.empty(max(nbytes, 1), dtype=np.uint8)
+            buf = np.empty(max(nbytes, 1) + _ALIGN, dtype=np.uint8)
             self.allocations += 1
             if len(self._buffers) < self.capacity:
                 self._buffers.append(buf)
         else:
             buf = self._buffers[found]
-        flat = torch.from_numpy(buf)[:nbytes].view(dtype)
+        start = -buf.ctypes.data % _ALIGN
+        flat = torch.from_numpy(buf)[start : start + nbytes].view(dtype)
         if channels_last:
             return flat.view(n, h, w, c).permute(0, 3, 1, 2)
         return flat.view(n, c, h, w)
