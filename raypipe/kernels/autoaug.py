@@ -8,10 +8,11 @@ RandAugment and AutoAugment policies whose ops all have array versions (timm's s
 :mod:`raypipe.kernels.aa_arrays`) run on the array itself: timm's policy object draws as always, the
 colour ops are Pillow's arithmetic in the ``_colorops`` extension and the geometric ops timm's own
 functions on an array image, so the bytes are timm's on Pillow without a single PIL image (a rand-m9
-policy ~470 -> ~150 µs per 224 px image). Other policies (AugMix, custom ops) and builds without
-``_colorops`` run on PIL images; there the geometric ops' ``Image.transform`` (rotate, shear, translate:
-~1 ms per applied op at 224 px, bilinear) still runs in the ``_warp`` extension with Pillow's own
-arithmetic, through a ``PIL.Image.Image`` subclass.
+policy 400-419 -> 165-176 µs per 224 px image, ``bench/autoaug_profile.py``). Other policies (AugMix,
+custom ops) and builds without ``_colorops`` run on PIL images; there the geometric ops'
+``Image.transform`` (rotate, shear, translate: ~1 ms per applied op at 224 px in Pillow, bilinear)
+still runs in the ``_warp`` extension with Pillow's own arithmetic, through a ``PIL.Image.Image``
+subclass.
 """
 
 from __future__ import annotations
