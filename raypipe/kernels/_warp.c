@@ -475,9 +475,13 @@ static int use_avx2 = 0;
 static int use_avx512 = 0;
 
 #ifdef HAVE_AVX2_VARIANT
+/* AVX-512 where it does not slow the core down: Skylake-SP and Cascade Lake Xeons lower a core's clock
+ * while 512-bit floating-point code runs, which would tax the decode and resize around the warps; the
+ * CPUs since (Ice Lake, Sapphire Rapids, Zen 4) barely do. VBMI2 is the mark of those later ones. */
 static int avx512_usable(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vbmi2");
 }
 #endif
 
