@@ -43,6 +43,7 @@ setup(
         Extension(
             "raypipe.kernels._warp",
             ["raypipe/kernels/_warp.c"],
+            depends=["raypipe/kernels/_vector_level.h"],  # its vector-level policy, shared
             # no contraction: Pillow's x86-64 build rounds each multiply and add separately
             extra_compile_args=["-O2", "-ffp-contract=off"],
             optional=True,
@@ -50,6 +51,7 @@ setup(
         Extension(
             "raypipe.kernels._resample",
             ["raypipe/kernels/_resample.c"],
+            depends=["raypipe/kernels/_vector_level.h"],  # its vector-level policy, shared
             # no contraction: the filter weights must round as in Pillow's x86-64 build
             extra_compile_args=["-O2", "-ffp-contract=off"],
             optional=True,

@@ -402,18 +402,7 @@ AVX512 static void vertical_avx512(const Plane *src, const Plane *dst, const Axi
 }
 #endif
 
-static int use_avx2 = 0, use_avx512 = 0;
-
-#ifdef HAVE_AVX2_VARIANT
-/* AVX-512 where it does not slow the core down: Skylake-SP and Cascade Lake Xeons lower a core's clock
- * while 512-bit floating-point code runs, which would tax the decode and resize around the warps; the
- * CPUs since (Ice Lake, Sapphire Rapids, Zen 4) barely do. VBMI2 is the mark of those later ones. */
-static int avx512_usable(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vbmi2");
-}
-#endif
+#include "_vector_level.h"
 
 /* The horizontal pass over rows [row0, row0 + rows) of src into dst, vectorised where it can be.
  * `last_row_unsafe`: the byte after src's last row may lie outside the array (see horizontal_avx2). */
@@ -588,24 +577,6 @@ static PyObject *resample(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *set_vector(PyObject *self, PyObject *arg) {
-    /* for tests and benchmarks: 0 (or False) the scalar passes, 1 (or True) the fastest vector passes the
-     * CPU has (the vertical pass on AVX-512, else AVX2), 2 AVX2 only; returns whether a vector path is on */
-    long level = PyLong_AsLong(arg);
-    if (level == -1 && PyErr_Occurred())
-        return NULL;
-#ifdef HAVE_AVX2_VARIANT
-    __builtin_cpu_init();
-    use_avx2 = level != 0 && __builtin_cpu_supports("avx2");
-    use_avx512 = level == 1 && avx512_usable();
-#endif
-    return PyBool_FromLong(use_avx2);
-}
-
-static PyObject *vector_path(PyObject *self, PyObject *unused) {
-    return PyUnicode_FromString(use_avx512 ? "avx512" : use_avx2 ? "avx2" : "scalar");
-}
-
 static PyMethodDef methods[] = {
     {"resample", resample, METH_VARARGS,
      "resample(src, dst, x0, y0, x1, y1, filter, vertical_first_rule=True, full_w=0, full_h=0, off_x=0, off_y=0): "
@@ -613,19 +584,13 @@ static PyMethodDef methods[] = {
      "at off_x, off_y), box (x0, y0, x1, y1), filter 2 (bilinear) or 3 (bicubic); the same bytes as Pillow "
      "(vertical_first_rule: Pillow >= 13's choice of the first pass). ValueError "
      "on arrays that are not HxWx3 uint8 with packed pixels, or a box outside src."},
-    {"set_vector", set_vector, METH_O,
-     "set_vector(level) -> bool: 0 scalar, 1 the fastest vector passes the CPU has, 2 AVX2 only."},
-    {"vector_path", vector_path, METH_NOARGS, "vector_path() -> 'avx512', 'avx2' or 'scalar'."},
+    VECTOR_LEVEL_METHODS,
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_resample", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__resample(void) {
-#ifdef HAVE_AVX2_VARIANT
-    __builtin_cpu_init();
-    use_avx2 = __builtin_cpu_supports("avx2");
-    use_avx512 = avx512_usable();
-#endif
+    vector_level_init();
     return PyModule_Create(&module);
 }

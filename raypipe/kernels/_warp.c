@@ -471,19 +471,7 @@ AVX512 static void warp_avx512(const Source *s, uint8_t *out, int dw, int dh, co
 }
 #endif
 
-static int use_avx2 = 0;
-static int use_avx512 = 0;
-
-#ifdef HAVE_AVX2_VARIANT
-/* AVX-512 where it does not slow the core down: Skylake-SP and Cascade Lake Xeons lower a core's clock
- * while 512-bit floating-point code runs, which would tax the decode and resize around the warps; the
- * CPUs since (Ice Lake, Sapphire Rapids, Zen 4) barely do. VBMI2 is the mark of those later ones. */
-static int avx512_usable(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vbmi2");
-}
-#endif
+#include "_vector_level.h"
 
 static PyObject *affine_rgb(PyObject *self, PyObject *args) {
     Py_buffer src, dst, fill;
@@ -529,42 +517,18 @@ static PyObject *affine_rgb(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *set_vector(PyObject *self, PyObject *arg) {
-    /* for tests and benchmarks: 0 (or False) the scalar code, 1 (or True) the fastest vector code the CPU
-     * has (AVX-512, else AVX2), 2 AVX2 only; returns whether a vector path is on */
-    long level = PyLong_AsLong(arg);
-    if (level == -1 && PyErr_Occurred())
-        return NULL;
-#ifdef HAVE_AVX2_VARIANT
-    __builtin_cpu_init();
-    use_avx2 = level != 0 && __builtin_cpu_supports("avx2");
-    use_avx512 = level == 1 && avx512_usable();
-#endif
-    return PyBool_FromLong(use_avx2);
-}
-
-static PyObject *vector_path(PyObject *self, PyObject *unused) {
-    return PyUnicode_FromString(use_avx512 ? "avx512" : use_avx2 ? "avx2" : "scalar");
-}
-
 static PyMethodDef methods[] = {
     {"affine_rgb", affine_rgb, METH_VARARGS,
      "affine_rgb(src, src_w, src_h, dst, dst_w, dst_h, a0, a1, a2, a3, a4, a5, filter, fill): Pillow's "
      "AFFINE transform of a packed RGB uint8 image with filter 2 (bilinear) or 3 (bicubic); points outside "
      "the source get the 3 bytes of fill. ValueError on mismatched sizes or a non-finite matrix."},
-    {"set_vector", set_vector, METH_O,
-     "set_vector(level) -> bool: 0 scalar, 1 the fastest vector loops the CPU has, 2 AVX2 only."},
-    {"vector_path", vector_path, METH_NOARGS, "vector_path() -> 'avx512', 'avx2' or 'scalar'."},
+    VECTOR_LEVEL_METHODS,
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_warp", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__warp(void) {
-#ifdef HAVE_AVX2_VARIANT
-    __builtin_cpu_init();
-    use_avx2 = __builtin_cpu_supports("avx2");
-    use_avx512 = avx512_usable();
-#endif
+    vector_level_init();
     return PyModule_Create(&module);
 }
