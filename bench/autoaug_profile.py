@@ -101,10 +101,7 @@ def _per_op(args, photo: np.ndarray) -> None:
                 if label == "arrays" and not aa_arrays.available():
                     continue
                 random.seed(0)
-                start = time.thread_time()
-                for _ in range(args.seeds // 4):
-                    wrap(o, photo)
-                row += f"   {label} {(time.thread_time() - start) / (args.seeds // 4) * 1e6:6.0f}"
+                row += f"   {label} {cpu_us(lambda w=wrap, o=o: w(o, photo), args.seeds // 4):6.0f}"
             print(row)
         finally:
             o.prob = prob
