@@ -254,3 +254,53 @@ def test_worker_nice_applies_to_the_stage_thread_only(ray_local, sample_dir):
     assert all(t.get(pid, 0) == 0 for pid, t in threads.items())  # every worker's main thread untouched
     # ... so the workers Ray hands to later tasks of the job run them at normal priority
     assert set(ray_local.get([niceness.remote() for _ in range(8)])) == {0}
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes hold the later blocks back")
+def test_first_block_is_handed_out_before_later_blocks_finish(ray_local, sample_dir, tmp_path):
+    """An epoch's first block reaches the consumer while the other blocks are still running (Ray Data
+    fills its prefetch window before handing out anything: a window of 4 held the first batch of a
+    cold epoch until four blocks had finished). Blocks 1-3 read named pipes that only get their bytes
+    once the first batch has arrived, so a consumer waiting for them would never see it."""
+    import threading
+
+    jpegs = sorted(sample_dir.rglob("*.jpg"))[:4]
+    lines = ["path,label"]
+    for i, f in enumerate(jpegs):
+        shutil.copy(f, tmp_path / f"good{i}.jpg")
+        lines.append(f"good{i}.jpg,0")
+    pipes = [tmp_path / f"held{i}.jpg" for i in range(12)]
+    for p in pipes:
+        os.mkfifo(p)
+        lines.append(f"{p.name},1")
+    (tmp_path / "m.csv").write_text("\n".join(lines) + "\n")
+    cfg = PipelineConfig(batch_size=4, block_size=4, shuffle=False, prefetch_blocks=4, num_actors=4)
+    run = Pipeline(str(tmp_path / "m.csv"), AUG, config=cfg).epoch(0)
+    batches, first_seen, failed = [], threading.Event(), []
+
+    def consume():
+        try:
+            for b in run:
+                batches.append(b)
+                first_seen.set()
+        except BaseException as e:  # noqa: BLE001 - reported by the test below
+            failed.append(e)
+            first_seen.set()
+
+    def release(p):
+        with open(p, "wb") as f:  # blocks until a task opens the pipe to read it
+            f.write(jpegs[0].read_bytes())
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    try:
+        arrived = first_seen.wait(60)
+        assert arrived and not failed, failed
+        assert [int(i) for i in batches[0]["sample_id"]] == [0, 1, 2, 3]
+    finally:
+        writers = [threading.Thread(target=release, args=(p,), daemon=True) for p in pipes]
+        for w in writers:
+            w.start()
+        consumer.join(120)
+    assert not failed, failed
+    assert run.report.emitted == 16 and sorted(np.concatenate([b["sample_id"] for b in batches])) == list(range(16))

@@ -200,8 +200,12 @@ class EpochRun:
         try:
             ds, self._expected = self.pipeline.dataset(self.epoch, rank=self.rank, world_size=self.world_size)
             self._opened.set()
-            prefetch = self.pipeline.config.prefetch_blocks
-            blocks = iter(ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=prefetch))
+            # prefetch_batches=0: Ray Data hands out each block as soon as it is done. With a window of
+            # w it first waits for w blocks, then fetches the next one before yielding each, so w + 1
+            # blocks must finish before the first is seen (w=4: a cold epoch's first block after
+            # 0.63-0.68 s instead of 0.33 s, the epoch no shorter). The bounded queue this thread fills
+            # keeps prefetch_blocks blocks fetched ahead of the consumer instead.
+            blocks = iter(ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=0))
             for block in blocks:
                 if not self._put(block):
                     return
