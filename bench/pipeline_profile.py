@@ -10,6 +10,7 @@ Reproduces the pipeline rows of bench/NOTES.md::
     python bench/pipeline_profile.py DATA -b 256 --block-size 128|256              # packing copy or views
     python bench/pipeline_profile.py --take                                        # np.take "raise" vs "clip"
     python bench/pipeline_profile.py DATA --consumer-ms 300 [--ray-soft-limit 2]   # worker restarts
+    python bench/pipeline_profile.py DATA --device-loader --by-process             # cores per process title
 
 ``--consumer-ms`` sleeps that long per batch, like a trainer applying backpressure; each epoch line then
 also counts the Ray worker processes started during it. ``--ray-soft-limit N`` sets Ray's
@@ -44,7 +45,7 @@ def profile_pipeline(args: argparse.Namespace) -> None:
 
     if args.ray_soft_limit:
         os.environ["RAY_num_workers_soft_limit"] = str(args.ray_soft_limit)  # connect() then leaves it be
-    connect()
+    connect(object_store_memory=args.object_store_mb << 20 if args.object_store_mb else None)
     started = _WorkerWatch()
     cfg = PipelineConfig(
         batch_size=args.batch_size,
@@ -57,15 +58,19 @@ def profile_pipeline(args: argparse.Namespace) -> None:
     pipe = Pipeline(args.data, aug, config=cfg)
     source = EpochSource(pipe, warm_next=not args.no_warm, end_epoch=args.epochs)
     it = DeviceLoader(source, device="cpu", img_dtype=args.img_dtype) if args.device_loader else source
+    total_n, total_s = 0, 0.0
     for epoch in range(args.epochs):
         psutil.cpu_percent(None)
         c0, t0, n, batches = _cpu_by_role(), time.perf_counter(), 0, 0
+        p0 = _cpu_by_title() if args.by_process else None
         seen, faults = len(started.pids), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for batch in it:
             n += int(batch["image"].shape[0])
             batches += 1
             time.sleep(args.consumer_ms / 1e3)
         dt, c1 = time.perf_counter() - t0, _cpu_by_role()
+        if epoch > 0:  # the first epoch pays for starting the workers
+            total_n, total_s = total_n + n, total_s + dt
         faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / max(1, batches)
         machine = psutil.cpu_percent(None)
         roles = "  ".join(f"{k} {(c1.get(k, 0) - c0.get(k, 0)) / dt:.2f}" for k in sorted(c1))
@@ -73,7 +78,13 @@ def profile_pipeline(args: argparse.Namespace) -> None:
         print(f"epoch {epoch}: {n / dt:7.0f} img/s  machine {machine:.0f} %  cores: {roles}  "
               f"worker processes started {len(started.pids) - seen}  "
               f"driver page faults/batch {faults:.0f}")  # fmt: skip
+        if p0 is not None:
+            p1 = _cpu_by_title()
+            cores = sorted(((k, (v - p0.get(k, 0.0)) / dt) for k, v in p1.items()), key=lambda kv: -kv[1])
+            print("    by process: " + "  ".join(f"{k} {v:.3f}" for k, v in cores if v >= 0.005))
     started.stop()
+    if total_s:  # epochs overlap (the next one is warmed up early): the per-epoch rates scatter around this
+        print(f"epochs 1-{args.epochs - 1} aggregate: {total_n / total_s:.0f} img/s")
 
 
 class _WorkerWatch:
@@ -133,6 +144,31 @@ def _cpu_by_role() -> dict[str, float]:
         else:
             continue
         out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
+
+
+def _cpu_by_title() -> dict[str, float]:
+    """CPU seconds so far per kind of process: this one ("driver"), the Ray workers that run tasks
+    ("ray workers": their title moves between ``ray::IDLE`` and the task's), each other ``ray::`` title
+    (Ray Data's stats and autoscaling actors, the dashboard agent), kernel threads by their name before
+    the "/" (``kworker``), anything else by its executable's name."""
+    me = psutil.Process().pid
+    out: dict[str, float] = {}
+    for proc in psutil.process_iter(["pid", "name", "cmdline", "cpu_times"]):
+        t = proc.info["cpu_times"]
+        if t is None:
+            continue
+        cmd = proc.info["cmdline"] or []
+        title = cmd[0].split(" ")[0] if cmd else ""
+        if proc.info["pid"] == me:
+            name = "driver"
+        elif title.startswith("ray::"):
+            name = "ray workers" if title == "ray::IDLE" or title.startswith("ray::Map") else title
+        elif not cmd:  # a kernel thread
+            name = (proc.info["name"] or "?").split("/")[0]
+        else:
+            name = proc.info["name"]
+        out[name] = out.get(name, 0.0) + t.user + t.system
     return out
 
 
@@ -249,6 +285,8 @@ def main() -> None:
     p.add_argument("--consumer-ms", type=float, default=0.0, help="sleep per batch (a trainer's backpressure)")
     p.add_argument("--ray-soft-limit", type=int, help="Ray's num_workers_soft_limit for the local cluster")
     p.add_argument("--worker-nice", type=int, default=10, help="PipelineConfig.worker_nice")
+    p.add_argument("--object-store-mb", type=int, help="the local cluster's object store (default: Ray's)")
+    p.add_argument("--by-process", action="store_true", help="also print each epoch's cores per process title")
     p.add_argument("--busy", type=int, default=0, help="N busy-loop processes beside (CPU contention), any mode")
     args = p.parse_args()
     if not (args.normalise or args.take or args.data):
