@@ -13,7 +13,11 @@ sample-data JPEGs (``--images``, in parallel) unless ``--data`` is given, then f
    channels_last conversion timm's train.py does.
 
 Each feed trains for ``--seconds`` after ``--warmup-steps`` steps; images/s counts every image trained
-in that window; "stall" is the share of it the training loop spent waiting in ``next()`` for a batch.
+in that window; "stall" is the share of it the training loop spent waiting in ``next()`` for a batch;
+"step ms" is the median training step without that wait (the ceiling's is the GPU's own pace; a feed's
+longer steps mean it competes with training for the host or the GPU), with p90, max and the share of
+step time in steps over 3x the median in the per-feed lines (one-off costs such as cuDNN autotuning).
+raypipe's feeds drop the epoch's short last batch as timm's training loader does.
 The share of the ceiling is the goal figure (>= 95 %). ``--device cpu`` runs the same code on the CPU
 (small model and batch: a smoke test of the script, not a figure).
 """
@@ -131,6 +135,7 @@ def measure(trainer: Trainer, batches, *, warmup_steps: int, seconds: float, tra
     trainer.sync()
     images = steps = 0
     wait = 0.0
+    step_s: list[float] = []
     cpu0 = sum(me.cpu_times()[:2])
     procs0 = cpu_by_process()
     psutil.cpu_percent(None)
@@ -141,8 +146,10 @@ def measure(trainer: Trainer, batches, *, warmup_steps: int, seconds: float, tra
             x, y = next(batches)
         except StopIteration:
             break
-        wait += time.perf_counter() - w0
-        step(x, y)
+        w1 = time.perf_counter()
+        wait += w1 - w0
+        step(x, y)  # AMP's scaler reads its inf check back: the step's GPU work is done when it returns
+        step_s.append(time.perf_counter() - w1)
         images += int(x.shape[0])
         steps += 1
     trainer.sync()
@@ -160,6 +167,26 @@ def measure(trainer: Trainer, batches, *, warmup_steps: int, seconds: float, tra
         "seconds": elapsed,
         "stall_share": wait / elapsed,
         "first_batch_s": first_batch_s,
+        **step_times(step_s),
+    }
+
+
+def step_times(step_s: list[float]) -> dict:
+    """Training-step times (ms) without the wait for data: median, 90th percentile, longest, and the
+    share of the window's step time spent in steps over 3x the median. A feed whose steps are all
+    slower than the ceiling's competes with the step for the host or the GPU; one with a few very
+    long steps pays one-off costs (cuDNN autotuning a new batch shape, an epoch's start)."""
+    if not step_s:
+        return {}
+    ordered = sorted(step_s)
+    median = ordered[len(ordered) // 2]
+    slow = sum(t for t in step_s if t > 3 * median)
+    total = sum(step_s)
+    return {
+        "step_ms_median": 1e3 * median,
+        "step_ms_p90": 1e3 * ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+        "step_ms_max": 1e3 * ordered[-1],
+        "slow_step_share": slow / total if total > 0 else 0.0,
     }
 
 
@@ -177,8 +204,10 @@ def raypipe_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, 
     from raypipe.device import DeviceLoader
     from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 
+    # drop_last as timm's training loader (create_loader(is_training=True)): both feeds then train on
+    # one batch shape only; an epoch's short last batch would make cuDNN (benchmark mode) autotune anew
     cfg = PipelineConfig(batch_size=args.batch, block_size=args.block_size, worker_nice=args.worker_nice,
-                         cpus_per_actor=args.cpus_per_actor)  # fmt: skip
+                         cpus_per_actor=args.cpus_per_actor, drop_last=True)  # fmt: skip
     source = (FeederSource if feeder else EpochSource)(Pipeline(data, aug, config=cfg))
     loader = DeviceLoader(source, device=trainer.device, img_dtype=dtype, channels_last=trainer.channels_last)
     closers.append(loader.close)
@@ -241,6 +270,10 @@ def run_feed(name: str, make, trainer: Trainer, args, results: dict, key: str, t
               f"{r['trainer_cores']:.2f}, machine {r['machine_cores']:.1f}", flush=True)  # fmt: skip
         print(f"               cores by process: {r['cores_by_process']}; processes started: "
               f"{r['processes_started']}", flush=True)  # fmt: skip
+        if "step_ms_median" in r:
+            print(f"               step ms (no data wait): median {r['step_ms_median']:.1f}, p90 "
+                  f"{r['step_ms_p90']:.1f}, max {r['step_ms_max']:.1f}; steps > 3x median: "
+                  f"{100 * r['slow_step_share']:.0f} % of step time", flush=True)  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -329,9 +362,11 @@ def _all_ok(results: dict) -> bool:
 def print_table(results: dict) -> None:
     ceiling = results.get("ceiling", {}).get("images_per_s")
     print(f"\n{results['model']} training, batch {results['batch']}, {results['device']}, {results['cpus']} CPUs")
-    print(f"  {'feed':<22} {'img/s':>8} {'of ceiling':>10} {'stall':>7} {'first batch':>12} {'trainer CPU':>12}")
+    print(f"  {'feed':<22} {'img/s':>8} {'of ceiling':>10} {'stall':>7} {'first batch':>12} {'trainer CPU':>12}"
+          f" {'step ms':>8}")  # fmt: skip
     if ceiling:
-        print(f"  {'ceiling (on-GPU data)':<22} {ceiling:8,.0f} {'100 %':>10}")
+        step = results["ceiling"].get("step_ms_median")
+        print(f"  {'ceiling (on-GPU data)':<22} {ceiling:8,.0f} {'100 %':>10}" + (f"{step:43.1f}" if step else ""))
     for aug_name, feeds in results["augments"].items():
         for feed, r in feeds.items():
             label = f"{feed} {aug_name}"
@@ -339,8 +374,9 @@ def print_table(results: dict) -> None:
                 print(f"  {label:<22} error: {r['error'].strip().splitlines()[-1]}")
                 continue
             share = f"{100 * r['images_per_s'] / ceiling:.0f} %" if ceiling else "-"
+            step = f"{r['step_ms_median']:8.1f}" if "step_ms_median" in r else f"{'-':>8}"
             print(f"  {label:<22} {r['images_per_s']:8,.0f} {share:>10} {100 * r['stall_share']:6.1f}% "
-                  f"{r['first_batch_s']:11.2f}s {r['trainer_cores']:11.2f}c")  # fmt: skip
+                  f"{r['first_batch_s']:11.2f}s {r['trainer_cores']:11.2f}c {step}")  # fmt: skip
     if not ceiling:
         print("  (no ceiling measured: shares are not shown)")
 

@@ -25,6 +25,9 @@ def test_cpu_smoke_run_reports_every_feed(tmp_path):
     for feed in feeds:
         assert feed["steps"] >= 1 and feed["images"] >= feed["steps"]
         assert feed["images_per_s"] > 0 and 0.0 <= feed["stall_share"] <= 1.0
+        assert 0 < feed["step_ms_median"] <= feed["step_ms_p90"] <= feed["step_ms_max"]
+        assert 0.0 <= feed["slow_step_share"] <= 1.0
+    assert "step ms (no data wait): median" in proc.stdout
     assert "of ceiling" in proc.stdout and "raypipe rrc" in proc.stdout and "timm rrc" in proc.stdout
 
 
