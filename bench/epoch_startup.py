@@ -1,20 +1,20 @@
 """Per-epoch Ray Data start-up, and how steady epoch rates are from one run of the bench contender to
 the next. Reproduces the warm-up rows of bench/NOTES.md::
 
-    python bench/epoch_startup.py /tmp/bench2k --block-sizes 8 32 128     # latency to the first rows
+    python bench/epoch_startup.py /tmp/bench2k --block-sizes 8 32 128     # cold epochs: first batch, epoch time
     python bench/epoch_startup.py /tmp/bench2k --contender-runs 3 --aa     # back-to-back bench runs
     python bench/epoch_startup.py /tmp/bench2k --contender-runs 3 --aa --no-cap   # as before the cap
     python bench/epoch_startup.py /tmp/bench2k --warm-leads 0 1 0 1 [--aa] --epochs 6  # warm-up lead
     python bench/epoch_startup.py /tmp/bench2k --timeline 0 --epochs 4 [--block-size 128]  # when each epoch starts
 
-The first mode starts one epoch's execution at a time (nothing else running) and prints how long the
-first ``--batch-size`` rows take to arrive. The second runs ``raypipe bench``'s raypipe contender
-(and its packed variant) several times in one process and prints each run's per-epoch rates. The
-third reads packed batches through an ``EpochSource`` with each ``warm_lead_s`` in turn and prints
-every epoch's first-batch time and rate, and the rate over the epochs after the first. The fourth
-does the same for one ``warm_lead_s`` and prints a timeline: when each epoch's execution was started
-(``prestart``), its dataset built and its first two blocks ready, against when the consumer began and
-ended each epoch.
+The first mode runs one epoch at a time (nothing else running, no warm-up: every epoch starts cold) and
+prints how long its first batch of ``--batch-size`` rows takes to arrive. The second runs ``raypipe
+bench``'s raypipe contender (and its packed variant) several times in one process and prints each run's
+per-epoch rates. The third reads packed batches through an ``EpochSource`` with each ``warm_lead_s`` in
+turn and prints every epoch's first-batch time and rate, and the rate over the epochs after the first.
+The fourth does the same for one ``warm_lead_s`` and prints a timeline: when each epoch's execution was
+started (``prestart``), its dataset built and its first two blocks ready, against when the consumer
+began and ended each epoch.
 """
 
 from __future__ import annotations
@@ -32,14 +32,13 @@ def first_rows(args: argparse.Namespace) -> None:
         pipe = Pipeline(args.data, TrainAugment(input_size=args.img_size, color_jitter=None), config=cfg)
         for epoch in range(args.epochs):
             t0 = time.perf_counter()
-            ds, _ = pipe.dataset(epoch)
             rows, first = 0, None
-            for block in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=4):
-                rows += len(block["ok"])
-                if first is None and rows >= args.batch_size:
+            for batch in pipe.epoch(epoch):  # EpochRun: the consumer's own path (packed batches)
+                rows += len(batch["sample_id"])
+                if first is None:
                     first = time.perf_counter() - t0
             total = time.perf_counter() - t0
-            print(f"block {bs:4d} rows, epoch {epoch}: first {args.batch_size} rows after {first:.2f} s, "
+            print(f"block {bs:4d} rows, epoch {epoch}: first batch ({args.batch_size} rows) after {first:.2f} s, "
                   f"epoch {total:.2f} s")  # fmt: skip
 
 

@@ -259,8 +259,8 @@ def test_worker_nice_applies_to_the_stage_thread_only(ray_local, sample_dir):
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes hold the later blocks back")
 def test_first_block_is_handed_out_before_later_blocks_finish(ray_local, sample_dir, tmp_path):
     """An epoch's first block reaches the consumer while the other blocks are still running (Ray Data
-    fills its prefetch window before handing out anything: a window of 4 held the first batch of a
-    cold epoch until four blocks had finished). Blocks 1-3 read named pipes that only get their bytes
+    fills a prefetch window of w blocks and fetches one more before handing out the first: with w=4, a
+    cold epoch's first batch waited for five blocks). Blocks 1-3 read named pipes that only get their bytes
     once the first batch has arrived, so a consumer waiting for them would never see it."""
     import threading
 

@@ -202,9 +202,10 @@ class EpochRun:
             self._opened.set()
             # prefetch_batches=0: Ray Data hands out each block as soon as it is done. With a window of
             # w it first waits for w blocks, then fetches the next one before yielding each, so w + 1
-            # blocks must finish before the first is seen (w=4: a cold epoch's first block after
-            # 0.63-0.68 s instead of 0.33 s, the epoch no shorter). The bounded queue this thread fills
-            # keeps prefetch_blocks blocks fetched ahead of the consumer instead.
+            # blocks must finish before the first is seen (w=4: a cold epoch's first batch after
+            # 0.58-0.75 s instead of 0.38-0.40, the epoch no shorter; bench/epoch_startup.py
+            # --block-sizes). The bounded queue this thread fills keeps prefetch_blocks blocks fetched
+            # ahead of the consumer instead.
             blocks = iter(ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=0))
             for block in blocks:
                 if not self._put(block):
