@@ -9,6 +9,7 @@
     python bench/micro_profile.py rng [DATA]          # sample_rng and its parts, BlockRngs; with DATA the stage
     python bench/micro_profile.py resize DATA         # crop+resize to 224: Pillow, C (AVX2 / scalar), OpenCV
     python bench/micro_profile.py ray-null            # Ray's own CPU per 128-image block (a stage that only allocates)
+    python bench/micro_profile.py ray-null --runs 8 [--object-store-mb 512]   # + page faults as the store warms
     python bench/micro_profile.py packer              # the consumer's packing CPU per epoch; copies after a short block
 
 CPU figures are per-thread (``time.thread_time``) unless said otherwise.
@@ -267,26 +268,30 @@ def ray_null(args) -> None:
 
     from raypipe.runtime import connect
 
-    connect()
+    connect(object_store_memory=args.object_store_mb << 20 if args.object_store_mb else None)
     import ray
     import ray.data
 
     n, b = 128 * 120, 128
     table = pa.table({"sample_id": np.arange(n), "label": np.arange(n) % 10})
     blocks = [table.slice(i, b) for i in range(0, n, b)]
-    for rep in range(3):  # the first pays for starting the workers
+    for rep in range(args.runs):  # the first pays for starting the workers
         ds = ray.data.from_arrow_refs([ray.put(x) for x in blocks])
         ds = ds.map_batches(_null_stage, batch_size=b, batch_format="numpy", num_cpus=0.5,
                             compute=ray.data.TaskPoolStrategy(size=4))  # fmt: skip
         ds.context.op_resource_reservation_enabled = False
         ds.context.enable_progress_bars = False
-        c0, t0, rows = _cpu_by_role(), time.perf_counter(), 0
+        c0, t0, rows, f0 = _cpu_by_role(), time.perf_counter(), 0, _ray_workers_minor_faults()
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=4):
             rows += len(batch["sample_id"])
         dt, c1 = time.perf_counter() - t0, _cpu_by_role()
         per = {k: (c1[k] - c0.get(k, 0)) / (rows / b) * 1e3 for k in ("driver", "workers", "ray-daemons")}
+        # A page of the object store is zero-filled the first time any process writes it: a fresh
+        # store costs each block's pages, a store the allocator has cycled through costs ~nothing.
+        faults = (_ray_workers_minor_faults() - f0) / (rows / b)
         print(f"run {rep}: {rows / dt:5.0f} img/s, CPU ms per block: "
-              + "  ".join(f"{k} {v:.1f}" for k, v in sorted(per.items())))  # fmt: skip
+              + "  ".join(f"{k} {v:.1f}" for k, v in sorted(per.items()))
+              + f"  workers' page faults per block {faults:.0f}")  # fmt: skip
     # the parts of a worker's share that are not Ray's task path, timed here in one process
     from ray.data.block import BlockAccessor
 
@@ -297,6 +302,22 @@ def ray_null(args) -> None:
     print(f"in one process, CPU ms per block: the stage (allocate + touch) {stage_ms:.1f}, "
           f"batch_to_block {cpu_us(lambda: BlockAccessor.batch_to_block(out), 20) / 1e3:.1f}, "
           f"ray.put {cpu_us(lambda: ray.put(block), 20) / 1e3:.1f}")  # fmt: skip
+
+
+def _ray_workers_minor_faults() -> int:
+    """Minor page faults so far of every process with a ``ray::`` title (Linux /proc)."""
+    import psutil
+
+    total = 0
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if cmd and cmd[0].startswith("ray::"):
+            try:
+                with open(f"/proc/{proc.info['pid']}/stat") as f:
+                    total += int(f.read().rpartition(")")[2].split()[7])  # field 10: minflt
+            except (OSError, ValueError, IndexError):
+                pass  # exited meanwhile
+    return total
 
 
 def _null_stage(batch: dict) -> dict:
@@ -361,6 +382,9 @@ def main() -> None:
             sp.add_argument("data")
         elif needs_data is None:
             sp.add_argument("data", nargs="?")
+        if name == "ray-null":
+            sp.add_argument("--runs", type=int, default=3, help="executions in a row (the first starts the workers)")
+            sp.add_argument("--object-store-mb", type=int, help="the local cluster's object store (default: Ray's)")
         sp.set_defaults(fn=fn)
     args = p.parse_args()
     args.fn(args)
