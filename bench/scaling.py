@@ -18,14 +18,20 @@ from raypipe.pipeline import EpochSource, Pipeline
 from raypipe.runtime import worker_pool_config
 
 
-def measure(data: str, nodes: int, cpus_per_node: int, epochs: int, batch_size: int, verbose: bool = False) -> float:
-    # workers at niceness 0 and a soft limit as raypipe's own clusters have them (runtime.connect,
-    # cluster.yaml); Ray's defaults (15, the CPU count) starve and churn the workers
+def measure(
+    data: str, nodes: int, cpus_per_node: int, epochs: int, batch_size: int, store_mb: int = 1024, verbose: bool = False
+) -> float:
+    # Workers at niceness 0 and a soft limit as raypipe's own clusters have them (runtime.connect,
+    # cluster.yaml; Ray's defaults, 15 and the CPU count, starve and churn the workers), and an object
+    # store per node that holds the pipeline's run-ahead, as a real node's does: ray.cluster_utils
+    # gives its nodes 150 MB, in which two overlapping epochs' 19 MB blocks spilled to disk (waits of
+    # 2-10 s for a batch, the machine half idle).
     system_config = worker_pool_config(cpus_per_node * nodes)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus_per_node, "_system_config": system_config})
+    node = {"num_cpus": cpus_per_node, "object_store_memory": store_mb << 20}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "_system_config": system_config})
     try:
         for _ in range(nodes - 1):
-            cluster.add_node(num_cpus=cpus_per_node)
+            cluster.add_node(**node)
         ray.init(address=cluster.address, logging_level="ERROR")
         cluster.wait_for_nodes()
         aug = TrainAugment(input_size=224, color_jitter=None)
@@ -60,10 +66,11 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--cpus-per-node", type=int, default=1)
     p.add_argument("-b", "--batch-size", type=int, default=128)
+    p.add_argument("--store-mb", type=int, default=1024, help="object store per simulated node")
     p.add_argument("--verbose", action="store_true", help="each epoch's time and every wait over 1 s for a batch")
     args = p.parse_args()
-    one = measure(args.data, 1, args.cpus_per_node, args.epochs, args.batch_size, args.verbose)
-    two = measure(args.data, 2, args.cpus_per_node, args.epochs, args.batch_size, args.verbose)
+    one = measure(args.data, 1, args.cpus_per_node, args.epochs, args.batch_size, args.store_mb, args.verbose)
+    two = measure(args.data, 2, args.cpus_per_node, args.epochs, args.batch_size, args.store_mb, args.verbose)
     print(f"{'nodes':<6} {'img/s':>8}")
     print(f"{1:<6} {one:>8.0f}")
     print(f"{2:<6} {two:>8.0f}")
