@@ -209,6 +209,9 @@ class PipelineConfig:
     # the sixth session's kernel, at the price of slower epoch starts). None: ``auto_block_size``
     # (a multiple of the batch size where it can be, so the consumer packs batches without copying).
     block_size: int | None = None
+    # Finished blocks fetched ahead of the consumer (the epoch's pump thread queues them; Ray Data's own
+    # prefetch window is off, as it held an epoch's first block back until w + 1 blocks were done).
+    # Also sizes each epoch's object-store run-ahead (Pipeline.run_ahead_bytes).
     prefetch_blocks: int = 4
     # Niceness of augmentation worker processes (0..19). The consumer (trainer, feeder, the Packer and
     # DeviceLoader) is on the critical path: beside workers at its own priority it got too little CPU
