@@ -31,10 +31,10 @@ def main() -> None:
 
     from skimage import data
 
-    from raypipe.kernels import autoaug
+    from raypipe.kernels import aa_arrays, autoaug
 
     photo = np.asarray(Image.fromarray(data.astronaut()).resize((224, 224), Image.Resampling.BILINEAR))
-    warp = autoaug._warp
+    warp = aa_arrays._warp
     angle = -math.radians(25)  # a rotation about the centre, as Image.rotate builds it
     a = [math.cos(angle), math.sin(angle), 0.0, -math.sin(angle), math.cos(angle), 0.0]
     a[2], a[5] = a[0] * -112 + a[1] * -112 + 112, a[3] * -112 + a[4] * -112 + 112
@@ -56,21 +56,19 @@ def main() -> None:
         print("  (the _warp extension is not built: Pillow only)")
 
     print(f"policy {args.policy}, CPU µs per image over {args.seeds} seeds")
-    from raypipe.kernels import aa_arrays
-
     colorops = aa_arrays._colorops
-    setups = {  # (autoaug._warp, aa_arrays._warp, aa_arrays._colorops)
-        "on arrays": (warp, warp, colorops),  # what raypipe runs when both extensions are built
-        "PIL images + _warp": (warp, warp, None),
-        "Pillow only": (None, None, None),
+    setups = {  # (aa_arrays._warp, aa_arrays._colorops)
+        "on arrays": (warp, colorops),  # what raypipe runs when both extensions are built
+        "PIL images + _warp": (warp, None),
+        "Pillow only": (None, None),
     }
     for interp in ("bilinear", "bicubic"):
         row = f"  {interp:8s}"
-        for label, (w1, w2, ops) in setups.items():
-            if label != "Pillow only" and (w1 is None or (label == "on arrays" and ops is None)):
+        for label, (w, ops) in setups.items():
+            if label != "Pillow only" and (w is None or (label == "on arrays" and ops is None)):
                 row += f"   {label}    n/a"
                 continue
-            autoaug._warp, aa_arrays._warp, aa_arrays._colorops = w1, w2, ops
+            aa_arrays._warp, aa_arrays._colorops = w, ops
             try:
                 op = autoaug.build_auto_augment(args.policy, (224, 224), (0.485, 0.456, 0.406), interp)
                 start = time.thread_time()
@@ -78,7 +76,7 @@ def main() -> None:
                     autoaug.apply_auto_augment(op, photo, seed)
                 row += f"   {label} {(time.thread_time() - start) / args.seeds * 1e6:6.0f}"
             finally:
-                autoaug._warp, aa_arrays._warp, aa_arrays._colorops = warp, warp, colorops
+                aa_arrays._warp, aa_arrays._colorops = warp, colorops
         print(row)
     if args.per_op:
         _per_op(args, photo)

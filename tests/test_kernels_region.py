@@ -116,7 +116,7 @@ def test_a_working_dir_copy_without_the_build_uses_the_installed_one(tmp_path):
     package = os.path.dirname(raypipe.__file__)
     shutil.copytree(package, tmp_path / "raypipe", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     code = (
-        "import importlib, raypipe, raypipe.kernels.decode as d, raypipe.kernels.autoaug as aa; "
+        "import importlib, raypipe, raypipe.kernels.decode as d, raypipe.kernels.aa_arrays as aa; "
         "import raypipe.kernels.geometry as g; n = importlib.import_module('raypipe.device.normalize'); "
         "print(raypipe.__file__); print(d._decode_region is not None); print(n._cext is not None); "
         "print(aa._warp is not None); print(g._resample is not None)"

@@ -12,12 +12,12 @@ from PIL import Image
 from raypipe.kernels import aa_arrays, autoaug
 
 BILINEAR, BICUBIC = Image.Resampling.BILINEAR, Image.Resampling.BICUBIC
-needs_warp = pytest.mark.skipif(autoaug._warp is None, reason="the _warp C extension is not built")
+needs_warp = pytest.mark.skipif(aa_arrays._warp is None, reason="the _warp C extension is not built")
 
 
 def test_the_extension_is_built_in_this_environment():
     # setup.py builds it optionally; CI installs with a compiler, so a silent fallback would go unnoticed
-    assert autoaug._warp is not None
+    assert aa_arrays._warp is not None
 
 
 def _matrices(rng: np.random.Generator, w: int, h: int):
@@ -41,7 +41,7 @@ def _matrices(rng: np.random.Generator, w: int, h: int):
 @needs_warp
 @pytest.mark.parametrize("vector", [1, 2, 0], ids=["fastest-available", "avx2-where-available", "scalar"])
 def test_affine_gives_pillows_bytes(vector):
-    warp = autoaug._warp
+    warp = aa_arrays._warp
     warp.set_vector(vector)
     try:
         rng = np.random.default_rng(7)
@@ -87,7 +87,7 @@ def test_cases_it_does_not_reproduce_go_to_pillow():
 
 @needs_warp
 def test_extension_rejects_bad_arguments():
-    warp = autoaug._warp
+    warp = aa_arrays._warp
     src, dst = bytes(2 * 3 * 3), np.zeros((2, 3, 3), np.uint8)
     ok = (src, 3, 2, dst, 3, 2, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 2, b"\0\0\0")
     warp.affine_rgb(*ok)
@@ -116,20 +116,19 @@ def test_policies_give_the_same_images_as_with_pillow_alone(monkeypatch, sample_
     mean = (0.485, 0.456, 0.406)
     fast = autoaug.build_auto_augment(policy, (224, 224), mean, interpolation)
     calls = []
-    built = autoaug._warp is not None
+    built = aa_arrays._warp is not None
     if built:
-        real = autoaug._warp
+        real = aa_arrays._warp
 
         class Counting:
             def affine_rgb(self, *args):
                 calls.append(args[12])  # the filter
                 return real.affine_rgb(*args)
 
-        monkeypatch.setattr(autoaug, "_warp", Counting())
-        monkeypatch.setattr(aa_arrays, "_warp", autoaug._warp)
+        monkeypatch.setattr(aa_arrays, "_warp", Counting())
     got = [autoaug.apply_auto_augment(fast, img, seed) for seed in range(80)]
-    for module, name in ((autoaug, "_warp"), (aa_arrays, "_warp"), (aa_arrays, "_colorops")):
-        monkeypatch.setattr(module, name, None)
+    for name in ("_warp", "_colorops"):
+        monkeypatch.setattr(aa_arrays, name, None)
     slow = autoaug.build_auto_augment(policy, (224, 224), mean, interpolation)
     assert not slow._raypipe_arrays
     want = [autoaug.apply_auto_augment(slow, img, seed) for seed in range(80)]

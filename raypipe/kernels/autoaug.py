@@ -151,11 +151,9 @@ def apply_auto_augment(op, img: np.ndarray, seed: int) -> np.ndarray:
     return np.asarray(out.convert("RGB") if out.mode != "RGB" else out)
 
 
-_warp = aa_arrays._warp  # None when not built: Pillow runs every warp of a PIL image
-
-
 class _FastAffineImage(Image.Image):
-    """A PIL image whose AFFINE ``transform`` (RGB, bilinear/bicubic) runs in ``_warp``; see the module
+    """A PIL image whose AFFINE ``transform`` (RGB, bilinear/bicubic) runs in the ``_warp`` extension
+    (``aa_arrays._warp``; None when not built, and Pillow runs every warp); see the module
     docstring. Everything else, and every other case of ``transform``, is Pillow's."""
 
     def transform(self, size, method, data=None, resample=Image.Resampling.NEAREST, fill=1, fillcolor=None):
@@ -167,7 +165,7 @@ class _FastAffineImage(Image.Image):
 
 def _fast_affine_image(img: Image.Image) -> Image.Image:
     """``img`` itself, its class switched to ``_FastAffineImage`` (a plain RGB PIL image only)."""
-    if _warp is not None and type(img) is Image.Image and img.mode == "RGB":
+    if aa_arrays._warp is not None and type(img) is Image.Image and img.mode == "RGB":
         img.__class__ = _FastAffineImage
     return img
 
@@ -175,7 +173,7 @@ def _fast_affine_image(img: Image.Image) -> Image.Image:
 def _affine_in_c(img: Image.Image, size, method, data, resample, fillcolor) -> Image.Image | None:
     """Pillow's ``img.transform(size, AFFINE, data, resample, fillcolor=fillcolor)`` through ``_warp``,
     or None when the call is not one it reproduces exactly (then Pillow runs it)."""
-    if _warp is None or img.mode != "RGB":
+    if img.mode != "RGB":
         return None
     out = aa_arrays.affine_array(np.asarray(img), size, method, data, resample, fillcolor)
     return None if out is None else _fast_affine_image(Image.fromarray(out, "RGB"))
