@@ -281,7 +281,7 @@ def ray_null(args) -> None:
                             compute=ray.data.TaskPoolStrategy(size=4))  # fmt: skip
         ds.context.op_resource_reservation_enabled = False
         ds.context.enable_progress_bars = False
-        c0, t0, rows, f0 = _cpu_by_role(), time.perf_counter(), 0, _ray_workers_minor_faults()
+        f0, c0, t0, rows = _ray_workers_minor_faults(), _cpu_by_role(), time.perf_counter(), 0
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=4):
             rows += len(batch["sample_id"])
         dt, c1 = time.perf_counter() - t0, _cpu_by_role()
@@ -306,14 +306,13 @@ def ray_null(args) -> None:
 
 def _ray_workers_minor_faults() -> int:
     """Minor page faults so far of every process with a ``ray::`` title (Linux /proc)."""
-    import psutil
+    from pipeline_profile import _processes
 
     total = 0
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmd = proc.info["cmdline"] or []
+    for pid, cmd, _, _ in _processes():
         if cmd and cmd[0].startswith("ray::"):
             try:
-                with open(f"/proc/{proc.info['pid']}/stat") as f:
+                with open(f"/proc/{pid}/stat") as f:
                     total += int(f.read().rpartition(")")[2].split()[7])  # field 10: minflt
             except (OSError, ValueError, IndexError):
                 pass  # exited meanwhile

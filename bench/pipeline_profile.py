@@ -125,25 +125,30 @@ def profile_take(args: argparse.Namespace) -> None:
         print(f"np.take mode={mode!r}: {(time.perf_counter() - t0) / 40 * 1e3:.2f} ms per {b}-row block")
 
 
+def _processes():
+    """(pid, command line, name, CPU seconds so far) of every process that can be read."""
+    for proc in psutil.process_iter(["pid", "name", "cmdline", "cpu_times"]):
+        t = proc.info["cpu_times"]
+        if t is not None:
+            yield proc.info["pid"], proc.info["cmdline"] or [], proc.info["name"], t.user + t.system
+
+
 def _cpu_by_role() -> dict[str, float]:
     """CPU seconds so far of this process ("driver"), Ray workers, and Ray's own daemons."""
     me = psutil.Process().pid
     out: dict[str, float] = {}
-    for proc in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        t = proc.info["cpu_times"]
-        if t is None:
-            continue
-        if proc.info["pid"] == me:
+    for pid, cmd, _, cpu in _processes():
+        line = " ".join(cmd)
+        if pid == me:
             role = "driver"
-        elif cmd.startswith("ray::"):
+        elif line.startswith("ray::"):
             role = "workers"
-            out["workers-stage"] = out.get("workers-stage", 0.0) + _lowered_threads_cpu(proc.info["pid"])
-        elif "raylet" in cmd or "gcs_server" in cmd or "/ray/" in cmd or "dashboard" in cmd:
+            out["workers-stage"] = out.get("workers-stage", 0.0) + _lowered_threads_cpu(pid)
+        elif "raylet" in line or "gcs_server" in line or "/ray/" in line or "dashboard" in line:
             role = "ray-daemons"
         else:
             continue
-        out[role] = out.get(role, 0.0) + t.user + t.system
+        out[role] = out.get(role, 0.0) + cpu
     return out
 
 
@@ -154,21 +159,17 @@ def _cpu_by_title() -> dict[str, float]:
     the "/" (``kworker``), anything else by its executable's name."""
     me = psutil.Process().pid
     out: dict[str, float] = {}
-    for proc in psutil.process_iter(["pid", "name", "cmdline", "cpu_times"]):
-        t = proc.info["cpu_times"]
-        if t is None:
-            continue
-        cmd = proc.info["cmdline"] or []
+    for pid, cmd, name, cpu in _processes():
         title = cmd[0].split(" ")[0] if cmd else ""
-        if proc.info["pid"] == me:
-            name = "driver"
+        if pid == me:
+            kind = "driver"
         elif title.startswith("ray::"):
-            name = "ray workers" if title == "ray::IDLE" or title.startswith("ray::Map") else title
+            kind = "ray workers" if title == "ray::IDLE" or title.startswith("ray::Map") else title
         elif not cmd:  # a kernel thread
-            name = (proc.info["name"] or "?").split("/")[0]
+            kind = (name or "?").split("/")[0]
         else:
-            name = proc.info["name"]
-        out[name] = out.get(name, 0.0) + t.user + t.system
+            kind = name
+        out[kind] = out.get(kind, 0.0) + cpu
     return out
 
 
