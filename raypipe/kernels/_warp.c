@@ -497,10 +497,10 @@ static PyObject *affine_rgb(PyObject *self, PyObject *args) {
         Source s = {(const uint8_t *)src.buf, src.len, sw, sh};
         Py_BEGIN_ALLOW_THREADS
 #ifdef HAVE_AVX2_VARIANT
-        /* 32-bit gather offsets: images under 2 GiB */
-        if (use_avx512 && src.len >= 4 && src.len < ((Py_ssize_t)1 << 31))
+        int gathers = src.len >= 4 && src.len < ((Py_ssize_t)1 << 31); /* 32-bit gather offsets: under 2 GiB */
+        if (gathers && use_avx512)
             warp_avx512(&s, (uint8_t *)dst.buf, dw, dh, a, filter, (const uint8_t *)fill.buf);
-        else if (use_avx2 && src.len >= 4 && src.len < ((Py_ssize_t)1 << 31))
+        else if (gathers && use_avx2)
             warp_avx2(&s, (uint8_t *)dst.buf, dw, dh, a, filter, (const uint8_t *)fill.buf);
         else
 #endif
