@@ -63,8 +63,11 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen) -> None:
 
 @pytest.fixture
 def ray_head(tmp_path):
-    gcs, dash, client, nm, om, ag_listen, ag_grpc, metrics, renv = _free_ports(9)
     workers = _free_range(60)
+    ports = _free_ports(9)
+    while any(workers <= p < workers + 60 for p in ports):  # ray start refuses a port inside the range
+        ports = _free_ports(9)
+    gcs, dash, client, nm, om, ag_listen, ag_grpc, metrics, renv = ports
     temp_dir = tempfile.mkdtemp(prefix="rp", dir="/tmp")  # unix socket paths must stay < 100 chars
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0",
            "RAY_worker_niceness": "0", "RAY_num_workers_soft_limit": "8"}  # as cluster.yaml's nodes  # fmt: skip
