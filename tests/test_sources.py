@@ -36,6 +36,25 @@ def test_folder_extensions_case_insensitive_and_nested(tmp_path):
     assert rows.table.column("label").to_pylist() == [0, 0, 1, 1]
 
 
+def test_non_utf8_names_are_listed_as_counted_skips(tmp_path):
+    from torchvision.datasets import ImageFolder
+
+    try:
+        for name in [b"a/ok.jpg", b"a/bad\xff.jpg", b"b\xfe/x.jpg", b"c/y.jpg"]:
+            _touch(tmp_path / os.fsdecode(name))
+    except OSError:
+        pytest.skip("this filesystem only takes UTF-8 file names")
+    rows = open_source(str(tmp_path))
+    tv = ImageFolder(str(tmp_path))
+    # same rows and label indices as torchvision; the undecodable names are shown escaped and carry
+    # their skip reason from the listing on
+    assert rows.table.column("label").to_pylist() == [lbl for _, lbl in tv.samples] == [0, 0, 1, 2]
+    assert rows.classes == ("a", "b\\xfe", "c")
+    assert rows.table.column("path").to_pylist() == ["a/bad\\xff.jpg", "a/ok.jpg", "b\\xfe/x.jpg", "c/y.jpg"]
+    errors = rows.table.column("error").to_pylist()
+    assert [e.split(":")[0] if e else None for e in errors] == ["unreadable", None, "unreadable", None]
+
+
 def test_sample_ids_are_stable(sample_dir):
     a = open_source(str(sample_dir)).table
     b = open_source(str(sample_dir)).table
