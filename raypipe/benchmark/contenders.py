@@ -60,15 +60,14 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
     from raypipe.device import DeviceLoader
     from raypipe.pipeline import EpochSource, Pipeline
 
-    # Epochs overlap by design (each one's Ray execution starts while the previous drains), so the
-    # measured window must neither inherit a head start nor hand one on: the warm-up epoch does not warm
-    # epoch 1 up (epoch 1 pays Ray Data's start-up, as an epoch without warm-up would) and the last
-    # measured epoch warms nothing. Inside the window epochs overlap as in a long run.
-    source = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size)), end_epoch=epochs)
+    # Epochs overlap by design: each one's Ray execution starts while the previous one drains. The window
+    # measures a long run's steady state: the warm-up epoch warms epoch 1 up and the last measured epoch
+    # warms an epoch nobody reads (stopped by close()), just as every epoch of a long run is warmed by its
+    # predecessor and warms its successor, so the window inherits one head start and hands one on.
+    source = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size)), end_epoch=epochs + 1)
     loader = DeviceLoader(source, device="cpu", img_dtype="float32") if device_side else source
 
     def make_epoch(epoch: int):
-        source.warm_next = epoch >= 1
         return loader
 
     try:
