@@ -16,7 +16,16 @@ from timm.data.transforms import RandomResizedCropAndInterpolation
 from timm.data.transforms_factory import transforms_imagenet_eval
 
 from raypipe.config import DecodeConfig, EvalAugment
-from raypipe.kernels import build_transform, color, crop_resize, decode_for_crop, geometry, open_image, rrc_params
+from raypipe.kernels import (
+    aa_arrays,
+    build_transform,
+    color,
+    crop_resize,
+    decode_for_crop,
+    geometry,
+    open_image,
+    rrc_params,
+)
 
 PIL_INTERP = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 # (x0, y0, x1, y1) on a 500x375 photo: 'big' is shrunk ~2x (full decode: only 1/8..4/8 DCT scales are
@@ -149,16 +158,48 @@ def test_rrc_fallback_is_timms_centre_crop():
 
 
 @pytest.mark.parametrize("factor", [0.6, 1.4])
-def test_colour_ops_match_torchvision(factor):
+@pytest.mark.parametrize("backend", ["colorops", "opencv"])
+def test_colour_ops_match_torchvision(monkeypatch, backend, factor):
+    if backend == "opencv":
+        monkeypatch.setattr(aa_arrays, "_colorops", None)
+    elif not aa_arrays.available():
+        pytest.skip("the _colorops C extension is not built")
     img = f.photo("astronaut", (224, 224))
     p = Image.fromarray(img)
-    assert mae(color.adjust_brightness(img, factor), TF.adjust_brightness(p, factor)) <= 0.1
-    assert mae(color.adjust_contrast(img, factor), TF.adjust_contrast(p, factor)) <= 0.1
-    assert mae(color.adjust_saturation(img, factor), TF.adjust_saturation(p, factor)) <= 0.1
     assert mae(color.adjust_hue(img, factor - 1.0), TF.adjust_hue(p, factor - 1.0)) <= 1.0
-    assert mae(color.to_grayscale(img), TF.rgb_to_grayscale(p, 3)) <= 0.1
     sigma = factor
     assert mae(color.gaussian_blur(img, sigma), TF.gaussian_blur(p, color.BLUR_KERNEL, sigma)) <= 0.1
+    pairs = [
+        (color.adjust_brightness(img, factor), TF.adjust_brightness(p, factor)),
+        (color.adjust_contrast(img, factor), TF.adjust_contrast(p, factor)),
+        (color.adjust_saturation(img, factor), TF.adjust_saturation(p, factor)),
+        (color.to_grayscale(img), TF.rgb_to_grayscale(p, 3)),
+    ]
+    for ours, theirs in pairs:
+        if backend == "colorops":  # Pillow's own arithmetic: torchvision's bytes
+            assert np.array_equal(ours, np.asarray(theirs))
+        else:
+            assert mae(ours, theirs) <= 0.1
+
+
+@pytest.mark.skipif(not aa_arrays.available(), reason="the _colorops C extension is not built")
+def test_jitter_is_torchvisions_color_jitter_on_pillow():
+    """Random factors and orders, odd sizes and flat images: ColorJitter(0.4, 0.4, 0.4) byte for byte."""
+    rng = np.random.default_rng(5)
+    images = [f.photo("chelsea", (97, 61)), f.photo("coffee", (224, 224)), np.full((9, 7, 3), 200, np.uint8),
+              rng.integers(0, 256, (33, 17, 3), dtype=np.uint8)]
+    for i in range(60):
+        img = images[i % len(images)]
+        params = color.jitter_params((0.4, 0.4, 0.4), rng)
+        theirs = Image.fromarray(img)
+        for op in params.order:
+            if op == 0:
+                theirs = TF.adjust_brightness(theirs, params.brightness)
+            elif op == 1:
+                theirs = TF.adjust_contrast(theirs, params.contrast)
+            elif op == 2:
+                theirs = TF.adjust_saturation(theirs, params.saturation)
+        assert np.array_equal(color.apply_jitter(img, params), np.asarray(theirs)), (i, params)
 
 
 def test_jitter_params_like_torchvision():

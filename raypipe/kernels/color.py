@@ -1,9 +1,11 @@
 """Colour ops on HxWx3 uint8 RGB arrays: torchvision's ColorJitter / RandomGrayscale / GaussianBlur
-(as timm's train transform uses them), drawn from our generator and applied with OpenCV.
+(as timm's train transform uses them), drawn from our generator.
 
-The apply functions mirror torchvision's PIL kernels (Pillow's ``ImageEnhance`` blends truncate, its
-grey is ITU-R 601 luma, the hue shift wraps a uint8 HSV hue) to within 1–2 levels, at a fraction of
-the cost; the tests measure it.
+torchvision runs them on PIL images: brightness, contrast and saturation are Pillow's ``ImageEnhance``
+blends, the grey image is ``convert("L")``. With the ``_colorops`` extension built those are Pillow's
+own arithmetic (the auto-augment ops' blends and luma, :mod:`raypipe.kernels.aa_arrays`): the same
+bytes as torchvision. Without it, and for the hue shift and the blur always, OpenCV mirrors them to
+within 1–2 levels (the hue shift wraps a uint8 HSV hue); the tests measure both.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import NamedTuple
 
 import cv2
 import numpy as np
+
+from raypipe.kernels import aa_arrays
 
 __all__ = [
     "JitterParams",
@@ -77,19 +81,33 @@ def _gray(img: np.ndarray) -> np.ndarray:
     return cv2.cvtColor(img, cv2.COLOR_RGB2GRAY)
 
 
+def _exact(op, img: np.ndarray, f: float) -> np.ndarray | None:
+    """``op`` (an ``aa_arrays`` blend, Pillow's arithmetic) on ``img``; None when ``_colorops`` is not built."""
+    if not aa_arrays.available():
+        return None
+    return op(aa_arrays.ArrayImage(np.ascontiguousarray(img)), f).array
+
+
 def adjust_brightness(img: np.ndarray, f: float) -> np.ndarray:
     """Blend with black (``ImageEnhance.Brightness``)."""
-    return cv2.addWeighted(img, f, img, 0.0, _TRUNC)
+    out = _exact(aa_arrays.brightness, img, f)
+    return out if out is not None else cv2.addWeighted(img, f, img, 0.0, _TRUNC)
 
 
 def adjust_contrast(img: np.ndarray, f: float) -> np.ndarray:
     """Blend with the mean grey level (``ImageEnhance.Contrast``: mean rounded to an int)."""
+    out = _exact(aa_arrays.contrast, img, f)
+    if out is not None:
+        return out
     mean = int(float(_gray(img).mean()) + 0.5)
     return cv2.addWeighted(img, f, img, 0.0, (1.0 - f) * mean + _TRUNC)
 
 
 def adjust_saturation(img: np.ndarray, f: float) -> np.ndarray:
     """Blend with the grey image (``ImageEnhance.Color``)."""
+    out = _exact(aa_arrays.color, img, f)
+    if out is not None:
+        return out
     g = cv2.cvtColor(_gray(img), cv2.COLOR_GRAY2RGB)
     return cv2.addWeighted(img, f, g, 1.0 - f, _TRUNC)
 
@@ -102,8 +120,10 @@ def adjust_hue(img: np.ndarray, f: float) -> np.ndarray:
 
 
 def to_grayscale(img: np.ndarray) -> np.ndarray:
-    """3-channel grey (``RandomGrayscale`` keeps the channel count)."""
-    return cv2.cvtColor(_gray(img), cv2.COLOR_GRAY2RGB)
+    """3-channel grey (``RandomGrayscale`` keeps the channel count): ``convert("L")``'s luma, which is
+    ``ImageEnhance.Color`` at factor 0."""
+    out = _exact(aa_arrays.color, img, 0.0)
+    return out if out is not None else cv2.cvtColor(_gray(img), cv2.COLOR_GRAY2RGB)
 
 
 def blur_sigma(rng: np.random.Generator) -> float:
