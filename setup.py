@@ -59,6 +59,7 @@ setup(
         Extension(
             "raypipe.kernels._colorops",
             ["raypipe/kernels/_colorops.c"],
+            depends=["raypipe/kernels/_vector_level.h"],  # its vector-level policy, shared
             # no contraction: the blends and the 3x3 filter must round as in Pillow's x86-64 build
             extra_compile_args=["-O2", "-ffp-contract=off"],
             optional=True,

@@ -2,6 +2,9 @@
 
 Run: ``PYTHONPATH=. python bench/kernels_profile.py [--n 200] [--repeat 5]``. Steps are timed with
 ``time.thread_time`` (CPU time) around each call, on the same ~500x375 q90 JPEGs as ``kernels_speed.py``.
+"whole t()" is RandomResizedCrop + flip; "colour jitter" applies timm's default ``ColorJitter(0.4, 0.4,
+0.4)`` (three blends, drawn factors and order) to the resized crop, and "whole t() + jitter" is the
+transform with it, as ``jobs/train.py`` runs without ``--aa``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import simplejpeg
 from kernels_speed import make_jpegs  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 from raypipe.config import DecodeConfig, TrainAugment
-from raypipe.kernels import build_transform, crop_resize, decode_for_crop, open_image, rrc_params, sample_rng
+from raypipe.kernels import build_transform, color, crop_resize, decode_for_crop, open_image, rrc_params, sample_rng
 
 
 def main() -> None:
@@ -28,9 +31,10 @@ def main() -> None:
         datas = [p.read_bytes() for p in make_jpegs(Path(tmp), args.n)]
     aug = TrainAugment(input_size=224, color_jitter=None)
     t = build_transform(aug, DecodeConfig())
+    t_jitter = build_transform(TrainAugment(input_size=224, color_jitter=0.4), DecodeConfig())
     out = np.empty((224, 224, 3), np.uint8)
-    steps = ["sample_rng", "open_image", "draw params", "decode_for_crop", "crop_resize", "whole t()",
-             "simplejpeg full decode"]
+    steps = ["sample_rng", "open_image", "draw params", "decode_for_crop", "crop_resize", "colour jitter",
+             "whole t()", "whole t() + jitter", "simplejpeg full decode"]
     runs = {s: [] for s in steps}
     # CPU time of this thread, not wall time: the 2-core box is shared, and a descheduled thread
     # would otherwise be charged for another process's work.
@@ -51,11 +55,16 @@ def main() -> None:
             t4 = pc()
             crop_resize(pixels, box, aug.input_size, "bilinear", hflip=hflip, out=out)
             t5 = pc()
-            t(d, sample_rng(0, 0, i), out=out)
+            color.apply_jitter(out, color.jitter_params((0.4, 0.4, 0.4), rng))
             t6 = pc()
-            simplejpeg.decode_jpeg(d)
+            t(d, sample_rng(0, 0, i), out=out)
             t7 = pc()
-            for s, a, b in zip(steps, (t0, t1, t2, t3, t4, t5, t6), (t1, t2, t3, t4, t5, t6, t7), strict=True):
+            t_jitter(d, sample_rng(0, 0, i), out=out)
+            t8 = pc()
+            simplejpeg.decode_jpeg(d)
+            t9 = pc()
+            ends = (t0, t1, t2, t3, t4, t5, t6, t7, t8, t9)
+            for s, a, b in zip(steps, ends[:-1], ends[1:], strict=True):
                 acc[s] += b - a
         for s in steps:
             runs[s].append(acc[s] / len(datas) * 1e6)

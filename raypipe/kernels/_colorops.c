@@ -16,9 +16,11 @@
  * (`in1 + alpha * (in2 - in1)`, truncated, clipped when extrapolating), Filter.c's 3x3 kernel in
  * float with the kernel divided by its scale in float and 0.5 added first, border pixels copied,
  * Convert.c's L24 luma. So the bytes are Pillow's (tests compare with timm's ops on Pillow). The
- * float loops run eight values per AVX2 vector where the CPU has it: each lane does the scalar
- * code's IEEE operations in the same order, and the module is built without FP contraction, like
- * Pillow's x86-64 build. The GIL is released around the loops.
+ * float loops run eight values per AVX2 vector where the CPU has it, the blend sixteen per AVX-512
+ * vector where _vector_level.h allows it: each lane does the scalar code's IEEE operations in the same
+ * order, and the module is built without FP contraction, like Pillow's x86-64 build. The luma (for
+ * Contrast's mean and Color's grey) runs sixteen pixels per step in AVX2 integer arithmetic, its RGB
+ * triplets split and rebuilt with byte shuffles. The GIL is released around the loops.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,7 +34,7 @@
 #define HAVE_AVX2_VARIANT 1
 #endif
 
-static int use_avx2 = 0;
+#include "_vector_level.h" /* use_avx2 / use_avx512, set_vector(), vector_path(): the policy _warp uses */
 
 /* Convert.c's L24(rgb) >> 16 */
 static inline uint8_t luma(const uint8_t *p) {
@@ -102,6 +104,22 @@ __attribute__((target("avx2"))) static void blend_row_avx2(const uint8_t *deg, c
     blend_row_scalar(deg + i, img + i, out + i, n - i, a);
 }
 
+/* the AVX2 loop's operations on sixteen values per vector */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void blend_row_avx512(const uint8_t *deg,
+                                                                                 const uint8_t *img, uint8_t *out,
+                                                                                 Py_ssize_t n, float a) {
+    const __m512 va = _mm512_set1_ps(a), lo = _mm512_setzero_ps(), hi = _mm512_set1_ps(255.0f);
+    Py_ssize_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(deg + i)));
+        __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(img + i)));
+        __m512 t = _mm512_add_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(va, _mm512_cvtepi32_ps(_mm512_sub_epi32(s, d))));
+        t = _mm512_min_ps(_mm512_max_ps(t, lo), hi);
+        _mm_storeu_si128((__m128i *)(out + i), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(t)));
+    }
+    blend_row_avx2(deg + i, img + i, out + i, n - i, a);
+}
+
 __attribute__((target("avx2"))) static void smooth_row_avx2(const uint8_t *above, const uint8_t *row,
                                                             const uint8_t *below, uint8_t *out, Py_ssize_t n) {
     const __m256 ke = _mm256_set1_ps(K_EDGE), km = _mm256_set1_ps(K_MID);
@@ -119,16 +137,122 @@ __attribute__((target("avx2"))) static void smooth_row_avx2(const uint8_t *above
     for (; j < n - 3; j++)
         out[j] = smooth1(above, row, below, j);
 }
+
+/* pshufb masks splitting 16 packed RGB pixels (three 16-byte loads) into their R, G and B bytes:
+ * SPLIT[c][v][k] picks pixel k's channel c from load v, or zeroes (0x80) when it lies in another load */
+static int8_t SPLIT[3][3][16];
+/* and back: 16 grey bytes to 48 bytes of RGB triplets, one mask per 16-byte store */
+static int8_t TRIPLE[3][16];
+
+static void init_masks(void) {
+    for (int c = 0; c < 3; c++)
+        for (int v = 0; v < 3; v++)
+            for (int k = 0; k < 16; k++) {
+                int byte = 3 * k + c - 16 * v;
+                SPLIT[c][v][k] = (int8_t)(byte >= 0 && byte < 16 ? byte : 0x80);
+            }
+    for (int v = 0; v < 3; v++)
+        for (int k = 0; k < 16; k++)
+            TRIPLE[v][k] = (int8_t)((16 * v + k) / 3);
+}
+
+__attribute__((target("avx2"))) static inline __m128i channel16(__m128i a, __m128i b, __m128i c, int ch) {
+    __m128i x = _mm_shuffle_epi8(a, _mm_loadu_si128((const __m128i *)SPLIT[ch][0]));
+    x = _mm_or_si128(x, _mm_shuffle_epi8(b, _mm_loadu_si128((const __m128i *)SPLIT[ch][1])));
+    return _mm_or_si128(x, _mm_shuffle_epi8(c, _mm_loadu_si128((const __m128i *)SPLIT[ch][2])));
+}
+
+/* luma() of eight pixels whose channels are the low eight bytes of r, g, b: Convert.c's L24 in int32 */
+__attribute__((target("avx2"))) static inline __m256i luma8(__m128i r, __m128i g, __m128i b) {
+    __m256i y = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(r), _mm256_set1_epi32(19595));
+    y = _mm256_add_epi32(y, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(g), _mm256_set1_epi32(38470)));
+    y = _mm256_add_epi32(y, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(b), _mm256_set1_epi32(7471)));
+    return _mm256_srli_epi32(_mm256_add_epi32(y, _mm256_set1_epi32(0x8000)), 16);
+}
+
+/* luma() of the 16 pixels at p (48 bytes), as pixels 0-7 in *lo and 8-15 in *hi */
+__attribute__((target("avx2"))) static inline void luma16(const uint8_t *p, __m256i *lo, __m256i *hi) {
+    __m128i a = _mm_loadu_si128((const __m128i *)p);
+    __m128i b = _mm_loadu_si128((const __m128i *)(p + 16));
+    __m128i c = _mm_loadu_si128((const __m128i *)(p + 32));
+    __m128i r = channel16(a, b, c, 0), g = channel16(a, b, c, 1), bl = channel16(a, b, c, 2);
+    *lo = luma8(r, g, bl);
+    *hi = luma8(_mm_srli_si128(r, 8), _mm_srli_si128(g, 8), _mm_srli_si128(bl, 8));
+}
+
+__attribute__((target("avx2"))) static long long luma_sum_avx2(const uint8_t *s, Py_ssize_t len) {
+    long long total = 0;
+    Py_ssize_t i = 0;
+    while (i + 48 <= len) {
+        /* int32 lanes: at most 4096 steps x 2 x 255 per lane before they are added up */
+        __m256i acc = _mm256_setzero_si256();
+        for (int step = 0; step < 4096 && i + 48 <= len; step++, i += 48) {
+            __m256i lo, hi;
+            luma16(s + i, &lo, &hi);
+            acc = _mm256_add_epi32(acc, _mm256_add_epi32(lo, hi));
+        }
+        int32_t lanes[8];
+        _mm256_storeu_si256((__m256i *)lanes, acc);
+        for (int k = 0; k < 8; k++)
+            total += lanes[k];
+    }
+    for (; i < len; i += 3)
+        total += luma(s + i);
+    return total;
+}
+
+/* a row of grey RGB triplets (convert("L").convert("RGB")) */
+__attribute__((target("avx2"))) static void gray_row_avx2(const uint8_t *row, uint8_t *deg, Py_ssize_t n) {
+    Py_ssize_t j = 0;
+    for (; j + 48 <= n; j += 48) {
+        __m256i lo, hi;
+        luma16(row + j, &lo, &hi);
+        __m128i w0 = _mm_packus_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
+        __m128i w1 = _mm_packus_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
+        __m128i y = _mm_packus_epi16(w0, w1);
+        for (int v = 0; v < 3; v++)
+            _mm_storeu_si128((__m128i *)(deg + j + 16 * v),
+                             _mm_shuffle_epi8(y, _mm_loadu_si128((const __m128i *)TRIPLE[v])));
+    }
+    for (; j < n; j += 3)
+        deg[j] = deg[j + 1] = deg[j + 2] = luma(row + j);
+}
 #endif
 
 static void blend_row(const uint8_t *deg, const uint8_t *img, uint8_t *out, Py_ssize_t n, float a) {
 #ifdef HAVE_AVX2_VARIANT
+    if (use_avx512) {
+        blend_row_avx512(deg, img, out, n, a);
+        return;
+    }
     if (use_avx2) {
         blend_row_avx2(deg, img, out, n, a);
         return;
     }
 #endif
     blend_row_scalar(deg, img, out, n, a);
+}
+
+static long long luma_total(const uint8_t *s, Py_ssize_t len) {
+#ifdef HAVE_AVX2_VARIANT
+    if (use_avx2)
+        return luma_sum_avx2(s, len);
+#endif
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < len; i += 3)
+        total += luma(s + i);
+    return total;
+}
+
+static void gray_row(const uint8_t *row, uint8_t *deg, Py_ssize_t n) {
+#ifdef HAVE_AVX2_VARIANT
+    if (use_avx2) {
+        gray_row_avx2(row, deg, n);
+        return;
+    }
+#endif
+    for (Py_ssize_t j = 0; j < n; j += 3)
+        deg[j] = deg[j + 1] = deg[j + 2] = luma(row + j);
 }
 
 static void smooth_row(const uint8_t *above, const uint8_t *row, const uint8_t *below, uint8_t *out,
@@ -284,9 +408,7 @@ static PyObject *luma_sum(PyObject *self, PyObject *arg) {
     }
     long long total = 0;
     Py_BEGIN_ALLOW_THREADS;
-    const uint8_t *s = src.buf;
-    for (Py_ssize_t i = 0; i < src.len; i += 3)
-        total += luma(s + i);
+    total = luma_total(src.buf, src.len);
     Py_END_ALLOW_THREADS;
     PyBuffer_Release(&src);
     return PyLong_FromLongLong(total);
@@ -306,8 +428,7 @@ static int blend_image(const uint8_t *src, uint8_t *dst, Py_ssize_t w, Py_ssize_
     for (Py_ssize_t y = 0; y < h; y++) {
         const uint8_t *row = src + y * n;
         if (kind == DEG_GRAY) {
-            for (Py_ssize_t j = 0; j < n; j += 3)
-                deg[j] = deg[j + 1] = deg[j + 2] = luma(row + j);
+            gray_row(row, deg, n);
         } else if (kind == DEG_SMOOTH) {
             /* Filter.c copies the first and last rows and the first and last pixel of each row, and
              * returns a plain copy for images under 3x3 */
@@ -384,19 +505,6 @@ static PyObject *blend_smooth(PyObject *self, PyObject *args) {
     return run_blend(&src, &dst, w, h, DEG_SMOOTH, 0, alpha);
 }
 
-static PyObject *set_vector(PyObject *self, PyObject *arg) {
-    /* for tests: turn the AVX2 loops off (0) or back on where the CPU has them (1); returns their state */
-    int want = PyObject_IsTrue(arg);
-    if (want < 0)
-        return NULL;
-#ifdef HAVE_AVX2_VARIANT
-    use_avx2 = want && __builtin_cpu_supports("avx2");
-#else
-    use_avx2 = 0;
-#endif
-    return PyBool_FromLong(use_avx2);
-}
-
 static PyMethodDef methods[] = {
     {"lut", lut, METH_VARARGS, "lut(src, dst, table): dst = src through a 768-byte per-channel table."},
     {"minmax", minmax, METH_O, "minmax(src) -> (lo_r, lo_g, lo_b, hi_r, hi_g, hi_b)."},
@@ -406,7 +514,7 @@ static PyMethodDef methods[] = {
     {"blend_gray", blend_gray, METH_VARARGS, "blend_gray(src, dst, alpha): Image.blend(grayscale of src, src, alpha)."},
     {"blend_smooth", blend_smooth, METH_VARARGS,
      "blend_smooth(src, dst, width, height, alpha): Image.blend(src.filter(SMOOTH), src, alpha)."},
-    {"set_vector", set_vector, METH_O, "set_vector(on) -> bool: use the AVX2 loops (where the CPU has them)."},
+    VECTOR_LEVEL_METHODS,
     {NULL, NULL, 0, NULL},
 };
 
@@ -414,8 +522,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_colorops", NULL, -1
 
 PyMODINIT_FUNC PyInit__colorops(void) {
 #ifdef HAVE_AVX2_VARIANT
-    __builtin_cpu_init();
-    use_avx2 = __builtin_cpu_supports("avx2");
+    vector_level_init();
+    init_masks();
 #endif
     return PyModule_Create(&module);
 }

@@ -1,4 +1,4 @@
-/* Which vector loops an extension runs: one policy for _warp and _resample (include after defining
+/* Which vector loops an extension runs: one policy for _warp, _resample and _colorops (include after defining
  * HAVE_AVX2_VARIANT where the compiler can build AVX2/AVX-512 variants).
  *
  * use_avx2 / use_avx512 start at the fastest the CPU runs well; set_vector(level) changes them for tests
