@@ -131,3 +131,47 @@ def test_manifest_and_parquet_bad_rows(ray_local, tmp_path):
     run = pipe.epoch(0)
     list(run)
     assert run.report.emitted == 1 and run.report.skipped == {"bad_label": 1, "null_image": 1}
+
+
+def test_mutated_files_give_an_image_or_a_skip_reason():
+    """Truncated, bit-flipped and cut JPEGs and PNGs through the train (plain and rand-m9) and eval
+    transforms: each comes out as an image of the requested shape or as SkipImage with a known reason;
+    no other exception, and no crash in the C extensions (which would take the worker down)."""
+    import random
+
+    from raypipe.config import EvalAugment
+    from raypipe.kernels import REASONS, SkipImage, build_transform, sample_rng
+
+    transforms = [build_transform(TrainAugment(input_size=64)),
+                  build_transform(TrainAugment(input_size=64, auto_augment="rand-m9-mstd0.5-inc1")),
+                  build_transform(EvalAugment(input_size=64))]
+    img = f.photo(size=(160, 120))
+    sources = [f.photo_jpeg(size=(160, 120)), f.encode(img, "JPEG", progressive=True, quality=80),
+               f.encode(img, "JPEG", subsampling=0), f.encode(img, "PNG")]
+    rnd = random.Random(7)
+    outcomes = {"image": 0}
+    for i in range(240):
+        data = bytearray(rnd.choice(sources))
+        kind = i % 4
+        if kind == 0:  # truncated anywhere
+            data = data[: rnd.randrange(1, len(data))]
+        elif kind == 1:  # bytes flipped anywhere
+            for _ in range(rnd.randint(1, 20)):
+                data[rnd.randrange(len(data))] = rnd.randrange(256)
+        elif kind == 2:  # bytes flipped in the headers (markers, tables, dimensions)
+            for _ in range(rnd.randint(1, 5)):
+                data[rnd.randrange(min(len(data), 700))] = rnd.randrange(256)
+        else:  # a range cut out
+            a, b = sorted(rnd.randrange(len(data)) for _ in range(2))
+            del data[a:b]
+        t = transforms[i % len(transforms)]
+        try:
+            out = t(bytes(data), sample_rng(0, 0, i))
+        except SkipImage as e:
+            assert e.reason in REASONS, e.reason
+            outcomes[e.reason] = outcomes.get(e.reason, 0) + 1
+            continue
+        assert out.shape == (64, 64, 3) and out.dtype == np.uint8
+        outcomes["image"] += 1
+    # the mutations reach both outcomes (a corpus where everything decodes, or nothing does, tests little)
+    assert outcomes["image"] > 20 and sum(outcomes.values()) - outcomes["image"] > 20, outcomes
