@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import pyarrow.fs as pafs
 
-__all__ = ["RankEpoch", "combine", "format_line", "RunDir"]
+__all__ = ["RankEpoch", "combine", "format_line", "format_metric", "RunDir"]
 
 
 @dataclass
@@ -74,11 +74,29 @@ def combine(epoch: int, ranks: list[RankEpoch], *, lr: float, resumed_from_epoch
     }
 
 
+def format_metric(x: float | None, spec: str) -> str:
+    """``x`` formatted, or "n/a" for a metric with nothing behind it (an epoch without eval samples:
+    NaN in memory, null in metrics.json)."""
+    return "n/a" if x is None or x != x else format(x, spec)
+
+
+def _json_safe(obj):
+    """NaN as null, so metrics.json is standard JSON (``NaN`` is a Python extension other parsers refuse)."""
+    if isinstance(obj, float) and obj != obj:
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
 def format_line(m: dict, epochs: int) -> str:
     skipped = sum(m["skipped"].values())
     return (
-        f"epoch {m['epoch'] + 1}/{epochs}  loss {m['train_loss']:.4f}  top1 {m['eval_top1']:.2f}  "
-        f"top5 {m['eval_top5']:.2f}  lr {m['lr']:.2e}  {m['images_per_s']:.0f} img/s  "
+        f"epoch {m['epoch'] + 1}/{epochs}  loss {format_metric(m['train_loss'], '.4f')}  "
+        f"top1 {format_metric(m['eval_top1'], '.2f')}  "
+        f"top5 {format_metric(m['eval_top5'], '.2f')}  lr {m['lr']:.2e}  {m['images_per_s']:.0f} img/s  "
         f"stall {100 * m['data_stall_fraction']:.0f}%  emitted {m['emitted']}/{m['expected']} skipped {skipped}  "
         f"({m['epoch_s']:.1f}s train, {m['eval_s']:.1f}s eval)"
     )
@@ -100,7 +118,7 @@ class RunDir:
         self.fs.create_dir(posixpath.dirname(self._p(rel)), recursive=True)
         tmp = self._p(rel) + ".tmp"
         with self.fs.open_output_stream(tmp) as f:
-            f.write((json.dumps(payload, indent=1, allow_nan=True) + "\n").encode("utf-8"))
+            f.write((json.dumps(_json_safe(payload), indent=1, allow_nan=False) + "\n").encode("utf-8"))
         self.fs.move(tmp, self._p(rel))  # readers never see a half-written file
 
     def read_json(self, rel: str, default=None):

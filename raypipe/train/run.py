@@ -19,7 +19,7 @@ from ray.train.torch import TorchTrainer
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.data import job_rows
 from raypipe.train.loop import train_loop_per_worker
-from raypipe.train.metrics import RunDir
+from raypipe.train.metrics import RunDir, format_metric
 
 __all__ = ["run_training", "resolve_storage"]
 
@@ -93,7 +93,8 @@ def run_training(job: TrainJobConfig) -> dict:
     if history:
         last = history[-1]
         print(
-            f"done: {len(history)} epoch(s); eval top-1 {last['eval_top1']:.2f}%, top-5 {last['eval_top5']:.2f}%; "
+            f"done: {len(history)} epoch(s); eval top-1 {format_metric(last['eval_top1'], '.2f')}%, "
+            f"top-5 {format_metric(last['eval_top5'], '.2f')}%; "
             f"metrics {summary['metrics_json']}",
             flush=True,
         )
