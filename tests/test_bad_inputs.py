@@ -54,9 +54,11 @@ def corpus(tmp_path_factory):
     # root reads mode-000 files anyway; elsewhere it is an unreadable file
     expected["locked.jpg"] = "" if os.geteuid() == 0 else "unreadable"
     (cls / "adir.jpg").mkdir()  # a directory named like an image is not a sample
-    try:  # POSIX file names are bytes; this one is not UTF-8, so it cannot be an Arrow string
+    try:  # POSIX file names are bytes; these are not UTF-8 (one good image, one truncated)
         (cls / os.fsdecode(b"bad\xffname.jpg")).write_bytes(f.photo_jpeg(size=(64, 48)))
-        expected["bad\\xffname.jpg"] = "unreadable"
+        expected["bad\\xffname.jpg"] = ""
+        (cls / os.fsdecode(b"cut\xfe.jpg")).write_bytes(f.truncated_jpeg())
+        expected["cut\\xfe.jpg"] = "truncated"  # reported with the name escaped
     except OSError:  # filesystems that only take UTF-8 names
         pass
     (cls / "deleted.jpg").write_bytes(f.photo_jpeg(size=(64, 48)))

@@ -36,23 +36,25 @@ def test_folder_extensions_case_insensitive_and_nested(tmp_path):
     assert rows.table.column("label").to_pylist() == [0, 0, 1, 1]
 
 
-def test_non_utf8_names_are_listed_as_counted_skips(tmp_path):
+def test_non_utf8_names_are_listed_and_read(tmp_path):
     from torchvision.datasets import ImageFolder
 
     try:
-        for name in [b"a/ok.jpg", b"a/bad\xff.jpg", b"b\xfe/x.jpg", b"c/y.jpg"]:
-            _touch(tmp_path / os.fsdecode(name))
+        for name, data in [(b"a/ok.jpg", b"1"), (b"a/bad\xff.jpg", b"2"), (b"b\xfe/x.jpg", b"3"), (b"c/y.jpg", b"4")]:
+            _touch(tmp_path / os.fsdecode(name), data)
     except OSError:
         pytest.skip("this filesystem only takes UTF-8 file names")
     rows = open_source(str(tmp_path))
-    tv = ImageFolder(str(tmp_path))
-    # same rows and label indices as torchvision; the undecodable names are shown escaped and carry
-    # their skip reason from the listing on
+    tv = ImageFolder(str(tmp_path), loader=lambda p: p, is_valid_file=lambda p: True)
+    # the same rows and label indices as torchvision; the class folder's name is shown escaped
     assert rows.table.column("label").to_pylist() == [lbl for _, lbl in tv.samples] == [0, 0, 1, 2]
     assert rows.classes == ("a", "b\\xfe", "c")
-    assert rows.table.column("path").to_pylist() == ["a/bad\\xff.jpg", "a/ok.jpg", "b\\xfe/x.jpg", "c/y.jpg"]
-    errors = rows.table.column("error").to_pylist()
-    assert [e.split(":")[0] if e else None for e in errors] == ["unreadable", None, "unreadable", None]
+    assert rows.table.column("error").to_pylist() == [None] * 4
+    values = rows.table.column("path").to_pylist()
+    # each row reads its own file (a name that is not UTF-8 travels as its bytes), and reports show it escaped
+    assert [rows.root.read_bytes(v) for v in values] == [b"2", b"1", b"3", b"4"]
+    assert rows.root.display(values[0]) == os.path.join(rows.root.root, "a/bad\\xff.jpg")
+    assert values[1] == "a/ok.jpg" and rows.root.display(values[1]) == os.path.join(rows.root.root, "a/ok.jpg")
 
 
 def test_sample_ids_are_stable(sample_dir):

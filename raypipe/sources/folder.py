@@ -3,7 +3,9 @@
 Classes are the sorted sub-folder names, so label indices match timm and torchvision. Files are
 walked in sorted order, which makes ``sample_id`` (the listing index) stable across runs and
 cluster sizes. Directory symlinks that leave the root are not followed; file symlinks are listed
-and refused (``outside_root``) by the reader, before they are opened, so they are counted.
+and refused (``outside_root``) by the reader, before they are opened, so they are counted. A file name
+that is not UTF-8 is listed and read like any other (its bytes travel in the path column, see
+``paths.path_value``); reports show it with ``\\xNN`` escapes.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ import os
 
 import pyarrow.fs as pafs
 
-from raypipe.kernels.errors import UNREADABLE
-from raypipe.sources.paths import DatasetRoot
+from raypipe.sources.paths import DatasetRoot, path_value, printable
 from raypipe.sources.table import SourceRows, make_rows
 
 __all__ = ["IMG_EXTENSIONS", "list_image_folder"]
@@ -45,18 +46,6 @@ def _walk_local(root: DatasetRoot, class_dir: str) -> list[str]:
 def _classes_local(root: DatasetRoot) -> list[str]:
     with os.scandir(root.root) as it:
         return sorted(e.name for e in it if e.is_dir() and _inside(root.root, e.path))
-
-
-def _utf8_name(name: str) -> str | None:
-    """None when ``name`` is valid UTF-8; else a printable stand-in with the undecodable bytes as
-    ``\\xNN``. Such names (possible on POSIX, where a file name is any bytes) cannot travel in an
-    Arrow string column, so their rows are listed as counted ``unreadable`` skips instead of failing
-    the whole listing."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return None
 
 
 def _walk_order(relpath: str) -> list[tuple[int, str]]:
@@ -102,11 +91,7 @@ def list_image_folder(root: DatasetRoot) -> SourceRows:
     if not paths:
         exts = ", ".join(IMG_EXTENSIONS)
         raise ValueError(f"image folder {root.uri!r} has no image files ({exts}) under its class folders")
-    errors: list[str | None] | None = None
-    for i, path in enumerate(paths):
-        shown = _utf8_name(path)
-        if shown is not None:
-            errors = errors or [None] * len(paths)
-            paths[i], errors[i] = shown, f"{UNREADABLE}: the file name is not valid UTF-8"
-    classes = [_utf8_name(c) or c for c in classes]  # a label's index stays; only its display changes
-    return SourceRows(kind="folder", root=root, table=make_rows(paths, labels, errors=errors), classes=tuple(classes))
+    # file names that are not UTF-8 travel as their bytes (path_value); class names are only shown
+    paths = [path_value(p) for p in paths]
+    return SourceRows(kind="folder", root=root, table=make_rows(paths, labels),
+                      classes=tuple(printable(c) for c in classes))

@@ -19,13 +19,38 @@ import pyarrow.fs as pafs
 
 from raypipe.kernels.errors import MISSING, OUTSIDE_ROOT, UNREADABLE, SkipImage
 
-__all__ = ["DatasetRoot", "open_root"]
+__all__ = ["DatasetRoot", "open_root", "path_value"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", None)  # None (Windows): every read resolves the whole path
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # Per process, (root, directory) -> the directory's realpath inside the root. Bounded: cleared when full.
 _REAL_DIRS: dict[tuple[str, str], str] = {}
 _REAL_DIRS_MAX = 65536
+
+
+# A path-column value that starts with NUL holds a local file name's raw bytes in hex: a name that is not
+# UTF-8 (POSIX allows any bytes but NUL and "/"), which an Arrow string column cannot hold. No real name
+# starts with NUL, so the two kinds of values cannot be confused.
+_RAW_NAME = "\x00"
+
+
+def path_value(relpath: str) -> str:
+    """``relpath`` (from ``os`` listings: undecodable bytes as surrogates) as a path-column value."""
+    try:
+        relpath.encode("utf-8")
+    except UnicodeEncodeError:
+        return _RAW_NAME + os.fsencode(relpath).hex()
+    return relpath
+
+
+def _local_name(value: str) -> str:
+    """The relative path a path-column value stands for (the inverse of ``path_value``)."""
+    return os.fsdecode(bytes.fromhex(value[1:])) if value.startswith(_RAW_NAME) else value
+
+
+def printable(relpath: str) -> str:
+    """``relpath`` with undecodable bytes written as ``\\xNN`` (for reports and messages)."""
+    return relpath.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _is_uri(path: str) -> bool:
@@ -66,15 +91,16 @@ class DatasetRoot:
         """Read a whole file inside the root; I/O failures become SkipImage with their reason."""
         try:
             if self.is_local:
-                return self._read_local(relpath)
+                return self._read_local(_local_name(relpath))
             with self.filesystem.open_input_stream(self.resolve(relpath)) as f:
                 return f.read()
         except FileNotFoundError as e:
-            raise SkipImage(MISSING, f"{relpath}: {e}") from None
+            raise SkipImage(MISSING, printable(f"{_local_name(relpath)}: {e}")) from None
         except OSError as e:  # permission denied, a directory, an I/O error on a network filesystem
+            shown = printable(f"{_local_name(relpath)}: {e}")
             if "not found" in str(e).lower() or "does not exist" in str(e).lower():
-                raise SkipImage(MISSING, f"{relpath}: {e}") from None
-            raise SkipImage(UNREADABLE, f"{relpath}: {e}") from None
+                raise SkipImage(MISSING, shown) from None
+            raise SkipImage(UNREADABLE, shown) from None
 
     def _read_local(self, relpath: str) -> bytes:
         # Fast path: the file's directory resolved once per process (realpath costs an lstat per path
@@ -121,6 +147,7 @@ class DatasetRoot:
     def display(self, relpath: str) -> str:
         """A path users recognise in reports (the URI form for remote roots)."""
         if self.is_local:
+            relpath = printable(_local_name(relpath))
             return relpath if os.path.isabs(relpath) else os.path.join(self.root, relpath)
         base = self.uri.rstrip("/") if self.uri else self.root
         return f"{base}/{relpath}"
