@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 
 from raypipe.kernels.errors import MISSING, OUTSIDE_ROOT, UNREADABLE, SkipImage
 
-__all__ = ["DatasetRoot", "open_root", "path_value"]
+__all__ = ["DatasetRoot", "open_root", "path_value", "printable"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", None)  # None (Windows): every read resolves the whole path
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
