@@ -57,6 +57,19 @@ static void blend_row_scalar(const uint8_t *deg, const uint8_t *img, uint8_t *ou
         out[i] = blend1(a, deg[i], img[i]);
 }
 
+static long long luma_sum_scalar(const uint8_t *s, Py_ssize_t len) {
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < len; i += 3)
+        total += luma(s + i);
+    return total;
+}
+
+/* a row of grey RGB triplets (convert("L").convert("RGB")) */
+static void gray_row_scalar(const uint8_t *row, uint8_t *deg, Py_ssize_t n) {
+    for (Py_ssize_t j = 0; j < n; j += 3)
+        deg[j] = deg[j + 1] = deg[j + 2] = luma(row + j);
+}
+
 /* Filter.c's KERNEL1x3 sums for SMOOTH ((1 1 1, 1 5 1, 1 1 1) / 13): offset 0.5 first, then the row
  * below, the row itself, the row above, each as (left * k + centre * k) + right * k. */
 static const float K_EDGE = 1.0f / 13.0f;
@@ -196,12 +209,9 @@ __attribute__((target("avx2"))) static long long luma_sum_avx2(const uint8_t *s,
         for (int k = 0; k < 8; k++)
             total += lanes[k];
     }
-    for (; i < len; i += 3)
-        total += luma(s + i);
-    return total;
+    return total + luma_sum_scalar(s + i, len - i);
 }
 
-/* a row of grey RGB triplets (convert("L").convert("RGB")) */
 __attribute__((target("avx2"))) static void gray_row_avx2(const uint8_t *row, uint8_t *deg, Py_ssize_t n) {
     Py_ssize_t j = 0;
     for (; j + 48 <= n; j += 48) {
@@ -214,8 +224,7 @@ __attribute__((target("avx2"))) static void gray_row_avx2(const uint8_t *row, ui
             _mm_storeu_si128((__m128i *)(deg + j + 16 * v),
                              _mm_shuffle_epi8(y, _mm_loadu_si128((const __m128i *)TRIPLE[v])));
     }
-    for (; j < n; j += 3)
-        deg[j] = deg[j + 1] = deg[j + 2] = luma(row + j);
+    gray_row_scalar(row + j, deg + j, n - j);
 }
 #endif
 
@@ -238,10 +247,7 @@ static long long luma_total(const uint8_t *s, Py_ssize_t len) {
     if (use_avx2)
         return luma_sum_avx2(s, len);
 #endif
-    long long total = 0;
-    for (Py_ssize_t i = 0; i < len; i += 3)
-        total += luma(s + i);
-    return total;
+    return luma_sum_scalar(s, len);
 }
 
 static void gray_row(const uint8_t *row, uint8_t *deg, Py_ssize_t n) {
@@ -251,8 +257,7 @@ static void gray_row(const uint8_t *row, uint8_t *deg, Py_ssize_t n) {
         return;
     }
 #endif
-    for (Py_ssize_t j = 0; j < n; j += 3)
-        deg[j] = deg[j + 1] = deg[j + 2] = luma(row + j);
+    gray_row_scalar(row, deg, n);
 }
 
 static void smooth_row(const uint8_t *above, const uint8_t *row, const uint8_t *below, uint8_t *out,
