@@ -14,7 +14,7 @@ per-epoch rates. The third reads packed batches through an ``EpochSource`` with 
 turn and prints every epoch's first-batch time and rate, and the rate over the epochs after the first.
 The fourth does the same for one ``warm_lead_s`` and prints a timeline: when each epoch's execution was
 started (``prestart``), its dataset built and its first two blocks ready, against when the consumer
-began and ended each epoch.
+began and ended each epoch, with the object store's use every ~4000 rows.
 """
 
 from __future__ import annotations
@@ -116,15 +116,28 @@ def timeline(args: argparse.Namespace) -> None:
     aug = TrainAugment(input_size=args.img_size, color_jitter=None, **extra)
     pipe = Pipeline(args.data, aug, config=PipelineConfig(batch_size=args.batch_size, block_size=args.block_size))
     source = EpochSource(pipe, end_epoch=args.epochs, warm_lead_s=args.timeline)
+    every = max(1, 4000 // args.batch_size)  # batches between object-store readings
     for epoch in range(args.epochs):
         note(f"--- consumer begins epoch {epoch}")
         for i, _ in enumerate(source):
             if i == 0:
                 note(f"epoch {epoch}: first batch consumed")
-        note(f"--- consumer ends epoch {epoch}")
+            elif i % every == 0:
+                note(f"epoch {epoch}: {i} batches consumed, object store {_object_store_mib()} MiB")
+        note(f"--- consumer ends epoch {epoch}, object store {_object_store_mib()} MiB")
     source.close()
     for t, text in sorted(events):
         print(f"{t:7.2f} s  {text}")
+
+
+def _object_store_mib() -> str:
+    """The local object store's bytes in use (Ray's ``ray memory --stats-only`` figure)."""
+    from ray._private.internal_api import memory_summary
+
+    for line in memory_summary(stats_only=True).splitlines():
+        if line.startswith("Plasma memory usage"):
+            return line.split()[3]
+    return "?"
 
 
 def main() -> None:

@@ -185,15 +185,41 @@ def test_next_epoch_warms_up_when_the_last_blocks_are_in_flight(ray_local, sampl
 
 
 def test_next_epoch_warms_up_a_lead_time_ahead_at_the_current_pace(ray_local, sample_dir, monkeypatch):
-    import time
-
     source, started = _warm_probe(sample_dir, monkeypatch, warm_lead_s=2.0)
-    source._epoch_started = time.perf_counter() - 10.0  # 5000 rows in 10 s: 500 rows/s
-    # the block margin (16 rows) plus 2 s at 500 rows/s = 1016 rows (a little less as the clock runs on)
-    source._maybe_warm_next(seen=5000, expected=5000 + 1100)
-    assert started == []
-    source._maybe_warm_next(seen=5000, expected=5000 + 1000)
+    for t in range(10):  # 500 rows/s: 4500 rows after 9 s
+        source._maybe_warm_next(seen=500 * t, expected=6100, now=100.0 + t)
+    assert started == []  # 1600 rows left; the block margin (16 rows) + 2 s at 500 rows/s is 1016
+    source._maybe_warm_next(seen=5090, expected=6100, now=110.18)  # 1010 left
     assert started == [1]
+
+
+def test_a_warmed_epochs_first_blocks_do_not_warm_the_next_one(ray_local, sample_dir, monkeypatch):
+    """A warmed-up epoch starts with blocks already done: the consumer takes them in a burst. That
+    burst is not the epoch's pace (the average over it once warmed the next epoch at the first block,
+    and the two executions then shared the cores for the whole epoch)."""
+    source, started = _warm_probe(sample_dir, monkeypatch, warm_lead_s=1.0)
+    for i in range(1, 13):  # twelve 128-row blocks in 12 ms
+        source._maybe_warm_next(seen=128 * i, expected=20_000, now=50.0 + i / 1000)
+    assert started == []
+    seen, now = 1536, 50.012
+    while seen < 20_000 - 16 - 1500 - 128:  # then 1500 rows/s: no warm-up until 1516 rows are left
+        seen, now = seen + 128, now + 128 / 1500
+        source._maybe_warm_next(seen=seen, expected=20_000, now=now)
+        assert started == [], seen
+    source._maybe_warm_next(seen=seen + 256, expected=20_000, now=now + 256 / 1500)
+    assert started == [1]
+
+
+def test_pace_is_the_rate_over_the_last_window():
+    from raypipe.pipeline.pipeline import Pace
+
+    pace = Pace(window_s=1.0)
+    assert pace.update(10.0, 0) is None  # not a window yet
+    assert pace.update(10.5, 5000) is None
+    assert pace.update(11.0, 5100) == pytest.approx(5100)  # 10.0 .. 11.0
+    for i in range(1, 5):
+        rate = pace.update(11.0 + i * 0.5, 5100 + i * 100)  # 200 rows/s from 11.0 on
+    assert rate == pytest.approx(200)  # the burst at 10.5 has left the window
 
 
 def test_an_epochs_execution_may_not_run_far_ahead(ray_local, sample_dir):
@@ -212,6 +238,47 @@ def test_an_epochs_execution_may_not_run_far_ahead(ray_local, sample_dir):
         assert ds.context.execution_options.resource_limits.object_store_memory == 1000
     finally:
         ctx.execution_options.resource_limits = saved
+
+
+def _plasma_mib() -> int:
+    from ray._private.internal_api import memory_summary
+
+    for line in memory_summary(stats_only=True).splitlines():
+        if line.startswith("Plasma memory usage"):
+            return int(line.split()[3])
+    raise AssertionError("no plasma usage line in Ray's memory summary")
+
+
+def test_an_unread_execution_stops_at_its_run_ahead_cap(ray_local, tmp_path):
+    """The cap is enforced, not only set: an epoch whose blocks nobody reads stops computing near it.
+    (Switched off, Ray Data's allocator bounded nothing: a warmed-up next epoch filled the store.)"""
+    import time
+
+    import simplejpeg
+
+    rng = np.random.default_rng(0)
+    for c in range(4):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(50):
+            img = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
+            (tmp_path / f"c{c}" / f"{i}.jpg").write_bytes(simplejpeg.encode_jpeg(img))
+    cfg = PipelineConfig(batch_size=4, block_size=4, prefetch_blocks=1, num_actors=1)
+    pipe = Pipeline(str(tmp_path), TrainAugment(input_size=448, color_jitter=None), config=cfg)
+    cap_mib = pipe.run_ahead_bytes() / 2**20  # 3 blocks of 2.3 MB; all 200 rows would be 115 MiB
+    base = _plasma_mib()
+    run = pipe.epoch(0)
+    run.prestart()
+    try:
+        readings, deadline = [], time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the store stops filling for 2 s
+            time.sleep(0.5)
+            readings.append(_plasma_mib() - base)
+            if len(readings) >= 6 and readings[-1] > 0 and len(set(readings[-4:])) == 1:
+                break
+        print("object store MiB while unread:", readings, "cap", round(cap_mib, 1))
+        assert 0 < readings[-1] <= 3 * cap_mib, (readings, cap_mib)
+    finally:
+        run.cancel()
 
 
 def test_worker_niceness_travels_in_the_stage_spec(ray_local, sample_dir):

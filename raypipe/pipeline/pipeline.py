@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -28,11 +29,12 @@ from raypipe._handoff import put_unless_stopped
 from raypipe.config import DecodeConfig, EvalAugment, PipelineConfig, TrainAugment
 from raypipe.pipeline.accounting import EpochLedger, EpochReport
 from raypipe.pipeline.pack import BatchSpec, Packer
+from raypipe.pipeline.runahead import bound_run_ahead
 from raypipe.runtime import pin_mmap_threshold
 from raypipe.sources import SourceRows, open_source
 from raypipe.stages.augment import AugmentStage, StageSpec, augment_block
 
-__all__ = ["Pipeline", "EpochRun", "EpochSource", "shard_indices"]
+__all__ = ["Pipeline", "EpochRun", "EpochSource", "Pace", "shard_indices"]
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +137,10 @@ class Pipeline:
                 augment_block, fn_kwargs={"spec": spec}, compute=ray.data.TaskPoolStrategy(size=workers), **common
             )
         ctx = ds.context
-        # Ray Data reserves half the CPUs per operator by default; with a single map operator fed
-        # from memory that reservation only idles half the cluster (measured: 1 of 2 cores busy).
-        ctx.op_resource_reservation_enabled = False
         ctx.enable_progress_bars = False  # raypipe draws its own per-epoch progress
-        # Bound how far an execution runs ahead of its consumer. Unbounded, the next epoch's warmed-up
-        # execution filled Ray Data's whole memory budget while the current epoch ran, computing much
-        # of a short epoch early (and holding it in the object store).
+        # Bound how far an execution runs ahead of its consumer (the next epoch's warmed-up one above
+        # all, which nothing reads until the current epoch ends): see raypipe.pipeline.runahead.
+        bound_run_ahead(ctx)
         limits = ctx.execution_options.resource_limits
         cap = self.run_ahead_bytes(workers)
         ctx.execution_options.resource_limits = limits.copy(object_store_memory=min(limits.object_store_memory, cap))
@@ -295,6 +294,28 @@ class EpochRun:
 WARM_LEAD_S = 1.0
 
 
+class Pace:
+    """Rows per second over the last ``window_s`` of (time, rows seen) updates; None until the updates
+    span a whole window.
+
+    Not the epoch's average: a warmed-up epoch starts with blocks already done, taken in a burst (1,500
+    rows in a few ms), which made the average so high that the next epoch was warmed up at once and ran
+    beside the whole current one.
+    """
+
+    def __init__(self, window_s: float):
+        self.window_s = window_s
+        self._marks: deque[tuple[float, int]] = deque()
+
+    def update(self, now: float, seen: int) -> float | None:
+        marks = self._marks
+        marks.append((now, seen))
+        while len(marks) > 2 and now - marks[1][0] >= self.window_s:
+            marks.popleft()  # the second-oldest still spans the window
+        t0, seen0 = marks[0]
+        return (seen - seen0) / (now - t0) if now - t0 >= self.window_s else None
+
+
 class EpochSource:
     """A re-iterable view of a pipeline for one rank: each ``iter()`` runs the next epoch.
 
@@ -330,7 +351,7 @@ class EpochSource:
         # plus what the consumer takes in ``warm_lead_s`` at this epoch's pace (see WARM_LEAD_S).
         self._warm_margin = cfg.block_size * (cfg.prefetch_blocks + pipeline.num_workers())
         self.warm_lead_s = float(warm_lead_s)
-        self._epoch_started: float | None = None
+        self._pace = Pace(window_s=max(self.warm_lead_s, 0.5))
 
     def set_epoch(self, epoch: int) -> None:
         self.next_epoch = epoch
@@ -356,18 +377,16 @@ class EpochSource:
         self.current = run
         self.next_epoch += 1
         run._started = True
-        self._epoch_started = time.perf_counter()
+        self._pace = Pace(self._pace.window_s)
         yield from run._run(on_progress=self._maybe_warm_next if self.warm_next else None)
         self.reports.append(run.report)
 
-    def _maybe_warm_next(self, seen: int, expected: int) -> None:
+    def _maybe_warm_next(self, seen: int, expected: int, now: float | None = None) -> None:
         """Near the end of an epoch (its last blocks in flight), start the next epoch's execution."""
         if self.end_epoch is not None and self.next_epoch >= self.end_epoch:
             return
-        lead_rows = 0.0
-        if self._epoch_started is not None and self.warm_lead_s > 0:
-            elapsed = time.perf_counter() - self._epoch_started
-            lead_rows = self.warm_lead_s * seen / elapsed if elapsed > 0 else 0.0
+        rate = self._pace.update(time.perf_counter() if now is None else now, seen)
+        lead_rows = self.warm_lead_s * rate if rate is not None else 0.0
         if self._upcoming is None and expected - seen <= self._warm_margin + lead_rows:
             self._upcoming = self._make(self.next_epoch)
             self._upcoming.prestart()
