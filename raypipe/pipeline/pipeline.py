@@ -147,9 +147,9 @@ class Pipeline:
         return ds, len(idx)
 
     def run_ahead_bytes(self, workers: int | None = None) -> int:
-        """Object store an epoch's execution may fill: the consumer's prefetch window plus two blocks in
-        flight per worker (one being written, one waiting to be fetched). ``workers``: ``num_workers()``
-        when already known (it asks the cluster)."""
+        """Object store an epoch's execution may fill (``runahead.RunAheadCap`` holds its next task back
+        beyond it): the consumer's prefetch window plus two blocks in flight per worker (one being
+        written, one waiting to be fetched). ``workers``: ``num_workers()`` when already known."""
         h, w, c = self.batch_spec.image_shape
         cfg = self.config
         workers = self.num_workers() if workers is None else workers
@@ -285,12 +285,13 @@ class EpochRun:
         )
 
 
-# How long before an epoch's end the next one's Ray execution starts, on top of the rows in flight.
-# A new execution needs ~1.1 s from start to its first block on 2 cores (0.1-0.25 s to build, the rest
-# queued behind the old epoch's tasks and computing), and the block-set margin alone started it only
-# 0.3-0.6 s ahead: a warmed epoch's first batch took 0.6-0.75 s. With 1 s: 0.0-0.44 s (rand-m9
-# 0.0-0.72), +3-5 % img/s, three runs each without a stall (bench/NOTES.md). The run-ahead cap
-# (Pipeline.run_ahead_bytes) bounds how far the next epoch can get.
+# How long before an epoch's end the next one's Ray execution starts, on top of the rows in flight: a
+# new execution needs ~1.1 s from start to its first block on 2 cores (0.1-0.25 s to build, the rest
+# queued behind the old epoch's tasks and computing). Until the tenth session the pace this is turned
+# into rows with was wrong (see Pace) and every warm-up after the first started at the epoch's first
+# block, so the figures that chose 1 s measured that. With the pace fixed, 20,000-image epochs: the next
+# execution starts ~3 s before the end and its first batch is waiting (bench/epoch_startup.py
+# --timeline 1). The run-ahead cap (Pipeline.run_ahead_bytes) bounds how far it gets.
 WARM_LEAD_S = 1.0
 
 

@@ -6,8 +6,8 @@ it until then: unbounded, it filled the object store (20,000-image epochs: 1.8 G
 current epoch's end, and growing with the epoch).
 
 Ray Data 2.60 enforces ``ExecutionOptions.resource_limits.object_store_memory`` only through its
-operator resource allocator, which also throttled raypipe's own epochs (rand-m9 on 2 cores: 1000 img/s
-with it on against 1160-1190 off). So the allocator stays off and this backpressure policy holds back
+operator resource allocator, which also held raypipe's own epochs back (fewer img/s on 2 cores in a
+scratch comparison with rand-m9). So the allocator stays off and this backpressure policy holds back
 new tasks of a map operator while its live blocks (running tasks' outputs, finished blocks not yet
 taken, and blocks the consumer still holds) plus one more task's output would exceed that limit.
 """
