@@ -176,16 +176,16 @@ class EvalAugment:
 
 
 def auto_block_size(batch_size: int) -> int:
-    """Rows per Ray block for a batch size: the largest multiple of it that is <= 256 for batches up to
-    256 (each batch is then a view of one block: no packing copy in the trainer process, measured
-    -60 % of its CPU at batch 256), else the largest divisor in 128..256, else 256. Ray costs ~23-27 ms
-    of CPU per block across its processes (``bench/micro_profile.py ray-null``), so bigger blocks pay
-    it less often: 256 rows at batch 128 ran 20,000-image epochs ~10 % faster than 128 on 2 cores and
-    the bench +6-11 %. The price is a cold epoch's first batch (the first of a run): 0.58-0.83 s
-    against 0.39-0.42 (``bench/epoch_startup.py --block-sizes 128 256``); a warmed-up epoch's first
-    batch is waiting either way (bench/NOTES.md, tenth session)."""
+    """Rows per Ray block for a batch size: the smallest multiple of it that is >= 128 for batches up
+    to 256 (each batch is then a view of one block: no packing copy in the trainer process, measured
+    -60 % of its CPU at batch 256), else the largest divisor in 128..256, else 256. Blocks stay within
+    128-256 rows: fewer pay Ray's per-task cost (~23-27 ms of CPU per block across its processes,
+    ``bench/micro_profile.py ray-null``) too often, more delay the first batch at every epoch start:
+    256-row blocks at batch 128 ran long stretches 6.7 % faster on 2 cores but made the bench's
+    first batch 2-2.5x slower (see bench/NOTES.md, sixth session), so long epochs may want
+    ``block_size=256``."""
     if batch_size <= 256:
-        return batch_size * (256 // batch_size)
+        return batch_size * -(-128 // batch_size)
     divisors = [d for d in range(256, 127, -1) if batch_size % d == 0]
     return divisors[0] if divisors else 256
 
@@ -205,9 +205,9 @@ class PipelineConfig:
     cpus_per_actor: float = 0.5
     compute: str = "tasks"  # "tasks": stateless Ray tasks on warm workers; "actors": ActorPoolStrategy
     # Rows per Ray block, i.e. per augmentation task. Ray's per-task cost is ~23-27 ms of CPU: 32-row
-    # blocks ran at 550 img/s, 64 at 970, 128 at 1100-1200 (2 cores, 224 px), 256 ~10 % more than 128
-    # (tenth session), at the price of a slower cold start. None: ``auto_block_size`` (a multiple of
-    # the batch size where it can be, so the consumer packs batches without copying).
+    # blocks ran at 550 img/s, 64 at 970, 128 at 1100-1200 (2 cores, 224 px; 256 +6.7 % over 128 with
+    # the sixth session's kernel, at the price of slower epoch starts). None: ``auto_block_size``
+    # (a multiple of the batch size where it can be, so the consumer packs batches without copying).
     block_size: int | None = None
     # Finished blocks fetched ahead of the consumer (the epoch's pump thread queues them; Ray Data's own
     # prefetch window is off, as it held an epoch's first block back until w + 1 blocks were done).

@@ -99,7 +99,7 @@ def test_val_split_is_stable_and_disjoint():
 def test_feeder_and_pipeline_speed_knobs(tmp_path):
     job = parse_job([])
     assert job.feeder == "process" and job.pipeline.worker_nice == 10  # the consumer first
-    assert job.pipeline.block_size == 256  # auto: a multiple of the default job's batch of 32
+    assert job.pipeline.block_size == 128  # auto: a multiple of the default job's batch of 32
     job = parse_job(["-c", _yaml(tmp_path, "feeder: thread\nworker_nice: 0\n"), "-b", "256"])
     assert job.feeder == "thread" and job.pipeline.worker_nice == 0 and job.pipeline.block_size == 256
     assert parse_job(["--feeder", "process", "--block-size", "64"]).pipeline.block_size == 64
