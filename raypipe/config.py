@@ -181,9 +181,9 @@ def auto_block_size(batch_size: int) -> int:
     -60 % of its CPU at batch 256), else the largest divisor in 128..256, else 256. Blocks stay within
     128-256 rows: fewer pay Ray's per-task cost (~23-27 ms of CPU per block across its processes,
     ``bench/micro_profile.py ray-null``) too often, more delay the first batch at every epoch start:
-    256-row blocks at batch 128 ran long stretches 6.7 % faster on 2 cores but made the bench's
-    first batch 2-2.5x slower (see bench/NOTES.md, sixth session), so long epochs may want
-    ``block_size=256``."""
+    256-row blocks at batch 128 ran 20,000-image epochs ~10 % faster on 2 cores, but with the bench's
+    2000-image epochs a warmed epoch's first batch waited up to ~0.5 s instead of ~0.01 (bench/NOTES.md,
+    tenth session), so long epochs may want ``block_size=256``."""
     if batch_size <= 256:
         return batch_size * -(-128 // batch_size)
     divisors = [d for d in range(256, 127, -1) if batch_size % d == 0]
