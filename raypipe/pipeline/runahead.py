@@ -2,8 +2,8 @@
 
 An epoch's execution keeps submitting augmentation tasks while its finished blocks wait for the
 consumer. The next epoch's execution starts (warmed up) before the current one ends, and nothing reads
-it until then: unbounded, it filled the object store (20,000-image epochs: 1.8 GB of blocks by the
-current epoch's end, and growing with the epoch).
+it until then: unbounded, it filled the object store (20,000-image epochs: 3 GB of blocks by the
+current epoch's end, ``bench/epoch_startup.py --timeline``; more with longer epochs).
 
 Ray Data 2.60 enforces ``ExecutionOptions.resource_limits.object_store_memory`` only through its
 operator resource allocator, which also held raypipe's own epochs back (fewer img/s on 2 cores in a
