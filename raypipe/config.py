@@ -26,6 +26,7 @@ __all__ = [
     "EvalAugment",
     "PipelineConfig",
     "auto_block_size",
+    "long_epoch_block_size",
     "config_from_dict",
     "load_yaml",
 ]
@@ -181,13 +182,21 @@ def auto_block_size(batch_size: int) -> int:
     -60 % of its CPU at batch 256), else the largest divisor in 128..256, else 256. Blocks stay within
     128-256 rows: fewer pay Ray's per-task cost (~23-27 ms of CPU per block across its processes,
     ``bench/micro_profile.py ray-null``) too often, more delay the first batch at every epoch start:
-    256-row blocks at batch 128 ran 20,000-image epochs ~10 % faster on 2 cores, but with the bench's
-    2000-image epochs a warmed epoch's first batch waited up to ~0.5 s instead of ~0.01 (bench/NOTES.md,
-    tenth session), so long epochs may want ``block_size=256``."""
+    256-row blocks at batch 128 ran 20,000-image epochs ~10 % faster on 2 cores, but with 2000-image
+    epochs a warmed epoch's first batch waited up to ~0.5 s instead of ~0.01 (bench/NOTES.md, tenth
+    session): long epochs use ``long_epoch_block_size`` (``Pipeline.epoch_block_size``)."""
     if batch_size <= 256:
         return batch_size * -(-128 // batch_size)
     divisors = [d for d in range(256, 127, -1) if batch_size % d == 0]
     return divisors[0] if divisors else 256
+
+
+def long_epoch_block_size(batch_size: int) -> int:
+    """Rows per Ray block in a long epoch: the largest multiple of the batch size up to 256 (so batches
+    stay views of a block), or ``auto_block_size`` for batches over 256."""
+    if batch_size <= 256:
+        return batch_size * (256 // batch_size)
+    return auto_block_size(batch_size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,10 +214,15 @@ class PipelineConfig:
     cpus_per_actor: float = 0.5
     compute: str = "tasks"  # "tasks": stateless Ray tasks on warm workers; "actors": ActorPoolStrategy
     # Rows per Ray block, i.e. per augmentation task. Ray's per-task cost is ~23-27 ms of CPU: 32-row
-    # blocks ran at 550 img/s, 64 at 970, 128 at 1100-1200 (2 cores, 224 px; 256 +6.7 % over 128 with
-    # the sixth session's kernel, at the price of slower epoch starts). None: ``auto_block_size``
+    # blocks ran at 550 img/s, 64 at 970, 128 at 1100-1200 (2 cores, 224 px). None: ``auto_block_size``
     # (a multiple of the batch size where it can be, so the consumer packs batches without copying).
     block_size: int | None = None
+    # Rows per block in a long epoch (see Pipeline.epoch_block_size): bigger blocks pay Ray's per-task
+    # cost less often (256 vs 128 rows: 20,000-image epochs ~10 % faster on 2 cores), but in a short
+    # epoch the blocks in flight would be the whole epoch and its first batch waited (up to 0.48 s vs
+    # 0.01, 2000-image epochs). None: ``long_epoch_block_size(batch_size)`` when ``block_size`` is
+    # automatic, else ``block_size`` (a block size the user set is used for every epoch).
+    long_block_size: int | None = None
     # Finished blocks fetched ahead of the consumer (the epoch's pump thread queues them; Ray Data's own
     # prefetch window is off, as it held an epoch's first block back until w + 1 blocks were done).
     # Also sizes each epoch's object-store run-ahead (Pipeline.run_ahead_bytes).
@@ -226,9 +240,14 @@ class PipelineConfig:
     resources: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.block_size is None and isinstance(self.batch_size, int) and not isinstance(self.batch_size, bool):
-            _set(self, "block_size", auto_block_size(max(1, self.batch_size)))
-        for name in ("batch_size", "block_size"):
+        if isinstance(self.batch_size, int) and not isinstance(self.batch_size, bool):
+            if self.long_block_size is None:
+                auto = self.block_size is None
+                long = long_epoch_block_size(max(1, self.batch_size)) if auto else self.block_size
+                _set(self, "long_block_size", long)
+            if self.block_size is None:
+                _set(self, "block_size", auto_block_size(max(1, self.batch_size)))
+        for name in ("batch_size", "block_size", "long_block_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 _fail(name, v, "expected a positive int")

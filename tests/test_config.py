@@ -10,6 +10,7 @@ from raypipe.config import (
     auto_block_size,
     config_from_dict,
     load_yaml,
+    long_epoch_block_size,
 )
 
 
@@ -71,6 +72,15 @@ def test_yaml_is_strict(tmp_path):
 def test_config_from_dict_builds_valid_objects():
     aug = config_from_dict(TrainAugment, {"scale": [0.2, 1.0], "input_size": 128})
     assert aug.scale == (0.2, 1.0) and aug.input_size == (128, 128)
+
+
+def test_long_epoch_blocks_are_bigger_only_when_the_block_size_is_automatic():
+    assert [long_epoch_block_size(b) for b in (1, 32, 100, 128, 129, 256, 384)] == [256, 256, 200, 256, 129, 256, 192]
+    assert PipelineConfig(batch_size=128).long_block_size == 256
+    assert PipelineConfig(batch_size=128, block_size=64).long_block_size == 64  # a set size holds for every epoch
+    assert PipelineConfig(batch_size=128, long_block_size=512).long_block_size == 512
+    with pytest.raises(ValueError, match="long_block_size"):
+        PipelineConfig(batch_size=128, long_block_size=0)
 
 
 @pytest.mark.parametrize(

@@ -240,6 +240,37 @@ def test_an_epochs_execution_may_not_run_far_ahead(ray_local, sample_dir):
         ctx.execution_options.resource_limits = saved
 
 
+def _noise_jpegs(root, *, classes: int, per_class: int) -> None:
+    """An image folder of small random-pixel JPEGs (quick to write, decode and augment)."""
+    import simplejpeg
+
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (root / f"c{c}").mkdir()
+        for i in range(per_class):
+            img = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
+            (root / f"c{c}" / f"{i}.jpg").write_bytes(simplejpeg.encode_jpeg(img))
+
+
+def test_long_epochs_use_bigger_blocks(ray_local, tmp_path):
+    """Bigger blocks only where the blocks in flight at that size are at most a quarter of the epoch
+    (here 8-row blocks x (1 prefetched + 1 worker) x 4 = 64 rows)."""
+    _noise_jpegs(tmp_path, classes=2, per_class=33)  # 66 rows
+    cfg = PipelineConfig(batch_size=4, block_size=4, long_block_size=8, prefetch_blocks=1, num_actors=1)
+    pipe = Pipeline(str(tmp_path), AUG, config=cfg)
+    assert pipe.epoch_block_size(63) == 4 and pipe.epoch_block_size(64) == 8
+    ds, n = pipe.dataset(0)
+    assert n == 66 and ds.context.execution_options.resource_limits.object_store_memory == pipe.run_ahead_bytes(
+        1, block_size=8
+    )
+    run = pipe.epoch(0)
+    batches = list(run)
+    assert run.block_rows == 8 and run.report.emitted == 66
+    assert [len(b["sample_id"]) for b in batches] == [4] * 16 + [2]
+    sharded = pipe.epoch(0, rank=0, world_size=2)  # 33 rows per rank: a short epoch
+    assert sum(len(b["sample_id"]) for b in sharded) == 33 and sharded.block_rows == 4
+
+
 def _plasma_mib() -> int:
     from ray._private.internal_api import memory_summary
 
@@ -254,14 +285,7 @@ def test_an_unread_execution_stops_at_its_run_ahead_cap(ray_local, tmp_path):
     (Switched off, Ray Data's allocator bounded nothing: a warmed-up next epoch filled the store.)"""
     import time
 
-    import simplejpeg
-
-    rng = np.random.default_rng(0)
-    for c in range(4):
-        (tmp_path / f"c{c}").mkdir()
-        for i in range(50):
-            img = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
-            (tmp_path / f"c{c}" / f"{i}.jpg").write_bytes(simplejpeg.encode_jpeg(img))
+    _noise_jpegs(tmp_path, classes=4, per_class=50)
     cfg = PipelineConfig(batch_size=4, block_size=4, prefetch_blocks=1, num_actors=1)
     pipe = Pipeline(str(tmp_path), TrainAugment(input_size=448, color_jitter=None), config=cfg)
     cap_mib = pipe.run_ahead_bytes() / 2**20  # 3 blocks of 2.3 MB; all 200 rows would be 115 MiB
