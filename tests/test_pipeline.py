@@ -228,13 +228,13 @@ def test_an_epochs_execution_may_not_run_far_ahead(ray_local, sample_dir):
     cfg = PipelineConfig(batch_size=8, block_size=8, prefetch_blocks=2, num_actors=3)
     pipe = Pipeline(str(sample_dir), TrainAugment(input_size=32), config=cfg)
     assert pipe.run_ahead_bytes() == 8 * 32 * 32 * 3 * (2 + 2 * 3)
-    ds, _ = pipe.dataset(0)
+    ds, _, _ = pipe.dataset(0)
     assert ds.context.execution_options.resource_limits.object_store_memory == pipe.run_ahead_bytes()
     ctx = ray.data.DataContext.get_current()
     saved = ctx.execution_options.resource_limits
     try:  # a tighter limit the user set on the current context is kept
         ctx.execution_options.resource_limits = saved.copy(object_store_memory=1000)
-        ds, _ = pipe.dataset(0)
+        ds, _, _ = pipe.dataset(0)
         assert ds.context.execution_options.resource_limits.object_store_memory == 1000
     finally:
         ctx.execution_options.resource_limits = saved
@@ -259,10 +259,9 @@ def test_long_epochs_use_bigger_blocks(ray_local, tmp_path):
     cfg = PipelineConfig(batch_size=4, block_size=4, long_block_size=8, prefetch_blocks=1, num_actors=1)
     pipe = Pipeline(str(tmp_path), AUG, config=cfg)
     assert pipe.epoch_block_size(63) == 4 and pipe.epoch_block_size(64) == 8
-    ds, n = pipe.dataset(0)
-    assert n == 66 and ds.context.execution_options.resource_limits.object_store_memory == pipe.run_ahead_bytes(
-        1, block_size=8
-    )
+    ds, n, size = pipe.dataset(0)
+    assert n == 66 and size == 8
+    assert ds.context.execution_options.resource_limits.object_store_memory == pipe.run_ahead_bytes(1, block_size=8)
     run = pipe.epoch(0)
     batches = list(run)
     assert run.block_rows == 8 and run.report.emitted == 66

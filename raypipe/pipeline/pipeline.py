@@ -107,14 +107,16 @@ class Pipeline:
             nice=self.config.worker_nice,
         )
 
-    def dataset(self, epoch: int, *, rank: int = 0, world_size: int = 1) -> tuple[ray.data.Dataset, int]:
-        """This rank's augmented Ray Dataset for ``epoch`` and the number of source rows in it."""
+    def dataset(self, epoch: int, *, rank: int = 0, world_size: int = 1) -> tuple[ray.data.Dataset, int, int]:
+        """This rank's augmented Ray Dataset for ``epoch``, the number of source rows in it and the rows
+        per block it was cut into (``epoch_block_size``)."""
         cfg = self.config
         idx = shard_indices(
             len(self.rows), seed=cfg.seed, epoch=epoch, shuffle=cfg.shuffle, rank=rank, world_size=world_size
         )
         table = self.rows.table.take(pa.array(idx, type=pa.int64()))
-        size = self.epoch_block_size(len(idx))
+        cluster_workers = self.num_workers()
+        size = self.epoch_block_size(len(idx), cluster_workers)
         blocks = [table.slice(i, size) for i in range(0, table.num_rows, size)]
         if not blocks:
             blocks = [table]
@@ -122,7 +124,7 @@ class Pipeline:
         ds = ray.data.from_arrow_refs([ray.put(b) for b in blocks])
         spec = self.stage_spec(epoch)
         # no more concurrent tasks than blocks (a small eval split is one block; Ray Data warns otherwise)
-        workers = min(self.num_workers(), len(blocks))
+        workers = min(cluster_workers, len(blocks))
         common = dict(batch_size=size, batch_format="numpy", num_cpus=cfg.cpus_per_actor)
         if cfg.resources:
             common["resources"] = dict(cfg.resources)
@@ -145,7 +147,7 @@ class Pipeline:
         limits = ctx.execution_options.resource_limits
         cap = self.run_ahead_bytes(workers, block_size=size)
         ctx.execution_options.resource_limits = limits.copy(object_store_memory=min(limits.object_store_memory, cap))
-        return ds, len(idx)
+        return ds, len(idx), size
 
     def run_ahead_bytes(self, workers: int | None = None, *, block_size: int | None = None) -> int:
         """Object store an epoch's execution may fill (``runahead.RunAheadCap`` holds its next task back
@@ -212,8 +214,9 @@ class EpochRun:
         """
         blocks = None
         try:
-            ds, self._expected = self.pipeline.dataset(self.epoch, rank=self.rank, world_size=self.world_size)
-            self.block_rows = self.pipeline.epoch_block_size(self._expected)
+            ds, self._expected, self.block_rows = self.pipeline.dataset(
+                self.epoch, rank=self.rank, world_size=self.world_size
+            )
             self._opened.set()
             # prefetch_batches=0: Ray Data hands out each block as soon as it is done. With a window of
             # w it first waits for w blocks, then fetches the next one before yielding each, so w + 1
