@@ -84,6 +84,7 @@ def warm_leads(args: argparse.Namespace) -> None:
 
 
 def timeline(args: argparse.Namespace) -> None:
+    from raypipe.benchmark.measure import plasma_used_mib
     from raypipe.config import PipelineConfig, TrainAugment
     from raypipe.pipeline import EpochSource, Pipeline
     from raypipe.pipeline import pipeline as pl
@@ -123,21 +124,11 @@ def timeline(args: argparse.Namespace) -> None:
             if i == 0:
                 note(f"epoch {epoch}: first batch consumed")
             elif i % every == 0:
-                note(f"epoch {epoch}: {i} batches consumed, object store {_object_store_mib()} MiB")
-        note(f"--- consumer ends epoch {epoch}, object store {_object_store_mib()} MiB")
+                note(f"epoch {epoch}: {i} batches consumed, object store {plasma_used_mib()} MiB")
+        note(f"--- consumer ends epoch {epoch}, object store {plasma_used_mib()} MiB")
     source.close()
     for t, text in sorted(events):
         print(f"{t:7.2f} s  {text}")
-
-
-def _object_store_mib() -> str:
-    """The local object store's bytes in use (Ray's ``ray memory --stats-only`` figure)."""
-    from ray._private.internal_api import memory_summary
-
-    for line in memory_summary(stats_only=True).splitlines():
-        if line.startswith("Plasma memory usage"):
-            return line.split()[3]
-    return "?"
 
 
 def main() -> None:

@@ -271,12 +271,11 @@ def test_long_epochs_use_bigger_blocks(ray_local, tmp_path):
 
 
 def _plasma_mib() -> int:
-    from ray._private.internal_api import memory_summary
+    from raypipe.benchmark.measure import plasma_used_mib
 
-    for line in memory_summary(stats_only=True).splitlines():
-        if line.startswith("Plasma memory usage"):
-            return int(line.split()[3])
-    raise AssertionError("no plasma usage line in Ray's memory summary")
+    mib = plasma_used_mib()
+    assert mib is not None, "no plasma usage line in Ray's memory summary"
+    return mib
 
 
 def test_an_unread_execution_stops_at_its_run_ahead_cap(ray_local, tmp_path):
