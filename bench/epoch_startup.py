@@ -6,6 +6,7 @@ the next. Reproduces the warm-up rows of bench/NOTES.md::
     python bench/epoch_startup.py /tmp/bench2k --contender-runs 3 --aa --no-cap   # as before the cap
     python bench/epoch_startup.py /tmp/bench2k --warm-leads 0 1 0 1 [--aa] --epochs 6  # warm-up lead
     python bench/epoch_startup.py /tmp/bench2k --timeline 0 --epochs 4 [--block-size 128]  # when each epoch starts
+    python bench/epoch_startup.py /tmp/bench2k --build-rows 200000 1280000 --world-sizes 1 8  # dataset() at scale
 
 The first mode runs one epoch at a time (nothing else running, no warm-up: every epoch starts cold) and
 prints how long its first batch of ``--batch-size`` rows takes to arrive. The second runs ``raypipe
@@ -14,7 +15,10 @@ per-epoch rates. The third reads packed batches through an ``EpochSource`` with 
 turn and prints every epoch's first-batch time and rate, and the rate over the epochs after the first.
 The fourth does the same for one ``warm_lead_s`` and prints a timeline: when each epoch's execution was
 started (``prestart``), its dataset built and its first two blocks ready, against when the consumer
-began and ended each epoch, with the object store's use every ~4000 rows.
+began and ended each epoch, with the object store's use every ~4000 rows. The fifth repeats the
+folder's listing up to each ``--build-rows`` count (an ImageNet-size epoch without the images) and
+times ``Pipeline.dataset()`` for one rank of each world size, first on an idle cluster, then while an
+epoch of the real images keeps every CPU busy (as when the next epoch warms up near the end of this one).
 """
 
 from __future__ import annotations
@@ -131,6 +135,52 @@ def timeline(args: argparse.Namespace) -> None:
         print(f"{t:7.2f} s  {text}")
 
 
+def build_times(args: argparse.Namespace) -> None:
+    import threading
+
+    import pyarrow as pa
+
+    from raypipe.config import PipelineConfig, TrainAugment
+    from raypipe.pipeline import Pipeline
+    from raypipe.sources import SourceRows, open_source
+
+    listed = open_source(args.data)
+    aug = TrainAugment(input_size=args.img_size, color_jitter=None)
+    cfg = PipelineConfig(batch_size=args.batch_size)
+    busy_pipe = Pipeline(args.data, aug, config=cfg)
+    for n in args.build_rows:
+        reps = -(-n // len(listed))
+        table = pa.concat_tables([listed.table] * reps).slice(0, n)
+        table = table.set_column(0, "sample_id", pa.array(range(n), type=pa.int64()))
+        rows = SourceRows(kind=listed.kind, root=listed.root, table=table, classes=listed.classes)
+        pipe = Pipeline(rows, aug, config=cfg)
+        for busy in (False, True):
+            stop = threading.Event()
+            reader = None
+            if busy:  # an epoch of the real images, read as fast as it comes, on every worker
+
+                def read(stop=stop):
+                    epoch = 0
+                    while not stop.is_set():
+                        for _ in busy_pipe.epoch(epoch):
+                            if stop.is_set():
+                                break
+                        epoch += 1
+
+                reader = threading.Thread(target=read, daemon=True)
+                reader.start()
+                time.sleep(3.0)  # its tasks are running
+            for world in args.world_sizes:
+                t0 = time.perf_counter()
+                _, shard, block = pipe.dataset(1, rank=0, world_size=world)
+                print(f"{n:9,d} rows, world size {world}: dataset() {time.perf_counter() - t0:6.2f} s for "
+                      f"{shard:,d} rows in {-(-shard // block)} blocks of {block}"
+                      f"{', cluster busy' if busy else ''}", flush=True)  # fmt: skip
+            stop.set()
+            if reader is not None:
+                reader.join()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data")
@@ -144,16 +194,20 @@ def main() -> None:
     p.add_argument("--no-cap", action="store_true", help="no Pipeline.run_ahead_bytes cap (the old behaviour)")
     p.add_argument("--warm-leads", type=float, nargs="+", help="compare EpochSource warm_lead_s values")
     p.add_argument("--timeline", type=float, metavar="WARM_LEAD_S", help="print a start-up timeline")
+    p.add_argument("--build-rows", type=int, nargs="+", help="time Pipeline.dataset() for epochs of these sizes")
+    p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 8], help="ranks for --build-rows")
     args = p.parse_args()
     if args.no_cap:
         from raypipe.pipeline import Pipeline
 
-        Pipeline.run_ahead_bytes = lambda self, workers=None: float("inf")
+        Pipeline.run_ahead_bytes = lambda self, workers=None, *, block_size=None: float("inf")
 
     from raypipe.runtime import connect
 
     connect()
-    if args.timeline is not None:
+    if args.build_rows:
+        build_times(args)
+    elif args.timeline is not None:
         timeline(args)
     elif args.warm_leads:
         warm_leads(args)

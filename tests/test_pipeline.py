@@ -193,6 +193,65 @@ def test_next_epoch_warms_up_a_lead_time_ahead_at_the_current_pace(ray_local, sa
     assert started == [1]
 
 
+def test_next_epoch_warms_up_earlier_by_the_time_its_dataset_took_to_build(ray_local, sample_dir, monkeypatch):
+    """An ImageNet-size shard takes seconds to cut into blocks before its execution starts: the next
+    epoch's will take as long as this one's did, so the lead covers that too."""
+    from types import SimpleNamespace
+
+    source, started = _warm_probe(sample_dir, monkeypatch, warm_lead_s=2.0)
+    source.current = SimpleNamespace(block_rows=8, build_s=3.0)
+    for t in range(10):  # 500 rows/s: 4500 rows after 9 s
+        source._maybe_warm_next(seen=500 * t, expected=7100, now=100.0 + t)
+    assert started == []  # 2600 rows left; the block margin (16 rows) + (2 + 3) s at 500 rows/s is 2516
+    source._maybe_warm_next(seen=4590, expected=7100, now=109.18)  # 2510 left
+    assert started == [1]
+
+
+def test_an_epoch_records_how_long_its_dataset_took_to_build(ray_local, sample_dir):
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=10, block_size=7))
+    run = pipe.epoch(0)
+    assert run.build_s == 0.0
+    list(run)
+    assert 0.0 < run.build_s < run.report.seconds
+
+
+def test_building_an_epochs_dataset_needs_no_free_cpu(ray_local, sample_dir, tmp_path):
+    """The next epoch's dataset is built while the current epoch's tasks hold every CPU: building it
+    must not wait for a CPU (Ray Data's from_arrow_refs ran a 1-CPU task per block to read metadata)."""
+    import threading
+
+    import ray
+
+    started, release = tmp_path / "started", tmp_path / "release"
+
+    @ray.remote(num_cpus=ray.cluster_resources()["CPU"])
+    def hold_every_cpu(started: str, release: str) -> None:
+        import pathlib
+        import time
+
+        pathlib.Path(started).touch()
+        deadline = time.monotonic() + 120
+        while not pathlib.Path(release).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    holder = hold_every_cpu.remote(str(started), str(release))
+    try:
+        while not started.exists():
+            ready, _ = ray.wait([holder], timeout=0.1)
+            assert not ready, "the CPU holder ended before it started"
+        pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4, block_size=4, num_actors=2))
+        built = []
+        builder = threading.Thread(target=lambda: built.append(pipe.dataset(0)), daemon=True)
+        builder.start()
+        builder.join(timeout=60)
+        assert built, "Pipeline.dataset() waited for a free CPU"
+        _, rows, block = built[0]
+        assert (rows, block) == (len(pipe), 4)
+    finally:
+        release.touch()
+        ray.get(holder)
+
+
 def test_a_warmed_epochs_first_blocks_do_not_warm_the_next_one(ray_local, sample_dir, monkeypatch):
     """A warmed-up epoch starts with blocks already done: the consumer takes them in a burst. That
     burst is not the epoch's pace (the average over it once warmed the next epoch at the first block,

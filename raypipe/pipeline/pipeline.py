@@ -3,7 +3,7 @@
 One ``Pipeline`` per dataset and transform; ``pipeline.epoch(e)`` builds that epoch's Ray Dataset
 and iterates it::
 
-    shard rows     ray.data.from_arrow      map_batches(augment)            consumer (this process)
+    shard rows     ray.data.from_blocks     map_batches(augment)            consumer (this process)
     perm(seed,e) ─▶ blocks of block_size ─▶ tasks or actor pool, any node ─▶ iter_batches ─▶ Packer ─▶ batches
     [rank::world]                            skip records travel along        EpochLedger counts every row
 
@@ -120,8 +120,11 @@ class Pipeline:
         blocks = [table.slice(i, size) for i in range(0, table.num_rows, size)]
         if not blocks:
             blocks = [table]
-        # One object per block: from_arrow(list) hands all blocks to a single task (measured: serial).
-        ds = ray.data.from_arrow_refs([ray.put(b) for b in blocks])
+        # One object per block (from_arrow(list) hands all blocks to a single task: measured serial),
+        # metadata taken here: from_arrow_refs runs a 1-CPU Ray task per block to read it, which queues
+        # behind the current epoch's tasks while the next epoch warms up, and an ImageNet-size epoch
+        # (5000 blocks) took 14.7 s to build that way, 5.2 s now (bench/NOTES.md, eleventh session).
+        ds = ray.data.from_blocks(blocks)
         spec = self.stage_spec(epoch)
         # no more concurrent tasks than blocks (a small eval split is one block; Ray Data warns otherwise)
         workers = min(cluster_workers, len(blocks))
@@ -190,6 +193,7 @@ class EpochRun:
         self.world_size = world_size
         self.report: EpochReport | None = None
         self.block_rows = pipeline.config.block_size  # this epoch's, once its dataset is built
+        self.build_s = 0.0  # how long building its dataset took (the next epoch's will take as long)
         self._started = False
         self._expected = 0
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, pipeline.config.prefetch_blocks))
@@ -214,9 +218,11 @@ class EpochRun:
         """
         blocks = None
         try:
+            t0 = time.perf_counter()
             ds, self._expected, self.block_rows = self.pipeline.dataset(
                 self.epoch, rank=self.rank, world_size=self.world_size
             )
+            self.build_s = time.perf_counter() - t0
             self._opened.set()
             # prefetch_batches=0: Ray Data hands out each block as soon as it is done. With a window of
             # w it first waits for w blocks, then fetches the next one before yielding each, so w + 1
@@ -343,7 +349,8 @@ class EpochSource:
     ``set_epoch(e)`` to resume at epoch ``e``; ``reports`` keeps every finished epoch's accounting.
     With ``warm_next`` the next epoch's Ray execution starts while this one's last blocks are in
     flight and ``warm_lead_s`` before its end at its current pace, hiding Ray Data's per-execution
-    start-up; ``end_epoch`` stops that after the last epoch.
+    start-up (plus the time this epoch's dataset took to build); ``end_epoch`` stops that after the
+    last epoch.
     """
 
     def __init__(
@@ -407,8 +414,12 @@ class EpochSource:
         if self.end_epoch is not None and self.next_epoch >= self.end_epoch:
             return
         rate = self._pace.update(time.perf_counter() if now is None else now, seen)
-        lead_rows = self.warm_lead_s * rate if rate is not None else 0.0
-        block = self.current.block_rows if self.current is not None else self.pipeline.config.block_size
+        current = self.current
+        # The next epoch's dataset takes about as long to build as this one's did (seconds for an
+        # ImageNet-size shard: one object per block), before its execution even starts.
+        lead_s = self.warm_lead_s + (current.build_s if current is not None else 0.0)
+        lead_rows = lead_s * rate if rate is not None else 0.0
+        block = current.block_rows if current is not None else self.pipeline.config.block_size
         if self._upcoming is None and expected - seen <= block * self._blocks_in_flight + lead_rows:
             self._upcoming = self._make(self.next_epoch)
             self._upcoming.prestart()
