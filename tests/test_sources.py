@@ -151,6 +151,61 @@ def test_manifest_missing_path_column_is_an_error(tmp_path):
         open_source(str(m))
 
 
+def test_manifest_class_names_are_numbered_in_sorted_order(tmp_path):
+    """Labels given as class names (none an integer) are numbered as ImageFolder numbers folders."""
+    m = tmp_path / "m.csv"
+    m.write_text("path,label\na.jpg,dog\nb.jpg, cat\nc.jpg,\nd.jpg,n01440764\ne.jpg,dog\n")
+    rows = open_source(str(m))
+    assert rows.classes == ("cat", "dog", "n01440764") and rows.num_classes == 3
+    t = rows.table.to_pydict()
+    assert t["label"] == [1, 0, -1, 2, 1]
+    assert [e is None for e in t["error"]] == [True, True, False, True, True]  # the empty one is a bad label
+    jl = tmp_path / "m.jsonl"
+    jl.write_text('{"path": "a.jpg", "label": "zebra"}\n{"path": "b.jpg", "label": "ant"}\n{"path": "c.jpg"}\n')
+    rows = open_source(str(jl))
+    assert rows.classes == ("ant", "zebra") and rows.table.column("label").to_pylist() == [1, 0, -1]
+
+
+def test_manifest_numbers_stay_numbers(tmp_path):
+    """Numeric labels are never names: "3.0" (a float column as pandas writes it) is 3; "-1", "2.5" and a
+    digit Python cannot convert ("²", which str.isdigit accepts) are bad labels, not classes or a crash."""
+    m = tmp_path / "m.csv"
+    m.write_text("path,label\na.jpg,3.0\nb.jpg,-1\nc.jpg,2.5\nd.jpg,\u00b2\n", encoding="utf-8")
+    rows = open_source(str(m))
+    assert rows.classes == ()
+    assert rows.table.column("label").to_pylist() == [3, -1, -1, -1]
+    m.write_text("path,label\na.jpg,-1\nb.jpg,2.5\n")
+    assert open_source(str(m)).classes == ()
+
+
+def test_manifest_header_bom_spaces_and_missing_label_column(tmp_path):
+    m = tmp_path / "m.csv"
+    m.write_bytes("\ufeffpath, label\na.jpg,1\n".encode("utf-8"))  # as a spreadsheet exports it
+    assert open_source(str(m)).table.to_pydict()["label"] == [1]
+    m.write_text("path,class\na.jpg,1\n")
+    with pytest.raises(ValueError, match="no column 'label'"):
+        open_source(str(m))
+    jl = tmp_path / "m.jsonl"
+    jl.write_text('{"path": "a.jpg", "class": 1}\n')
+    with pytest.raises(ValueError, match="no record has a 'label'"):
+        open_source(str(jl))
+
+
+def test_eval_rows_are_numbered_like_the_training_rows(tmp_path):
+    """An eval folder missing a class would shift every later label: its names are renumbered."""
+    for split, classes in (("train", ["ant", "bee", "cat"]), ("val", ["ant", "cat"])):
+        for c in classes:
+            _touch(tmp_path / split / c / "x.jpg")
+    train, val = open_source(str(tmp_path / "train")), open_source(str(tmp_path / "val"))
+    assert val.table.column("label").to_pylist() == [0, 1]
+    aligned = val.numbered_like(train.classes)
+    assert aligned.classes == train.classes and aligned.table.column("label").to_pylist() == [0, 2]
+    assert aligned.table.column("path").to_pylist() == val.table.column("path").to_pylist()
+    assert train.numbered_like(train.classes) is train
+    with pytest.raises(ValueError, match="bee"):
+        train.numbered_like(val.classes)
+
+
 def _write_parquet(path, n, start_label=0, null_at=()):
     labels = [None if i in null_at else (start_label + i) % 3 for i in range(n)]
     table = pa.table({"image": [b"img%d" % i for i in range(n)], "label": pa.array(labels, pa.int64())})

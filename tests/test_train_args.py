@@ -105,3 +105,18 @@ def test_feeder_and_pipeline_speed_knobs(tmp_path):
     assert parse_job(["--feeder", "process", "--block-size", "64"]).pipeline.block_size == 64
     with pytest.raises(ValueError, match="feeder"):
         TrainJobConfig(feeder="actor")
+
+
+def test_val_data_is_numbered_like_the_training_data(tmp_path):
+    """--val-data with a class folder missing: its labels follow the training data's class numbers."""
+    from raypipe.train.data import job_rows
+
+    for split, classes in (("train", ["ant", "bee", "cat"]), ("val", ["ant", "cat"]), ("odd", ["ant", "dog"])):
+        for c in classes:
+            (tmp_path / split / c).mkdir(parents=True)
+            (tmp_path / split / c / "x.jpg").write_bytes(b"x")
+    train, val, _ = job_rows(parse_job(["--data", str(tmp_path / "train"), "--val-data", str(tmp_path / "val")]))
+    assert val.classes == train.classes
+    assert val.table.column("label").to_pylist() == [0, 2]
+    with pytest.raises(ValueError, match=r"--val-data .*dog"):
+        job_rows(parse_job(["--data", str(tmp_path / "train"), "--val-data", str(tmp_path / "odd")]))

@@ -1,8 +1,10 @@
 """CSV / JSONL manifests of ``(path, label)``.
 
 Paths are relative to the manifest's folder (or to ``root`` when given); absolute paths and
-URIs are allowed only inside that root. A line whose label is missing or not an integer stays a
-row with error ``bad_label``, so it is counted as skipped rather than silently dropped.
+URIs are allowed only inside that root. Labels are integers, or class names when no label is an
+integer (numbered in sorted order, as ImageFolder numbers its class folders). A line whose label is
+missing, or not an integer among integers, stays a row with error ``bad_label``, so it is counted as
+skipped rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ __all__ = ["list_manifest"]
 
 
 def _read_text(uri: str, filesystem) -> str:
+    # utf-8-sig: spreadsheet exports start with a byte-order mark, which would glue onto the first header
     root = open_root(uri, filesystem=filesystem)
     if root.is_local:
-        with open(root.root, encoding="utf-8") as f:
+        with open(root.root, encoding="utf-8-sig") as f:
             return f.read()
     with root.filesystem.open_input_stream(root.root) as f:
-        return f.read().decode("utf-8")
+        return f.read().decode("utf-8-sig")
 
 
 def _parse_label(value) -> int | None:
@@ -37,14 +40,37 @@ def _parse_label(value) -> int | None:
     if isinstance(value, float):
         return int(value) if value.is_integer() and value >= 0 else None
     if isinstance(value, str):
-        v = value.strip()
-        return int(v) if v.isdigit() else None
+        number = _number(value)  # "3", " 3 ", "3.0" (a float column as pandas writes it)
+        return None if number is None else _parse_label(number)
     return None
 
 
-def _records(text: str, fmt: str, where: str):
+def _number(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
+
+
+def _class_names(values: list) -> list[str] | None:
+    """The labels as class names, or None: names when no label is an integer and every label given is
+    text (``cat``, ``n01440764``); a mix keeps the non-integers as bad labels."""
+    given = [v for v in values if v is not None and not (isinstance(v, str) and not v.strip())]
+    if not given or not all(isinstance(v, str) for v in given):
+        return None
+    if any(_number(v) is not None for v in given):  # numbers, even bad ones ("-1", "2.5"), are no names
+        return None
+    return sorted({v.strip() for v in given})
+
+
+def _records(text: str, fmt: str, where: str, columns: tuple[str, str]):
     if fmt == "csv":
         reader = csv.DictReader(io.StringIO(text))
+        if reader.fieldnames is not None:  # "path, label" is a common way to write a header
+            reader.fieldnames = [name.strip() for name in reader.fieldnames]
+            missing = [c for c in columns if c not in reader.fieldnames]
+            if missing:
+                raise ValueError(f"{where}: no column {missing[0]!r} in the header (columns: {reader.fieldnames})")
         yield from reader
         return
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -74,16 +100,24 @@ def list_manifest(
         root = posixpath.dirname(uri) if "://" in uri else os.path.dirname(os.path.abspath(uri))
     droot: DatasetRoot = open_root(root, filesystem=filesystem)
     paths: list[str] = []
-    labels: list[int] = []
-    errors: list[str | None] = []
-    for n, rec in enumerate(_records(_read_text(uri, filesystem), fmt, uri)):
+    raw: list = []
+    for n, rec in enumerate(_records(_read_text(uri, filesystem), fmt, uri, (path_column, label_column))):
         if path_column not in rec:
             raise ValueError(f"{uri}: record {n} has no {path_column!r} column (keys: {sorted(rec)})")
         path = rec.get(path_column)
-        label = _parse_label(rec.get(label_column))
         paths.append("" if path is None else str(path))
-        labels.append(-1 if label is None else label)
-        errors.append(None if label is not None else f"{BAD_LABEL}: label {rec.get(label_column)!r}")
+        raw.append(rec.get(label_column))
     if not paths:
         raise ValueError(f"manifest {uri!r} has no rows")
-    return SourceRows(kind="manifest", root=droot, table=make_rows(paths, labels, errors=errors))
+    if all(v is None for v in raw) and fmt == "jsonl":
+        raise ValueError(f"{uri}: no record has a {label_column!r} key")
+    names = _class_names(raw)
+    if names is not None:  # class names, numbered in sorted order as ImageFolder numbers its folders
+        index = {name: i for i, name in enumerate(names)}
+        parsed = [index.get(v.strip()) if isinstance(v, str) else None for v in raw]
+    else:
+        parsed = [_parse_label(v) for v in raw]
+    labels = [-1 if label is None else label for label in parsed]
+    errors = [None if label is not None else f"{BAD_LABEL}: label {v!r}" for label, v in zip(parsed, raw, strict=True)]
+    table = make_rows(paths, labels, errors=errors)
+    return SourceRows(kind="manifest", root=droot, table=table, classes=tuple(names or ()))

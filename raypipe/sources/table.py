@@ -9,7 +9,7 @@ known bad stay in the table so the epoch's accounting still sees every source ro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +42,27 @@ class SourceRows:
 
     def __len__(self) -> int:
         return self.table.num_rows
+
+    def numbered_like(self, classes: tuple[str, ...]) -> SourceRows:
+        """These rows with their labels renumbered to ``classes`` (another split's class names), so the
+        same name has the same label in both; a name ``classes`` lacks is a ``ValueError``. Rows
+        without class names, or with the same ones, are returned as they are."""
+        if not self.classes or not classes or tuple(self.classes) == tuple(classes):
+            return self
+        index = {name: i for i, name in enumerate(classes)}
+        unknown = [name for name in self.classes if name not in index]
+        if unknown:
+            raise ValueError(
+                f"{len(unknown)} class(es) are not among the {len(classes)} given, e.g. {unknown[:5]}: "
+                "their labels would mean nothing to a model trained on those"
+            )
+        remap = np.array([index[name] for name in self.classes], dtype=np.int64)
+        labels = self.table.column("label").to_numpy()
+        renumbered = np.where(labels >= 0, remap[np.clip(labels, 0, None)], labels)
+        table = self.table.set_column(
+            self.table.schema.get_field_index("label"), "label", pa.array(renumbered, type=pa.int64())
+        )
+        return replace(self, table=table, classes=tuple(classes))
 
     @property
     def num_classes(self) -> int:

@@ -58,7 +58,14 @@ def job_rows(job: TrainJobConfig) -> tuple[SourceRows, SourceRows, str]:
     data = job.data or _ensure_sample_data(job)
     rows = open_source(data, kind=job.kind)
     if job.val_data:
-        return rows, open_source(job.val_data, kind=job.kind), data
+        # A separate eval set lists its own classes (folders, or a manifest's names): number them as the
+        # training data does, or a class missing from one split would shift every later label.
+        val = open_source(job.val_data, kind=job.kind)
+        try:
+            val = val.numbered_like(rows.classes)
+        except ValueError as e:
+            raise ValueError(f"--val-data {job.val_data!r}: {e}") from None
+        return rows, val, data
     if job.val_split <= 0:
         raise ValueError("no eval data: give --val-data or a --val-split > 0")
     train, val = split_rows(rows, job.val_split)
