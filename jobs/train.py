@@ -22,9 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     from raypipe.runtime import connect
     from raypipe.train import parse_job, run_training
 
-    job = parse_job(argv)
-    connect(dashboard=True)  # Ray Train's placement-group cleaner asks the dashboard's State API
-    run_training(job)
+    try:
+        job = parse_job(argv)
+        connect(dashboard=True)  # Ray Train's placement-group cleaner asks the dashboard's State API
+        run_training(job)
+    except ValueError as e:  # the job's configuration or data (checked before training): a clear message
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -247,3 +247,19 @@ def test_open_root_local_uri(tmp_path):
     r = open_root(f"file://{tmp_path}")
     assert r.is_local and r.root == os.path.realpath(tmp_path)
     assert np.array_equal(1, 1)
+
+
+def test_unsigned_and_out_of_range_labels(tmp_path):
+    """A uint8 label column lists (it had no room for a bad row's -1); a label past int64 in a manifest
+    is a bad label for that row, not an OverflowError for the whole listing."""
+    u8 = pa.table({"image": [b"a", b"b", b"c"], "label": pa.array([0, 255, 2], pa.uint8())})
+    pq.write_table(u8, tmp_path / "u.parquet")
+    assert open_source(str(tmp_path / "u.parquet")).table.column("label").to_pylist() == [0, 255, 2]
+    u64 = pa.table({"image": [b"a", b"b"], "label": pa.array([1, 2**64 - 1], pa.uint64())})
+    pq.write_table(u64, tmp_path / "big.parquet")
+    t = open_source(str(tmp_path / "big.parquet")).table.to_pydict()
+    assert t["label"] == [1, -1] and t["error"][1].startswith("bad_label")
+    m = tmp_path / "m.csv"
+    m.write_text("path,label\na.jpg,0\nb.jpg,99999999999999999999\n")
+    t = open_source(str(m)).table.to_pydict()
+    assert t["label"] == [0, -1] and t["error"][1].startswith("bad_label")

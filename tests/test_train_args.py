@@ -120,3 +120,47 @@ def test_val_data_is_numbered_like_the_training_data(tmp_path):
     assert val.table.column("label").to_pylist() == [0, 2]
     with pytest.raises(ValueError, match=r"--val-data .*dog"):
         job_rows(parse_job(["--data", str(tmp_path / "train"), "--val-data", str(tmp_path / "odd")]))
+
+
+def test_num_classes_cover_both_splits_and_may_not_be_fewer(tmp_path):
+    """A label seen only in the held-out split still needs its logit; --num-classes below the data's
+    classes is an error before training (it was an IndexError in the loss after the first epoch)."""
+    from raypipe.sources import SourceRows, open_root
+    from raypipe.sources.table import make_rows
+    from raypipe.train.run import _num_classes
+
+    root = open_root(str(tmp_path))
+
+    def rows(labels):
+        return SourceRows(kind="manifest", root=root, table=make_rows([f"{i}.jpg" for i in labels], labels))
+
+    train, val = rows([0, 1, 2, 1]), rows([3, 0])
+    assert _num_classes(parse_job([]), train, val) == 4
+    assert _num_classes(parse_job(["--num-classes", "10"]), train, val) == 10
+    with pytest.raises(ValueError, match="num_classes=3 but the data has 4 classes"):
+        _num_classes(parse_job(["--num-classes", "3"]), train, val)
+
+
+def test_drop_last_with_a_batch_bigger_than_a_shard_is_an_error(tmp_path):
+    from raypipe.train.run import _check_batches
+
+    _check_batches(parse_job(["-b", "16", "--drop-last"]), 16)  # one full batch: fine
+    with pytest.raises(ValueError, match="no batch would be trained"):
+        _check_batches(parse_job(["-b", "16", "--drop-last", "--num-workers", "2"]), 31)  # shards of 16 and 15
+    _check_batches(parse_job(["-b", "16"]), 3)  # without drop_last the short batch trains
+
+
+def test_train_script_reports_a_bad_dataset_in_one_line(ray_local, tmp_path, monkeypatch, capsys):
+    import importlib.util
+    import pathlib
+
+    import raypipe.runtime
+
+    monkeypatch.setattr(raypipe.runtime, "connect", lambda **kw: None)  # the test's Ray is already up
+    path = pathlib.Path(__file__).resolve().parents[1] / "jobs" / "train.py"
+    spec = importlib.util.spec_from_file_location("train_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--data", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train.py: error: ") and "does not exist" in err and "Traceback" not in err

@@ -36,9 +36,9 @@ def _parse_label(value) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value if value >= 0 else None
+        return value if 0 <= value < 2**63 else None  # an id pasted into the label column is a bad label
     if isinstance(value, float):
-        return int(value) if value.is_integer() and value >= 0 else None
+        return _parse_label(int(value)) if value.is_integer() and value >= 0 else None
     if isinstance(value, str):
         number = _number(value)  # "3", " 3 ", "3.0" (a float column as pandas writes it)
         return None if number is None else _parse_label(number)

@@ -70,6 +70,8 @@ def list_parquet(
         lab = pf.read(columns=[label_column]).column(label_column)
         if not pa.types.is_integer(lab.type):
             raise ValueError(f"{uri}: label column {label_column!r} has type {lab.type}, expected integers")
+        if pa.types.is_unsigned_integer(lab.type):  # uint8 and friends: no room for the -1 of a bad row
+            lab = pc.cast(lab, pa.int64(), safe=False)  # a uint64 past int64's range turns negative: bad
         bad = pc.or_(pc.is_null(lab), pc.less(pc.fill_null(lab, 0), 0)).to_numpy(zero_copy_only=False)
         n = len(lab)
         paths += [rel] * n

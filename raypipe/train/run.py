@@ -16,6 +16,7 @@ import ray
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
+from raypipe.sources import SourceRows
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.data import job_rows
 from raypipe.train.loop import train_loop_per_worker
@@ -45,13 +46,36 @@ def _check_cpus(job: TrainJobConfig) -> None:
         )
 
 
+def _num_classes(job: TrainJobConfig, train_rows: SourceRows, val_rows: SourceRows) -> int:
+    """The model's classes: ``--num-classes``, else the data's (both splits: a label held out for eval
+    alone still needs its logit). Fewer than the data has is an error here, not a crash mid-epoch."""
+    data_classes = max(train_rows.num_classes, val_rows.num_classes)
+    if job.num_classes is not None and job.num_classes < data_classes:
+        raise ValueError(
+            f"num_classes={job.num_classes} but the data has {data_classes} classes (labels 0..{data_classes - 1})"
+        )
+    return job.num_classes or data_classes
+
+
+def _check_batches(job: TrainJobConfig, train_samples: int) -> None:
+    """With drop_last, a rank whose shard is smaller than a batch would train on nothing, every epoch."""
+    per_rank = train_samples // job.num_workers  # the smallest shard
+    if job.pipeline.drop_last and per_rank < job.pipeline.batch_size:
+        raise ValueError(
+            f"batch_size={job.pipeline.batch_size} with drop_last: a rank's shard of the {train_samples} training "
+            f"samples over {job.num_workers} worker(s) has {per_rank}, so no batch would be trained; lower the "
+            "batch size or leave --drop-last off"
+        )
+
+
 def run_training(job: TrainJobConfig) -> dict:
     """Run the job on the connected Ray cluster; return a summary (run dir, last epoch's metrics)."""
     name = job.name or f"{job.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     storage = resolve_storage(job.storage_path)
     _check_cpus(job)
     train_rows, val_rows, data = job_rows(job)
-    num_classes = job.num_classes or train_rows.num_classes
+    num_classes = _num_classes(job, train_rows, val_rows)
+    _check_batches(job, len(train_rows))
     print(
         f"raypipe train: {job.model} on {data}: {len(train_rows)} train / {len(val_rows)} eval samples, "
         f"{num_classes} classes, {job.num_workers} worker(s), run {storage}/{name}",
