@@ -304,8 +304,14 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 
 def load_yaml(path: str | Path) -> dict:
     """Load a YAML mapping safely (no object construction) and strictly (no duplicated keys)."""
-    text = Path(path).read_text(encoding="utf-8")
-    data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"config {str(path)!r}: {e.strerror or e}") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML: {e}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

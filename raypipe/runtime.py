@@ -14,6 +14,7 @@ __all__ = [
     "worker_pool_config",
     "check_worker_priority",
     "pin_mmap_threshold",
+    "private_cluster",
     "process_memory_mb",
 ]
 
@@ -36,6 +37,8 @@ def connect(
         ray.init(**kwargs)
         check_worker_priority()
         return
+    global _PRIVATE_CLUSTER
+    _PRIVATE_CLUSTER = True  # no autoscaler: what its nodes have now is all there will be
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -45,6 +48,14 @@ def connect(
         _system_config=worker_pool_config(num_cpus or os.cpu_count() or 1),
         **kwargs,
     )
+
+
+_PRIVATE_CLUSTER = False
+
+
+def private_cluster() -> bool:
+    """Whether ``connect`` started the Ray this process uses (a fixed local cluster, no autoscaler)."""
+    return _PRIVATE_CLUSTER and ray.is_initialized()
 
 
 def quiet_ray_data_console() -> None:

@@ -59,8 +59,23 @@ def test_bad_config_is_a_clear_error(sample_dir, tmp_path, capsys):
     assert "scale" in capsys.readouterr().err
 
 
+def test_missing_files_and_bad_yaml_are_clear_errors(sample_dir, tmp_path, capsys):
+    """Checked before a Ray starts: one line on stderr and exit 2, not a traceback."""
+    assert cli(["run", str(tmp_path / "nope.csv")]) == 2
+    assert "No such file" in capsys.readouterr().err
+    assert cli(["scan", str(sample_dir), "--kind", "manifest"]) == 2
+    assert "Is a directory" in capsys.readouterr().err
+    assert cli(["run", str(sample_dir), "-c", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("augment:\n  hflip: [\n")
+    assert cli(["run", str(sample_dir), "-c", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "not valid YAML" in err and "Traceback" not in err
+
+
 def test_preview_writes_a_grid(ray_local, sample_dir, tmp_path):
-    out = tmp_path / "grid.png"
+    out = tmp_path / "new" / "grid.png"  # its folder is made, as --json's is
     assert cli(["preview", str(sample_dir), "--out", str(out), "--count", "6", "--img-size", "48"]) == 0
     with Image.open(out) as im:
         assert im.size == (3 * 48, 2 * (48 + 14))

@@ -223,6 +223,24 @@ def test_break_mid_epoch_then_close_leaks_nothing():
     loader.close()  # idempotent
 
 
+@pytest.mark.timeout(60)
+def test_an_iterator_whose_pass_was_ended_raises_instead_of_waiting():
+    """A new pass or close() ends the old pass's producer: advancing the old iterator is an error, not a
+    wait for a batch that never comes (it waited forever) nor a leftover batch of the stopped pass."""
+    src = packed_batches(6, n=2, h=8, w=8)
+    loader = DeviceLoader(src, prefetch=1)
+    old = iter(loader)
+    next(old)
+    new = iter(loader)
+    assert next(new)["sample_id"].tolist() == [0, 1]  # the new pass starts at the beginning
+    with pytest.raises(RuntimeError, match="a new pass"):
+        next(old)
+    loader.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        next(new)
+    assert not loader_threads()
+
+
 def test_generator_source_is_closed_on_break():
     closed = []
 

@@ -362,6 +362,54 @@ def test_an_unread_execution_stops_at_its_run_ahead_cap(ray_local, tmp_path):
         run.cancel()
 
 
+def test_a_task_no_node_can_hold_is_an_error_on_a_private_cluster(ray_local, sample_dir, monkeypatch, caplog):
+    """cpus_per_actor above every node's CPUs (or a resource no node has) left the epoch waiting without a
+    word. raypipe's own local cluster never grows: an error; another cluster may autoscale: a warning."""
+    import logging
+
+    import raypipe.runtime
+    from raypipe.pipeline.pipeline import check_task_fits
+
+    big = PipelineConfig(batch_size=4, cpus_per_actor=64)
+    with caplog.at_level(logging.WARNING, logger="raypipe.pipeline.pipeline"):
+        check_task_fits(big)
+        check_task_fits(PipelineConfig(batch_size=4, resources={"preprocess": 0.001}))
+    warned = [r.getMessage() for r in caplog.records if "no node of the cluster" in r.getMessage()]
+    assert len(warned) == 2 and "cpus_per_actor=64" in warned[0] and "preprocess" in warned[1]
+    check_task_fits(PipelineConfig(batch_size=4, cpus_per_actor=2))  # fits the 2-CPU node: silent
+    assert len([r for r in caplog.records if "no node" in r.getMessage()]) == 2
+    monkeypatch.setattr(raypipe.runtime, "_PRIVATE_CLUSTER", True)
+    with pytest.raises(ValueError, match="largest node has 2 CPUs"):
+        list(Pipeline(str(sample_dir), AUG, config=big).epoch(0))
+
+
+def _prefetch_threads() -> int:
+    import threading
+
+    return sum(t.name == "Prefetcher" and t.is_alive() for t in threading.enumerate())
+
+
+def test_epochs_leave_no_prefetch_threads_behind(ray_local, sample_dir):
+    """Ray Data 2.60 starts a prefetch thread per iter_batches(prefetch_batches=0) and never stops it:
+    one idle thread per epoch piled up in the consumer's process."""
+    import time
+
+    from raypipe.pipeline import EpochSource
+
+    before = _prefetch_threads()
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16))
+    source = EpochSource(pipe)
+    for _ in range(5):
+        assert sum(len(b["sample_id"]) for b in source) == len(pipe)
+    source.close()
+    for e in range(3):
+        list(pipe.epoch(10 + e))
+    deadline = time.monotonic() + 10
+    while _prefetch_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.05)  # a stopped prefetcher's thread ends on its next wake-up
+    assert _prefetch_threads() <= before
+
+
 def test_worker_niceness_travels_in_the_stage_spec(ray_local, sample_dir):
     assert Pipeline(str(sample_dir), AUG).stage_spec(0).nice == 10  # default: the consumer before its workers
     pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16, worker_nice=5))

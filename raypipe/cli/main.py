@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ValueError as e:  # configuration and dataset errors: a clear message, no traceback
+    except (ValueError, OSError) as e:  # configuration, dataset and file errors: a clear message, no traceback
         print(f"raypipe {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -45,8 +46,9 @@ def main(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     cfg = build_configs(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # before the pipeline runs, as --json does
+    rows = rows_from_args(args)  # a bad dataset is reported before a Ray starts
     connect()
-    rows = rows_from_args(args)
     augment = cfg["eval"] if args.eval else cfg["augment"]
     pipe_cfg = replace(cfg["pipeline"], batch_size=args.count, drop_last=False)
     pipe = Pipeline(rows, augment, config=pipe_cfg, decode=cfg["decode"])

@@ -30,8 +30,8 @@ def main(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         cfg["pipeline"] = replace(cfg["pipeline"], shuffle=False)
+    rows = rows_from_args(args)  # a bad dataset is reported before a Ray starts
     connect(object_store_memory=args.object_store_mb * 2**20 if args.object_store_mb else None)
-    rows = rows_from_args(args)
     augment = cfg["eval"] if args.eval else cfg["augment"]
     pipe = Pipeline(rows, augment, config=cfg["pipeline"], decode=cfg["decode"], content_digest=True)
     from raypipe.device import DeviceLoader

@@ -21,8 +21,8 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    rows = rows_from_args(args)  # a bad dataset is reported before a Ray starts
     connect()
-    rows = rows_from_args(args)
     # A full decode (no DCT scaling) so truncation anywhere in the file is found; tiny output.
     pipe = Pipeline(
         rows,

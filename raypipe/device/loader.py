@@ -217,7 +217,7 @@ class DeviceLoader:
             while True:
                 # 6. take the next ready batch; the time blocked here is the data stall
                 start = time.perf_counter()
-                item = ep.queue.get()
+                item = self._take(ep)
                 self.last_wait_s = time.perf_counter() - start
                 self.stats.wait_s += self.last_wait_s
                 if item is _END:
@@ -233,6 +233,18 @@ class DeviceLoader:
                 yield out
         finally:
             self._stop(ep)
+
+    def _take(self, ep: _Epoch) -> Any:
+        """The pass's next item; a pass ended from outside (a new pass, ``close()``) raises instead of
+        waiting forever for a producer that has gone."""
+        while True:
+            if ep.stop.is_set():
+                why = "the loader was closed" if self._closed else "a new pass (iter(loader)) ended it"
+                raise RuntimeError(f"this DeviceLoader pass cannot continue: {why}")
+            try:
+                return ep.queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
 
     def _stop(self, ep: _Epoch | None) -> None:
         if ep is None or ep.thread is None:

@@ -29,6 +29,7 @@ from raypipe._handoff import put_unless_stopped
 from raypipe.config import DecodeConfig, EvalAugment, PipelineConfig, TrainAugment
 from raypipe.pipeline.accounting import EpochLedger, EpochReport
 from raypipe.pipeline.pack import BatchSpec, Packer
+from raypipe.pipeline.prefetcher import stopping_prefetchers
 from raypipe.pipeline.runahead import bound_run_ahead
 from raypipe.runtime import pin_mmap_threshold
 from raypipe.sources import SourceRows, open_source
@@ -52,6 +53,33 @@ def shard_indices(n: int, *, seed: int, epoch: int, shuffle: bool, rank: int = 0
         raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
     order = np.random.default_rng([seed, epoch, 0x5EED]).permutation(n) if shuffle else np.arange(n)
     return order[rank::world_size]
+
+
+def _node_fits(resources: dict, need: dict) -> bool:
+    return all(resources.get(name, 0.0) >= amount for name, amount in need.items())
+
+
+def check_task_fits(config: PipelineConfig) -> None:
+    """An augmentation task that no node of the cluster can hold never starts: the epoch would wait
+    without a word. On raypipe's private local cluster nothing more will join, so that is an error;
+    on another cluster an autoscaler may still add such a node, so it is a warning."""
+    need = {"CPU": config.cpus_per_actor, **dict(config.resources)}
+    try:
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    except Exception:  # noqa: BLE001 - not connected: nothing to check against
+        return
+    if not nodes or any(_node_fits(r, need) for r in nodes):
+        return
+    largest = max(r.get("CPU", 0.0) for r in nodes)
+    message = (
+        f"no node of the cluster can run an augmentation task, which needs {need} (cpus_per_actor="
+        f"{config.cpus_per_actor:g}, resources={dict(config.resources)}); the largest node has {largest:g} CPUs"
+    )
+    from raypipe.runtime import private_cluster
+
+    if private_cluster():
+        raise ValueError(message)
+    log.warning("%s: the epoch waits until such a node joins (an autoscaler may add one)", message)
 
 
 def _cluster_cpus() -> int:
@@ -81,6 +109,7 @@ class Pipeline:
         self.content_digest = content_digest
         h, w = augment.input_size
         self.batch_spec = BatchSpec(self.config.batch_size, (h, w, 3))
+        self._fit_checked = False  # check_task_fits, once the first epoch is built
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -111,6 +140,9 @@ class Pipeline:
         """This rank's augmented Ray Dataset for ``epoch``, the number of source rows in it and the rows
         per block it was cut into (``epoch_block_size``)."""
         cfg = self.config
+        if not self._fit_checked:
+            check_task_fits(cfg)
+            self._fit_checked = True
         idx = shard_indices(
             len(self.rows), seed=cfg.seed, epoch=epoch, shuffle=cfg.shuffle, rank=rank, world_size=world_size
         )
@@ -216,6 +248,10 @@ class EpochRun:
         The Ray Data iterator is created, read and closed on this one thread, never handed between
         threads, and the bounded queue keeps at most ``prefetch_blocks`` finished blocks waiting.
         """
+        with stopping_prefetchers():  # Ray Data leaves one parked thread per iterator otherwise
+            self._pump_blocks()
+
+    def _pump_blocks(self) -> None:
         blocks = None
         try:
             t0 = time.perf_counter()
