@@ -263,3 +263,14 @@ def test_unsigned_and_out_of_range_labels(tmp_path):
     m.write_text("path,label\na.jpg,0\nb.jpg,99999999999999999999\n")
     t = open_source(str(m)).table.to_pydict()
     assert t["label"] == [0, -1] and t["error"][1].startswith("bad_label")
+
+
+def test_hints_for_a_parquet_tree_and_a_single_files_rows(tmp_path):
+    """A Hugging Face layout (root/data/<split>-*.parquet) read as an image folder names the Parquet
+    files; a single Parquet file's rows are shown as the file itself, with no stray slash."""
+    (tmp_path / "hf" / "data").mkdir(parents=True)
+    _write_parquet(tmp_path / "hf" / "data" / "train-00000-of-00001.parquet", 3)
+    with pytest.raises(ValueError, match=r"Parquet files in \['data'\]"):
+        open_source(str(tmp_path / "hf"))
+    single = open_source(str(tmp_path / "hf" / "data" / "train-00000-of-00001.parquet"))
+    assert single.root.display("") == str(tmp_path / "hf" / "data" / "train-00000-of-00001.parquet")

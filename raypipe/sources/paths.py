@@ -145,7 +145,10 @@ class DatasetRoot:
         return abspath[len(prefix):] if abspath.startswith(prefix) else abspath
 
     def display(self, relpath: str) -> str:
-        """A path users recognise in reports (the URI form for remote roots)."""
+        """A path users recognise in reports (the URI form for remote roots); "" is the root itself (a
+        single Parquet file's rows)."""
+        if relpath == "":
+            return self.uri.rstrip("/") if self.uri and not self.is_local else self.root
         if self.is_local:
             relpath = printable(_local_name(relpath))
             return relpath if os.path.isabs(relpath) else os.path.join(self.root, relpath)
