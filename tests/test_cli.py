@@ -94,3 +94,20 @@ def test_bench_smoke(ray_local, sample_dir, tmp_path):
     assert all(r["images_per_s"] > 0 for r in suite["results"])
     with Image.open(png) as im:
         assert im.format == "PNG"
+
+
+def test_bench_naive_contender_reads_only_the_images(sample_dir, tmp_path):
+    """A stray file under the data root (a manifest, notes) is no image: the naive contender read it and
+    failed, and its Ray exception could not be sent back from the bench's child process."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(sample_dir, data)
+    (data / "notes.csv").write_text("path,label\n")
+    out = tmp_path / "b.json"
+    args = ["bench", str(data), "--only", "naive", "--suites", "plain", "--epochs", "2", "--img-size", "32",
+            "-b", "8", "--json", str(out)]  # fmt: skip
+    assert cli(args) == 0
+    (suite,) = json.loads(out.read_text())["suites"].values()
+    assert [r["name"] for r in suite["results"]] == ["naive Ray Data"]
+    assert suite["results"][0]["images_per_s"] > 0

@@ -169,7 +169,11 @@ def naive_ray_data(data: str, aug: TrainAugment, *, batch_size: int, epochs: int
     import ray
 
     def make_epoch(epoch: int) -> Iterator:
-        ds = ray.data.read_binary_files(data, include_paths=False).map_batches(
+        from raypipe.sources import IMG_EXTENSIONS
+
+        # the images the other loaders read (an ImageFolder's extensions), not every file under the root
+        exts = [e.lstrip(".") for e in IMG_EXTENSIONS]
+        ds = ray.data.read_binary_files(data, include_paths=False, file_extensions=exts).map_batches(
             _pil_batch, fn_kwargs={"aug": aug}, batch_size=32
         )
         ds.context.enable_progress_bars = False

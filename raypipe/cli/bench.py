@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import traceback
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -66,6 +67,8 @@ def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
         connect()
     try:
         return _run_one(name, aug, argparse.Namespace(**settings), [], cores)
+    except Exception as e:  # Ray's exception classes do not pickle back to the parent: send the text
+        raise RuntimeError(f"{name} failed in its bench process:\n{traceback.format_exc()}") from e
     finally:
         if ray.is_initialized():
             ray.shutdown()
