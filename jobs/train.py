@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # the job's configuration or data (checked before training): a clear message
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ray Train's own "aborting" line is below the console's WARNING level
+        print("train.py: interrupted (the checkpoints written so far are kept)", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -111,3 +111,15 @@ def test_bench_naive_contender_reads_only_the_images(sample_dir, tmp_path):
     (suite,) = json.loads(out.read_text())["suites"].values()
     assert [r["name"] for r in suite["results"]] == ["naive Ray Data"]
     assert suite["results"][0]["images_per_s"] > 0
+
+
+def test_ctrl_c_is_one_line_and_exit_130(sample_dir, monkeypatch, capsys):
+    from raypipe.cli import run
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "main", interrupted)
+    assert cli(["run", str(sample_dir)]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "raypipe run: interrupted"

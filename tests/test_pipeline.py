@@ -383,6 +383,23 @@ def test_a_task_no_node_can_hold_is_an_error_on_a_private_cluster(ray_local, sam
         list(Pipeline(str(sample_dir), AUG, config=big).epoch(0))
 
 
+def test_a_stalled_epoch_says_so(sample_dir, monkeypatch, caplog):
+    """A block that never comes (a read hung on a network mount) stalled the epoch without a word."""
+    import logging
+    import threading
+
+    from raypipe.pipeline import pipeline as pipeline_module
+
+    monkeypatch.setattr(pipeline_module, "STALL_WARN_S", 0.1)
+    run = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4)).epoch(3)
+    late = threading.Timer(0.5, run._queue.put, args=("block",))
+    late.start()
+    with caplog.at_level(logging.WARNING, logger="raypipe.pipeline.pipeline"):
+        assert run._next_item() == "block"  # still waits for it after the warning
+    late.join()
+    assert any("epoch 3: no block for" in r.getMessage() for r in caplog.records)
+
+
 def _prefetch_threads() -> int:
     import threading
 

@@ -117,6 +117,25 @@ def test_local_reads_stay_inside_the_root_on_both_read_paths(tmp_path, monkeypat
             assert e.value.reason == reason, name
 
 
+def test_a_directory_swapped_for_an_outside_link_after_a_read_is_refused(tmp_path, monkeypatch):
+    """The read path caches each directory's realpath; a class folder replaced afterwards by a symlink
+    out of the root must not lead that cached path outside (O_NOFOLLOW guards the last component only)."""
+    import shutil
+
+    from raypipe.sources import paths
+
+    monkeypatch.setattr(paths, "_REAL_DIRS", {})
+    _touch(tmp_path / "outside" / "x.jpg", b"secret")
+    _touch(tmp_path / "data" / "c" / "x.jpg", b"ok")
+    root = open_root(str(tmp_path / "data"))
+    assert root.read_bytes("c/x.jpg") == b"ok"  # the directory is resolved and cached
+    shutil.rmtree(tmp_path / "data" / "c")
+    os.symlink(tmp_path / "outside", tmp_path / "data" / "c")
+    with pytest.raises(SkipImage) as e:
+        root.read_bytes("c/x.jpg")
+    assert e.value.reason == OUTSIDE_ROOT
+
+
 def test_remote_root_refuses_dotdot():
     root = DatasetRoot(root="bucket/data", filesystem=pa.fs.LocalFileSystem(), uri="s3://bucket/data")
     assert root.resolve("c/x.jpg") == "bucket/data/c/x.jpg"

@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # configuration, dataset and file errors: a clear message, no traceback
         print(f"raypipe {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"raypipe {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

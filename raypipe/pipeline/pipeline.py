@@ -226,6 +226,7 @@ class EpochRun:
         self.report: EpochReport | None = None
         self.block_rows = pipeline.config.block_size  # this epoch's, once its dataset is built
         self.build_s = 0.0  # how long building its dataset took (the next epoch's will take as long)
+        self._rows_seen = 0
         self._started = False
         self._expected = 0
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, pipeline.config.prefetch_blocks))
@@ -297,7 +298,7 @@ class EpochRun:
     def _block_stream(self) -> Iterator[dict[str, np.ndarray]]:
         try:
             while True:
-                item = self._queue.get()
+                item = self._next_item()
                 if item is _END:
                     return
                 if isinstance(item, _Failure):
@@ -305,6 +306,19 @@ class EpochRun:
                 yield item
         finally:
             self.cancel()
+
+    def _next_item(self):
+        """The next queued block; a wait of over ``STALL_WARN_S`` is logged (a read that never returns, a
+        worker stuck), once per such wait: otherwise the epoch would stall without a word."""
+        try:
+            return self._queue.get(timeout=STALL_WARN_S)
+        except queue.Empty:
+            log.warning(
+                "epoch %d: no block for %.0f s (%d of %d rows so far): a read that does not return (a hung "
+                "network mount?), a stuck worker, or no node able to run the augmentation tasks",
+                self.epoch, STALL_WARN_S, self._rows_seen, self._expected,
+            )  # fmt: skip
+            return self._queue.get()
 
     def _run(self, on_progress=None) -> Iterator[dict[str, np.ndarray]]:
         p, cfg = self.pipeline, self.pipeline.config
@@ -320,6 +334,7 @@ class EpochRun:
         for block in blocks:
             ledger.record_block(block)
             seen += len(block["ok"])
+            self._rows_seen = seen
             if on_progress is not None:
                 on_progress(seen, self._expected)
             for batch in packer.add(block):
@@ -354,6 +369,10 @@ class EpochRun:
 # execution starts ~3 s before the end and its first batch is waiting (bench/epoch_startup.py
 # --timeline 1). The run-ahead cap (Pipeline.run_ahead_bytes) bounds how far it gets.
 WARM_LEAD_S = 1.0
+
+# How long the consumer waits for an epoch's next block before it logs that the epoch is stalled. A
+# block is seconds of work at most on a busy cluster; a cold start (workers importing) takes ~4 s here.
+STALL_WARN_S = 300.0
 
 
 class Pace:
