@@ -14,6 +14,7 @@ import os
 
 import pyarrow.fs as pafs
 
+from raypipe.sources.parquet import parquet_files
 from raypipe.sources.paths import DatasetRoot, path_value, printable
 from raypipe.sources.table import SourceRows, make_rows
 
@@ -71,16 +72,6 @@ def _list_remote(root: DatasetRoot) -> tuple[list[str], dict[str, list[str]]]:
     return sorted(classes), files
 
 
-def _parquet_below(root: DatasetRoot, limit: int = 100) -> list[str]:
-    """Up to ``limit`` .parquet files under a local root (for an error message's hint)."""
-    found: list[str] = []
-    for dirpath, _, files in os.walk(root.root):
-        found += [os.path.relpath(os.path.join(dirpath, f), root.root) for f in files if f.endswith(".parquet")]
-        if len(found) >= limit:
-            break
-    return found
-
-
 def list_image_folder(root: DatasetRoot) -> SourceRows:
     """List an ImageFolder tree into SourceRows; raises ValueError if it has no class folders."""
     if root.is_local:
@@ -101,7 +92,7 @@ def list_image_folder(root: DatasetRoot) -> SourceRows:
     if not paths:
         exts = ", ".join(IMG_EXTENSIONS)
         hint = ""
-        parquet = sorted({os.path.dirname(p) for p in _parquet_below(root)}) if root.is_local else []
+        parquet = sorted({os.path.dirname(p) for p in parquet_files(root, single_file=False)}) if root.is_local else []
         if parquet:  # e.g. a Hugging Face dataset: root/data/train-00000-of-00004.parquet (and other splits)
             hint = f"; it holds Parquet files in {parquet[:3]}: give one split's file or folder (or --kind parquet)"
         raise ValueError(f"image folder {root.uri!r} has no image files ({exts}) under its class folders{hint}")
