@@ -24,7 +24,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raypipe.pipeline.accounting import EpochReport
-from raypipe.pipeline.pipeline import WARM_LEAD_S, EpochSource, Pipeline, check_task_fits
+from raypipe.pipeline.pipeline import WARM_LEAD_S, EpochSource, Pipeline
 
 __all__ = ["FeederSource", "FeederDiedError"]
 
@@ -97,7 +97,7 @@ class FeederSource:
     ):
         if prefetch < 1:
             raise ValueError(f"prefetch={prefetch}: expected >= 1")
-        check_task_fits(pipeline.config)  # here, where the cluster was started (the feeder cannot tell)
+        pipeline.check_fits()  # here, where the cluster was started (the feeder cannot tell)
         self.pipeline = pipeline
         self.rank = rank
         self.world_size = world_size

@@ -31,7 +31,7 @@ from raypipe.pipeline.accounting import EpochLedger, EpochReport
 from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.pipeline.prefetcher import stopping_prefetchers
 from raypipe.pipeline.runahead import bound_run_ahead
-from raypipe.runtime import pin_mmap_threshold
+from raypipe.runtime import pin_mmap_threshold, private_cluster
 from raypipe.sources import SourceRows, open_source
 from raypipe.stages.augment import AugmentStage, StageSpec, augment_block
 
@@ -75,8 +75,6 @@ def check_task_fits(config: PipelineConfig) -> None:
         f"no node of the cluster can run an augmentation task, which needs {need} (cpus_per_actor="
         f"{config.cpus_per_actor:g}, resources={dict(config.resources)}); the largest node has {largest:g} CPUs"
     )
-    from raypipe.runtime import private_cluster
-
     if private_cluster():
         raise ValueError(message)
     log.warning("%s: the epoch waits until such a node joins (an autoscaler may add one)", message)
@@ -109,7 +107,7 @@ class Pipeline:
         self.content_digest = content_digest
         h, w = augment.input_size
         self.batch_spec = BatchSpec(self.config.batch_size, (h, w, 3))
-        self._fit_checked = False  # check_task_fits, once the first epoch is built
+        self._fit_checked = False  # check_fits done (travels with the pipeline to a feeder process)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -119,6 +117,13 @@ class Pipeline:
         per_rank = -(-len(self.rows) // world_size)
         b = self.config.batch_size
         return per_rank // b if self.config.drop_last else -(-per_rank // b)
+
+    def check_fits(self) -> None:
+        """``check_task_fits`` for this pipeline's config, once (the first epoch's build, or a
+        ``FeederSource`` before it ships the pipeline to its feeder)."""
+        if not self._fit_checked:
+            check_task_fits(self.config)
+            self._fit_checked = True
 
     def num_workers(self) -> int:
         """Concurrent augmentation tasks (or actors): ``num_actors``, else cluster CPUs / cpus_per_actor."""
@@ -140,9 +145,7 @@ class Pipeline:
         """This rank's augmented Ray Dataset for ``epoch``, the number of source rows in it and the rows
         per block it was cut into (``epoch_block_size``)."""
         cfg = self.config
-        if not self._fit_checked:
-            check_task_fits(cfg)
-            self._fit_checked = True
+        self.check_fits()
         idx = shard_indices(
             len(self.rows), seed=cfg.seed, epoch=epoch, shuffle=cfg.shuffle, rank=rank, world_size=world_size
         )
