@@ -229,7 +229,7 @@ class EpochRun:
         self.report: EpochReport | None = None
         self.block_rows = pipeline.config.block_size  # this epoch's, once its dataset is built
         self.build_s = 0.0  # how long building its dataset took (the next epoch's will take as long)
-        self._rows_seen = 0
+        self._rows_seen = 0  # rows of the blocks the consumer has taken so far
         self._started = False
         self._expected = 0
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, pipeline.config.prefetch_blocks))
@@ -332,14 +332,12 @@ class EpochRun:
         blocks = self._block_stream()
         packer = Packer(p.batch_spec, drop_last=cfg.drop_last)
         first = None
-        seen = 0
         # 1. Blocks stream in from Ray (prefetched); 2. skips are recorded; 3. good rows are packed.
         for block in blocks:
             ledger.record_block(block)
-            seen += len(block["ok"])
-            self._rows_seen = seen
+            self._rows_seen += len(block["ok"])
             if on_progress is not None:
-                on_progress(seen, self._expected)
+                on_progress(self._rows_seen, self._expected)
             for batch in packer.add(block):
                 ledger.record_batch(batch)
                 first = first if first is not None else time.perf_counter() - t0
