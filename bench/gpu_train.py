@@ -16,7 +16,10 @@ Each feed trains for ``--seconds`` after ``--warmup-steps`` steps; images/s coun
 in that window; "stall" is the share of it the training loop spent waiting in ``next()`` for a batch;
 "step ms" is the median training step without that wait (the ceiling's is the GPU's own pace; a feed's
 longer steps mean it competes with training for the host or the GPU), with p90, max and the share of
-step time in steps over 3x the median in the per-feed lines (one-off costs such as cuDNN autotuning).
+step time in steps over 3x the median in the per-feed lines (one-off costs such as cuDNN autotuning),
+and the median time the host took to issue forward and backward. The training thread's own counters
+(Linux) tell why steps slow down: waiting for a core (other processes), sleeping (the GIL, a lock)
+or spinning in the CUDA wait (slower GPU work).
 raypipe's feeds drop the epoch's short last batch as timm's training loader does.
 The share of the ceiling is the goal figure (>= 95 %). ``--device cpu`` runs the same code on the CPU
 (small model and batch: a smoke test of the script, not a figure).
@@ -73,17 +76,23 @@ class Trainer:
         self.amp = amp and device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda") if self.amp else None
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """One step; returns the seconds spent issuing forward and backward (the host's share: the
+        rest of the step is mostly the wait for the GPU in the scaler's inf check)."""
+        t0 = time.perf_counter()
         with torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp):
             loss = self.loss_fn(self.model(x), y)
         self.opt.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
+            issued = time.perf_counter() - t0
             self.scaler.step(self.opt)  # reads the inf check back: one host sync per step, as in timm
             self.scaler.update()
-        else:
-            loss.backward()
-            self.opt.step()
+            return issued
+        loss.backward()
+        issued = time.perf_counter() - t0
+        self.opt.step()
+        return issued
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -105,6 +114,37 @@ def cpu_by_process() -> dict[int, tuple[str, float]]:
     return out
 
 
+def thread_sched() -> dict[str, float] | None:
+    """The calling thread's scheduler counters (Linux ``/proc/thread-self``): CPU seconds, seconds spent
+    runnable but waiting for a core, voluntary (sleeps: the GIL, a lock, a blocking CUDA wait) and
+    involuntary (preempted) context switches. None where the files are absent."""
+    try:
+        cpu_ns, runq_ns, _ = open("/proc/thread-self/schedstat").read().split()[:3]
+        status = dict(
+            line.split(":", 1) for line in open("/proc/thread-self/status").read().splitlines() if ":" in line
+        )
+        return {"cpu_s": int(cpu_ns) / 1e9, "runqueue_s": int(runq_ns) / 1e9,
+                "voluntary": int(status["voluntary_ctxt_switches"]),
+                "involuntary": int(status["nonvoluntary_ctxt_switches"])}  # fmt: skip
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def main_thread_use(before: dict | None, after: dict | None, seconds: float, steps: int) -> dict:
+    """Shares of the window the training thread spent on a core and waiting for one, and its context
+    switches per step: a thread slowed by other processes waits in the run queue; one slowed by the
+    GIL or a lock sleeps (voluntary switches) instead of spinning in the CUDA wait as the ceiling's does."""
+    if before is None or after is None or seconds <= 0:
+        return {}
+    per_step = max(steps, 1)
+    return {
+        "main_cpu_share": (after["cpu_s"] - before["cpu_s"]) / seconds,
+        "main_runqueue_share": (after["runqueue_s"] - before["runqueue_s"]) / seconds,
+        "main_voluntary_per_step": (after["voluntary"] - before["voluntary"]) / per_step,
+        "main_involuntary_per_step": (after["involuntary"] - before["involuntary"]) / per_step,
+    }
+
+
 def cpu_use(before: dict, after: dict, seconds: float) -> tuple[dict[str, float], int]:
     """Cores used per process name between two ``cpu_by_process`` snapshots, and how many processes
     started in between (worker churn)."""
@@ -123,7 +163,7 @@ def measure(trainer: Trainer, batches, *, warmup_steps: int, seconds: float, tra
     only reads the batches: what the feed can deliver when nothing else runs in this process."""
     import psutil
 
-    step = trainer.step if train else (lambda x, y: None)
+    step = trainer.step if train else (lambda x, y: 0.0)
     me = psutil.Process()
     t_start = time.perf_counter()
     first_batch_s = None
@@ -136,7 +176,9 @@ def measure(trainer: Trainer, batches, *, warmup_steps: int, seconds: float, tra
     images = steps = 0
     wait = 0.0
     step_s: list[float] = []
+    issue_s: list[float] = []
     cpu0 = sum(me.cpu_times()[:2])
+    sched0 = thread_sched()
     procs0 = cpu_by_process()
     psutil.cpu_percent(None)
     t0 = time.perf_counter()
@@ -148,12 +190,13 @@ def measure(trainer: Trainer, batches, *, warmup_steps: int, seconds: float, tra
             break
         w1 = time.perf_counter()
         wait += w1 - w0
-        step(x, y)  # AMP's scaler reads its inf check back: the step's GPU work is done when it returns
+        issue_s.append(step(x, y))  # AMP's scaler reads its inf check back: the GPU work is done on return
         step_s.append(time.perf_counter() - w1)
         images += int(x.shape[0])
         steps += 1
     trainer.sync()
     elapsed = time.perf_counter() - t0
+    sched1 = thread_sched()
     machine = psutil.cpu_percent(None) / 100 * (os.cpu_count() or 1)
     by_name, started = cpu_use(procs0, cpu_by_process(), elapsed)
     return {
@@ -168,6 +211,8 @@ def measure(trainer: Trainer, batches, *, warmup_steps: int, seconds: float, tra
         "stall_share": wait / elapsed,
         "first_batch_s": first_batch_s,
         **step_times(step_s),
+        **({"issue_ms_median": 1e3 * sorted(issue_s)[len(issue_s) // 2]} if train and issue_s else {}),
+        **main_thread_use(sched0, sched1, elapsed, steps),
     }
 
 
@@ -273,7 +318,13 @@ def run_feed(name: str, make, trainer: Trainer, args, results: dict, key: str, t
         if "step_ms_median" in r:
             print(f"               step ms (no data wait): median {r['step_ms_median']:.1f}, p90 "
                   f"{r['step_ms_p90']:.1f}, max {r['step_ms_max']:.1f}; steps > 3x median: "
-                  f"{100 * r['slow_step_share']:.0f} % of step time", flush=True)  # fmt: skip
+                  f"{100 * r['slow_step_share']:.0f} % of step time; issuing fwd+bwd median "
+                  f"{r.get('issue_ms_median', float('nan')):.1f}", flush=True)  # fmt: skip
+        if "main_cpu_share" in r:
+            print(f"               training thread: on a core {100 * r['main_cpu_share']:.0f} %, waiting for one "
+                  f"{100 * r['main_runqueue_share']:.1f} % of the window; per step "
+                  f"{r['main_voluntary_per_step']:.1f} sleeps, {r['main_involuntary_per_step']:.1f} preemptions",
+                  flush=True)  # fmt: skip
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,11 @@ def test_cpu_smoke_run_reports_every_feed(tmp_path):
         assert feed["images_per_s"] > 0 and 0.0 <= feed["stall_share"] <= 1.0
         assert 0 < feed["step_ms_median"] <= feed["step_ms_p90"] <= feed["step_ms_max"]
         assert 0.0 <= feed["slow_step_share"] <= 1.0
-    assert "step ms (no data wait): median" in proc.stdout
+        assert 0 < feed["issue_ms_median"] <= feed["step_ms_max"]
+        # the training thread's scheduler counters (Linux): shares of the window, switches per step
+        assert 0.0 < feed["main_cpu_share"] <= 1.05 and 0.0 <= feed["main_runqueue_share"] <= 1.05
+        assert feed["main_voluntary_per_step"] >= 0 and feed["main_involuntary_per_step"] >= 0
+    assert "step ms (no data wait): median" in proc.stdout and "training thread: on a core" in proc.stdout
     assert "of ceiling" in proc.stdout and "raypipe rrc" in proc.stdout and "timm rrc" in proc.stdout
 
 
