@@ -2,8 +2,9 @@
 
 Run on a CUDA machine from the repository root: ``python bench/gpu_check.py`` (about a minute; always
 well inside 8). It prints one table: correctness against the CPU reference; H2D copy of a
-256x224x224x3 uint8 batch from pinned vs pageable memory; overlap (a compute kernel alone, then with
-the loader copying and normalising behind it: share of the copy time hidden); normalise / erasing /
+256x224x224x3 uint8 batch from pinned vs pageable memory; overlap (a compute step alone, then with
+the loader copying and normalising behind it, each step synced as AMP training's is: share of the
+copy time hidden, the normalise kernel's own GPU time aside); normalise / erasing /
 mixup cost per batch; timm's PrefetchLoader on the same input. Without CUDA it says so and exits 0.
 """
 
@@ -100,6 +101,17 @@ def check_overlap(dev, rows, n, size, copy_ms, batches):
         for _ in range(reps):
             torch.mm(a, a)
 
+    def steps_ms(items) -> float:
+        """Wall ms per step of ``compute()`` then a host sync, as an AMP training step ends (its scaler
+        reads the inf check back): the host cannot run ahead of the GPU, so a wait for data is a stall."""
+        torch.cuda.synchronize()
+        t0, count = time.perf_counter(), 0
+        for _ in items:
+            compute()
+            torch.cuda.current_stream().synchronize()
+            count += 1
+        return (time.perf_counter() - t0) * 1e3 / max(1, count)
+
     reps = 1
     one = cuda_ms(compute, 5)
     # The producer's host work per batch (memcpy into the pinned ring, single-threaded) must fit in a
@@ -111,26 +123,24 @@ def check_overlap(dev, rows, n, size, copy_ms, batches):
         np.copyto(pinned, b["image"])
     host_ms = (time.perf_counter() - t0) * 1e3 / len(batches[:8])
     reps = max(1, int(max(3 * copy_ms, 3 * host_ms, 10.0) / one))
-    step_ms = cuda_ms(compute, 5)
+    step_ms = steps_ms(range(len(batches)))
     x8 = torch.randint(0, 256, (n, size, size, 3), dtype=torch.uint8, device="cuda")
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     norm_ms = cuda_ms(lambda: dev.normalize(x8, mean=mean, std=std, dtype=torch.float16), 5)
     with dev.DeviceLoader(batches, device="cuda", prefetch=3) as loader:
         list(loader)  # warm-up: ring, allocator
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in loader:
-            compute()
-        torch.cuda.synchronize()
-        with_ms = (time.perf_counter() - t0) * 1e3 / len(batches)
+        with_ms = steps_ms(loader)
         stall = loader.stats.wait_s * 1e3 / max(1, loader.stats.batches)
-    hidden = 1.0 - max(0.0, with_ms - step_ms) / (copy_ms + norm_ms)
+    # The normalise is GPU work beside a kernel that already fills the GPU: it adds its own time
+    # whatever the overlap. The host-to-device copy runs on a copy engine and should not.
+    added = with_ms - step_ms
+    hidden = 1.0 - max(0.0, added - norm_ms) / copy_ms
     rows.append(("host memcpy of a batch into pinned memory", f"{host_ms:.2f} ms", ""))
-    rows.append(("compute step alone", f"{step_ms:.2f} ms", ""))
-    with_text = f"{with_ms:.2f} ms (stall {stall:.2f} ms/batch)"
+    rows.append(("compute step alone (synced per step)", f"{step_ms:.2f} ms", ""))
+    with_text = f"{with_ms:.2f} ms (+{added:.2f}; stall {stall:.2f} ms/batch)"
     rows.append(("compute step + loader copying behind it", with_text, ""))
-    hidden_text = f"{100 * hidden:.0f} % of {copy_ms + norm_ms:.2f} ms"
-    rows.append(("copy+normalise time hidden", hidden_text, "PASS" if hidden >= 0.9 else "FAIL"))
+    hidden_text = f"{100 * min(hidden, 1.0):.0f} % of {copy_ms:.2f} ms (normalise {norm_ms:.2f} ms on top)"
+    rows.append(("H2D copy time hidden", hidden_text, "PASS" if hidden >= 0.9 else "FAIL"))
 
 
 def check_transform_cost(dev, rows, n, size, iters):

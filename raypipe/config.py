@@ -234,6 +234,11 @@ class PipelineConfig:
     # loops beside, ~400 img/s at 0 or 5, ~200 at 10, 72-87 at 15; set 0 on a shared machine. Only the
     # stage's own thread is lowered (niceness is per thread), so no later task on the worker inherits it.
     worker_nice: int = 10
+    # Run that thread under Linux SCHED_IDLE instead: it gets only CPU time nothing else wants, so a
+    # GPU trainer waking after each step takes a core at once rather than waiting out a worker's time
+    # slice (H200, 16 cores: the training thread waited for a core ~10 % of the time beside workers at
+    # nice 10). Starves the workers beside a busy CPU trainer or other jobs: off by default.
+    worker_sched_idle: bool = False
     max_skip_ratio: float | None = None
     max_skips: int | None = None
     # Extra Ray resources each augmentation worker asks for, to steer it to preprocessing nodes.
@@ -257,6 +262,8 @@ class PipelineConfig:
             _fail("prefetch_blocks", self.prefetch_blocks, "expected an int >= 0")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             _fail("seed", self.seed, "expected an int >= 0")
+        if not isinstance(self.worker_sched_idle, bool):
+            _fail("worker_sched_idle", self.worker_sched_idle, "expected true or false")
         nice = self.worker_nice
         if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
             _fail("worker_nice", self.worker_nice, "expected an int in 0..19")

@@ -31,6 +31,7 @@ from raypipe.config import (
         (PipelineConfig, {"max_skip_ratio": 2}, "max_skip_ratio"),
         (PipelineConfig, {"resources": {"preprocess": -1}}, "resources"),
         (PipelineConfig, {"worker_nice": 20}, "worker_nice"),
+        (PipelineConfig, {"worker_sched_idle": "yes"}, "worker_sched_idle"),
         (PipelineConfig, {"block_size": 0}, "block_size"),
         (DecodeConfig, {"max_pixels": 0}, "max_pixels"),
     ],

@@ -469,6 +469,42 @@ def test_worker_nice_applies_to_the_stage_thread_only(ray_local, sample_dir):
     assert set(ray_local.get([niceness.remote() for _ in range(8)])) == {0}
 
 
+def _thread_policy(pid: int) -> dict[int, int]:
+    """tid -> scheduling policy of every thread of ``pid`` (Linux /proc: field 41 of each task's stat)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                out[int(tid)] = int(fh.read().rsplit(")", 1)[1].split()[38])
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE") or not os.path.isdir("/proc/self/task"),
+                    reason="SCHED_IDLE and per-thread policies are Linux's")  # fmt: skip
+def test_worker_sched_idle_applies_to_the_stage_thread_only(ray_local, sample_dir):
+    import psutil
+
+    assert Pipeline(str(sample_dir), AUG).stage_spec(0).sched_idle is False  # off by default
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16, worker_sched_idle=True))
+    assert pipe.stage_spec(0).sched_idle is True
+    _, rep = run_epoch(pipe)
+    assert rep.emitted == 48  # the stage still delivers every image from its idle-policy thread
+    procs = psutil.Process().children(recursive=True)
+    workers = [p.pid for p in procs if p.cmdline()[:1] and p.cmdline()[0].startswith("ray::")]
+    policies = {pid: _thread_policy(pid) for pid in workers}
+    assert any(os.SCHED_IDLE in t.values() for t in policies.values())  # the stage's thread
+    assert all(t.get(pid) == os.SCHED_OTHER for pid, t in policies.items())  # every worker's main thread
+
+    @ray_local.remote(num_cpus=0.5)
+    def policy():
+        return os.sched_getscheduler(0)
+
+    # the workers Ray hands to later tasks run them under the normal policy
+    assert set(ray_local.get([policy.remote() for _ in range(8)])) == {os.SCHED_OTHER}
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes hold the later blocks back")
 def test_first_block_is_handed_out_before_later_blocks_finish(ray_local, sample_dir, tmp_path):
     """An epoch's first block reaches the consumer while the other blocks are still running (Ray Data

@@ -103,6 +103,7 @@ def test_feeder_and_pipeline_speed_knobs(tmp_path):
     job = parse_job(["-c", _yaml(tmp_path, "feeder: thread\nworker_nice: 0\n"), "-b", "256"])
     assert job.feeder == "thread" and job.pipeline.worker_nice == 0 and job.pipeline.block_size == 256
     assert parse_job(["--feeder", "process", "--block-size", "64"]).pipeline.block_size == 64
+    assert job.pipeline.worker_sched_idle is False and parse_job(["--worker-sched-idle"]).pipeline.worker_sched_idle
     with pytest.raises(ValueError, match="feeder"):
         TrainJobConfig(feeder="actor")
 

@@ -44,6 +44,7 @@ class StageSpec:
     epoch: int
     image_column: str = ""
     nice: int = 0  # niceness of the thread the stage runs on (PipelineConfig.worker_nice)
+    sched_idle: bool = False  # that thread under Linux SCHED_IDLE (PipelineConfig.worker_sched_idle)
 
     @property
     def reuse_key(self) -> tuple:
@@ -94,31 +95,37 @@ class _ParquetReader:
         return bytes(cell)
 
 
-def lower_priority(nice: int) -> None:
-    """Raise the calling thread's niceness to ``nice`` (never lowers it, which needs privileges).
-    Linux niceness is per thread, so only the caller is affected."""
-    if nice <= 0 or not hasattr(os, "nice"):
-        return
-    current = os.nice(0)
-    if current < nice:
-        os.nice(nice - current)
+def lower_priority(nice: int, sched_idle: bool = False) -> None:
+    """Raise the calling thread's niceness to ``nice`` (never lowers it, which needs privileges) and,
+    with ``sched_idle``, move it to Linux's SCHED_IDLE policy (any user may; there is no way back
+    without privileges). Both are per thread on Linux, so only the caller is affected."""
+    if nice > 0 and hasattr(os, "nice"):
+        current = os.nice(0)
+        if current < nice:
+            os.nice(nice - current)
+    if sched_idle and hasattr(os, "SCHED_IDLE"):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
-# One thread per niceness value, per worker process: the stage's work runs there, so the worker's
+# One thread per priority setting, per worker process: the stage's work runs there, so the worker's
 # own (main) thread keeps its priority. Ray reuses worker processes for any later task or actor of
 # the job; lowering the main thread's priority instead would hand it on to them, and it cannot be
 # raised back without privileges.
-_NICE_THREADS: dict[int, ThreadPoolExecutor] = {}
+_NICE_THREADS: dict[tuple[int, bool], ThreadPoolExecutor] = {}
 
 
-def call_at_niceness(nice: int, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` on this process's thread at niceness ``nice`` (inline when ``nice`` <= 0)."""
-    if nice <= 0 or not hasattr(os, "nice"):
+def call_at_niceness(nice: int, fn: Callable[..., T], *args: Any, sched_idle: bool = False) -> T:
+    """``fn(*args)`` on this process's thread at niceness ``nice`` (and SCHED_IDLE if asked); inline
+    when neither lowers anything."""
+    idle = sched_idle and hasattr(os, "SCHED_IDLE")
+    if not idle and (nice <= 0 or not hasattr(os, "nice")):
         return fn(*args)
-    pool = _NICE_THREADS.get(nice)
+    key = (nice, idle)
+    pool = _NICE_THREADS.get(key)
     if pool is None:
-        pool = _NICE_THREADS[nice] = ThreadPoolExecutor(
-            1, thread_name_prefix=f"raypipe-nice{nice}", initializer=lower_priority, initargs=(nice,)
+        name = f"raypipe-nice{nice}" + ("-idle" if idle else "")
+        pool = _NICE_THREADS[key] = ThreadPoolExecutor(
+            1, thread_name_prefix=name, initializer=lower_priority, initargs=(nice, idle)
         )
     return pool.submit(fn, *args).result()
 
@@ -137,7 +144,7 @@ class AugmentStage:
         return self.spec.root.read_bytes(path)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return call_at_niceness(self.spec.nice, self._augment, batch)
+        return call_at_niceness(self.spec.nice, self._augment, batch, sched_idle=self.spec.sched_idle)
 
     def _augment(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         n = len(batch["sample_id"])
