@@ -253,7 +253,7 @@ def raypipe_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, 
     # one batch shape only; an epoch's short last batch would make cuDNN (benchmark mode) autotune anew
     cfg = PipelineConfig(batch_size=args.batch, block_size=args.block_size, worker_nice=args.worker_nice,
                          worker_sched_idle=args.worker_sched_idle, cpus_per_actor=args.cpus_per_actor,
-                         drop_last=True)  # fmt: skip
+                         drop_last=True).resolved_for(gpu_trainer=trainer.device.type == "cuda")  # fmt: skip
     source = (FeederSource if feeder else EpochSource)(Pipeline(data, aug, config=cfg))
     loader = DeviceLoader(source, device=trainer.device, img_dtype=dtype, channels_last=trainer.channels_last)
     closers.append(loader.close)
@@ -340,7 +340,8 @@ def main(argv=None) -> int:
                    help="raypipe-data: raypipe's batches on the GPU, no training (what it can deliver)")  # fmt: skip
     p.add_argument("--block-size", type=int, help="raypipe rows per Ray block (default: PipelineConfig's)")
     p.add_argument("--worker-nice", type=int, default=10, help="augmentation workers' niceness (as PipelineConfig)")
-    p.add_argument("--worker-sched-idle", action="store_true", help="augmentation threads under SCHED_IDLE")
+    p.add_argument("--worker-sched-idle", action=argparse.BooleanOptionalAction,
+                   help="augmentation threads under SCHED_IDLE (default: on for cuda, like the job)")  # fmt: skip
     p.add_argument("--cpus-per-actor", type=float, default=0.5, help="CPUs per raypipe augmentation worker")
     p.add_argument("--seconds", type=float, default=20.0, help="timed window per feed")
     p.add_argument("--warmup-steps", type=int, default=10)

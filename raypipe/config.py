@@ -236,9 +236,11 @@ class PipelineConfig:
     worker_nice: int = 10
     # Run that thread under Linux SCHED_IDLE instead: it gets only CPU time nothing else wants, so a
     # GPU trainer waking after each step takes a core at once rather than waiting out a worker's time
-    # slice (H200, 16 cores: the training thread waited for a core ~10 % of the time beside workers at
-    # nice 10). Starves the workers beside a busy CPU trainer or other jobs: off by default.
-    worker_sched_idle: bool = False
+    # slice (H200, 16 cores, ResNet-50: the training thread waited for a core 9-10 % of the time beside
+    # workers at nice 10, 4-5 % under SCHED_IDLE; 88-92 % of the on-GPU-data ceiling became 92-96 %).
+    # It would starve the workers beside a CPU trainer or other busy jobs. None (the default): off in
+    # the library, on in the training job when it trains on CUDA (``resolved_for``).
+    worker_sched_idle: bool | None = None
     max_skip_ratio: float | None = None
     max_skips: int | None = None
     # Extra Ray resources each augmentation worker asks for, to steer it to preprocessing nodes.
@@ -262,8 +264,8 @@ class PipelineConfig:
             _fail("prefetch_blocks", self.prefetch_blocks, "expected an int >= 0")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             _fail("seed", self.seed, "expected an int >= 0")
-        if not isinstance(self.worker_sched_idle, bool):
-            _fail("worker_sched_idle", self.worker_sched_idle, "expected true or false")
+        if self.worker_sched_idle is not None and not isinstance(self.worker_sched_idle, bool):
+            _fail("worker_sched_idle", self.worker_sched_idle, "expected true, false or null (auto)")
         nice = self.worker_nice
         if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
             _fail("worker_nice", self.worker_nice, "expected an int in 0..19")
@@ -286,6 +288,14 @@ class PipelineConfig:
         ):
             _fail("resources", self.resources, "expected a mapping of resource name -> amount >= 0")
         _set(self, "resources", types.MappingProxyType(dict(self.resources)))
+
+    def resolved_for(self, *, gpu_trainer: bool) -> PipelineConfig:
+        """This config with ``worker_sched_idle`` decided where it was left to the consumer (None):
+        on when the batches feed a GPU trainer, which sleeps through most of each step and must get a
+        core back at once; off for a CPU trainer, which would starve idle-policy workers."""
+        if self.worker_sched_idle is not None:
+            return self
+        return dataclasses.replace(self, worker_sched_idle=bool(gpu_trainer))
 
 
 # --------------------------------------------------------------------------------------------------

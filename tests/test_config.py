@@ -94,3 +94,14 @@ def test_block_size_follows_the_batch_size(batch, block):
     # a multiple of the batch (whole batches are views of a block) or a divisor (blocks pack whole batches)
     assert block % batch == 0 or batch % block == 0 or batch == 257
     assert PipelineConfig(batch_size=batch, block_size=64).block_size == 64  # an explicit value wins
+
+
+def test_worker_sched_idle_is_decided_by_the_trainer_when_left_open():
+    auto = PipelineConfig()
+    assert auto.worker_sched_idle is None
+    assert auto.resolved_for(gpu_trainer=True).worker_sched_idle is True  # a GPU trainer sleeps each step
+    assert auto.resolved_for(gpu_trainer=False).worker_sched_idle is False  # a CPU trainer would starve them
+    for chosen in (True, False):  # a user's choice stands either way
+        cfg = PipelineConfig(worker_sched_idle=chosen)
+        assert cfg.resolved_for(gpu_trainer=not chosen).worker_sched_idle is chosen
+    assert auto.resolved_for(gpu_trainer=True).batch_size == auto.batch_size  # nothing else changes

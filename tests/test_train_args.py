@@ -103,7 +103,10 @@ def test_feeder_and_pipeline_speed_knobs(tmp_path):
     job = parse_job(["-c", _yaml(tmp_path, "feeder: thread\nworker_nice: 0\n"), "-b", "256"])
     assert job.feeder == "thread" and job.pipeline.worker_nice == 0 and job.pipeline.block_size == 256
     assert parse_job(["--feeder", "process", "--block-size", "64"]).pipeline.block_size == 64
-    assert job.pipeline.worker_sched_idle is False and parse_job(["--worker-sched-idle"]).pipeline.worker_sched_idle
+    assert job.pipeline.worker_sched_idle is None  # decided by the trainer's device (see resolved_for)
+    assert parse_job(["--worker-sched-idle"]).pipeline.worker_sched_idle is True
+    assert parse_job(["--no-worker-sched-idle"]).pipeline.worker_sched_idle is False
+    assert parse_job(["-c", _yaml(tmp_path, "worker_sched_idle: true\n")]).pipeline.worker_sched_idle is True
     with pytest.raises(ValueError, match="feeder"):
         TrainJobConfig(feeder="actor")
 

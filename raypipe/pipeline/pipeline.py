@@ -139,7 +139,7 @@ class Pipeline:
             epoch=epoch,
             image_column=self.rows.image_column,
             nice=self.config.worker_nice,
-            sched_idle=self.config.worker_sched_idle,
+            sched_idle=bool(self.config.worker_sched_idle),  # None: off here
         )
 
     def dataset(self, epoch: int, *, rank: int = 0, world_size: int = 1) -> tuple[ray.data.Dataset, int, int]:

@@ -233,8 +233,9 @@ def train_loop_per_worker(config: dict) -> None:
     loss_fn = _losses(job)
     autocast, scaler = _amp(job, device)
 
-    train_pipe = Pipeline(train_rows, job.augment, config=job.pipeline, decode=job.decode)
-    eval_cfg = dataclasses.replace(job.pipeline, shuffle=False, drop_last=False, max_skip_ratio=None, max_skips=None)
+    pipe_cfg = job.pipeline.resolved_for(gpu_trainer=device.type == "cuda")  # SCHED_IDLE workers on GPUs
+    train_pipe = Pipeline(train_rows, job.augment, config=pipe_cfg, decode=job.decode)
+    eval_cfg = dataclasses.replace(pipe_cfg, shuffle=False, drop_last=False, max_skip_ratio=None, max_skips=None)
     eval_pipe = Pipeline(val_rows, job.eval, config=eval_cfg, decode=job.decode)
     # The next train epoch's Ray execution warms up while this one drains (and overlaps eval);
     # eval is short and read right after training, so it is not warmed ahead.
