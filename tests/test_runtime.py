@@ -136,3 +136,27 @@ def test_local_cluster_dashboard_only_on_request_and_on_loopback(on):
         assert out.startswith("127.0.0.1:"), out
     else:
         assert out == "none", out
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_call_at_niceness_with_sched_idle_runs_on_an_idle_policy_thread(monkeypatch):
+    import raypipe.stages.augment as augment
+
+    monkeypatch.setattr(augment, "_NICE_THREADS", {})  # this test's threads only
+    assert call_at_niceness(0, os.sched_getscheduler, 0, sched_idle=True) == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the caller keeps its policy
+    assert call_at_niceness(0, os.sched_getscheduler, 0) == os.sched_getscheduler(0)  # neither: inline
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_a_refused_priority_change_warns_and_the_stage_still_runs(monkeypatch):
+    import raypipe.stages.augment as augment
+
+    def refuse(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(augment, "_NICE_THREADS", {})
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)  # as a seccomp profile might
+    with pytest.warns(RuntimeWarning, match="could not take niceness 0 and SCHED_IDLE"):
+        assert call_at_niceness(0, lambda x: x * 2, 21, sched_idle=True) == 42
+    assert call_at_niceness(0, lambda x: x + 1, 1, sched_idle=True) == 2  # the pool stays usable

@@ -9,6 +9,7 @@ skip travels to the consumer, which is where it is counted (so a retried task ca
 from __future__ import annotations
 
 import os
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -99,12 +100,19 @@ def lower_priority(nice: int, sched_idle: bool = False) -> None:
     """Raise the calling thread's niceness to ``nice`` (never lowers it, which needs privileges) and,
     with ``sched_idle``, move it to Linux's SCHED_IDLE policy (any user may; there is no way back
     without privileges). Both are per thread on Linux, so only the caller is affected."""
-    if nice > 0 and hasattr(os, "nice"):
-        current = os.nice(0)
-        if current < nice:
-            os.nice(nice - current)
-    if sched_idle and hasattr(os, "SCHED_IDLE"):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    # A sandbox may refuse either call (seccomp): the stage then runs at the priority it has, with a
+    # warning, rather than breaking the thread pool this runs in (every later block would fail).
+    try:
+        if nice > 0 and hasattr(os, "nice"):
+            current = os.nice(0)
+            if current < nice:
+                os.nice(nice - current)
+        if sched_idle and hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except OSError as exc:
+        wanted = f"niceness {nice}" + (" and SCHED_IDLE" if sched_idle else "")
+        warnings.warn(f"raypipe: the augmentation thread could not take {wanted} ({exc}); it runs as it is",
+                      RuntimeWarning, stacklevel=2)  # fmt: skip
 
 
 # One thread per priority setting, per worker process: the stage's work runs there, so the worker's
