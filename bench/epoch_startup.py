@@ -5,6 +5,7 @@ the next. Reproduces the warm-up rows of bench/NOTES.md::
     python bench/epoch_startup.py /tmp/bench2k --contender-runs 3 --aa     # back-to-back bench runs
     python bench/epoch_startup.py /tmp/bench2k --contender-runs 3 --aa --no-cap   # as before the cap
     python bench/epoch_startup.py /tmp/bench2k --warm-leads 0 1 0 1 [--aa] --epochs 6  # warm-up lead
+    python bench/epoch_startup.py /tmp/bench2k --warm-leads 1 --consumer-rate 1000 --epochs 6  # a paced trainer
     python bench/epoch_startup.py /tmp/bench2k --timeline 0 --epochs 4 [--block-size 128]  # when each epoch starts
     python bench/epoch_startup.py /tmp/bench2k --build-rows 200000 1280000 --world-sizes 1 8  # dataset() at scale
 
@@ -12,7 +13,9 @@ The first mode runs one epoch at a time (nothing else running, no warm-up: every
 prints how long its first batch of ``--batch-size`` rows takes to arrive. The second runs ``raypipe
 bench``'s raypipe contender (and its packed variant) several times in one process and prints each run's
 per-epoch rates. The third reads packed batches through an ``EpochSource`` with each ``warm_lead_s`` in
-turn and prints every epoch's first-batch time and rate, and the rate over the epochs after the first.
+turn and prints every epoch's first-batch time and rate, and the rate over the epochs after the first;
+with ``--consumer-rate`` the reader sleeps as a trainer at that pace would, and the share of time it
+waited for batches is printed too (a GPU trainer below the pipeline's capacity: do epoch starts stall it?).
 The fourth does the same for one ``warm_lead_s`` and prints a timeline: when each epoch's execution was
 started (``prestart``), its dataset built and its first two blocks ready, against when the consumer
 began and ended each epoch, with the object store's use every ~4000 rows. The fifth repeats the
@@ -68,23 +71,30 @@ def warm_leads(args: argparse.Namespace) -> None:
 
     extra = {"auto_augment": "rand-m9-mstd0.5-inc1"} if args.aa else {}
     aug = TrainAugment(input_size=args.img_size, color_jitter=None, **extra)
+    step_s = (lambda n: n / args.consumer_rate) if args.consumer_rate else (lambda n: 0.0)
     for lead in args.warm_leads:
         pipe = Pipeline(args.data, aug, config=PipelineConfig(batch_size=args.batch_size))
         source = EpochSource(pipe, end_epoch=args.epochs, warm_lead_s=lead)
-        firsts, rates, images, seconds = [], [], 0, 0.0
+        firsts, rates, images, seconds, waited = [], [], 0, 0.0, 0.0
         for epoch in range(args.epochs):
-            t0, first, n = time.perf_counter(), None, 0
+            t0, first, n, wait = time.perf_counter(), None, 0, 0.0
+            asked = t0
             for batch in source:
-                first = time.perf_counter() - t0 if first is None else first
+                got = time.perf_counter()
+                first = got - t0 if first is None else first
+                wait += got - asked
                 n += len(batch["sample_id"])
+                time.sleep(step_s(len(batch["sample_id"])))  # an emulated training step at a fixed pace
+                asked = time.perf_counter()
             dt = time.perf_counter() - t0
             if epoch > 0:
-                images, seconds = images + n, seconds + dt
+                images, seconds, waited = images + n, seconds + dt, waited + wait
             firsts.append(round(first, 2))
             rates.append(round(n / dt))
         source.close()
+        stall = f", waiting for batches {100 * waited / seconds:.1f} % of that time" if args.consumer_rate else ""
         print(f"warm lead {lead} s: first batch {firsts} s, epochs {rates} img/s, after the first "
-              f"{images / seconds:.0f} img/s", flush=True)  # fmt: skip
+              f"{images / seconds:.0f} img/s{stall}", flush=True)  # fmt: skip
 
 
 def timeline(args: argparse.Namespace) -> None:
@@ -193,6 +203,8 @@ def main() -> None:
     p.add_argument("--aa", action="store_true", help="with rand-m9-mstd0.5-inc1")
     p.add_argument("--no-cap", action="store_true", help="no Pipeline.run_ahead_bytes cap (the old behaviour)")
     p.add_argument("--warm-leads", type=float, nargs="+", help="compare EpochSource warm_lead_s values")
+    p.add_argument("--consumer-rate", type=float, metavar="IMG_PER_S",
+                   help="--warm-leads: the consumer sleeps n / rate per batch (a trainer at a fixed pace)")
     p.add_argument("--timeline", type=float, metavar="WARM_LEAD_S", help="print a start-up timeline")
     p.add_argument("--build-rows", type=int, nargs="+", help="time Pipeline.dataset() for epochs of these sizes")
     p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 8], help="ranks for --build-rows")
