@@ -435,22 +435,29 @@ def test_worker_niceness_travels_in_the_stage_spec(ray_local, sample_dir):
     assert rep.emitted == 48 and sum(len(b["sample_id"]) for b in batches) == 48
 
 
-def _thread_niceness(pid: int) -> dict[int, int]:
-    """tid -> niceness of every thread of ``pid`` (Linux /proc: field 19 of each task's stat)."""
+def _thread_stat(pid: int, field: int) -> dict[int, int]:
+    """tid -> field ``field`` (1-based, as proc(5) numbers them) of every thread of ``pid``'s Linux
+    /proc stat: 19 is the niceness, 41 the scheduling policy."""
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
-                out[int(tid)] = int(fh.read().rsplit(")", 1)[1].split()[16])
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:  # fields after "(comm)" start at field 3
+                out[int(tid)] = int(fh.read().rsplit(")", 1)[1].split()[field - 3])
         except (OSError, IndexError, ValueError):
             continue  # the thread ended meanwhile
     return out
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="per-thread niceness is read from Linux /proc")
-def test_worker_nice_applies_to_the_stage_thread_only(ray_local, sample_dir):
+def _ray_worker_pids() -> list[int]:
+    """The local Ray's worker processes: our descendants whose title starts with ``ray::``."""
     import psutil
 
+    procs = psutil.Process().children(recursive=True)
+    return [p.pid for p in procs if p.cmdline()[:1] and p.cmdline()[0].startswith("ray::")]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="per-thread niceness is read from Linux /proc")
+def test_worker_nice_applies_to_the_stage_thread_only(ray_local, sample_dir):
     @ray_local.remote(num_cpus=0.5)
     def niceness():
         return os.nice(0)
@@ -460,40 +467,22 @@ def test_worker_nice_applies_to_the_stage_thread_only(ray_local, sample_dir):
     pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16, worker_nice=7))
     _, rep = run_epoch(pipe)
     assert rep.emitted == 48
-    procs = psutil.Process().children(recursive=True)  # a local Ray: its workers are our descendants
-    workers = [p.pid for p in procs if p.cmdline()[:1] and p.cmdline()[0].startswith("ray::")]
-    threads = {pid: _thread_niceness(pid) for pid in workers}
+    threads = {pid: _thread_stat(pid, 19) for pid in _ray_worker_pids()}  # niceness per thread
     assert any(7 in t.values() for t in threads.values())  # the stage's thread in the workers that ran it
     assert all(t.get(pid, 0) == 0 for pid, t in threads.items())  # every worker's main thread untouched
     # ... so the workers Ray hands to later tasks of the job run them at normal priority
     assert set(ray_local.get([niceness.remote() for _ in range(8)])) == {0}
 
 
-def _thread_policy(pid: int) -> dict[int, int]:
-    """tid -> scheduling policy of every thread of ``pid`` (Linux /proc: field 41 of each task's stat)."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
-                out[int(tid)] = int(fh.read().rsplit(")", 1)[1].split()[38])
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
-
-
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE") or not os.path.isdir("/proc/self/task"),
                     reason="SCHED_IDLE and per-thread policies are Linux's")  # fmt: skip
 def test_worker_sched_idle_applies_to_the_stage_thread_only(ray_local, sample_dir):
-    import psutil
-
     assert Pipeline(str(sample_dir), AUG).stage_spec(0).sched_idle is False  # off by default
     pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16, worker_sched_idle=True))
     assert pipe.stage_spec(0).sched_idle is True
     _, rep = run_epoch(pipe)
     assert rep.emitted == 48  # the stage still delivers every image from its idle-policy thread
-    procs = psutil.Process().children(recursive=True)
-    workers = [p.pid for p in procs if p.cmdline()[:1] and p.cmdline()[0].startswith("ray::")]
-    policies = {pid: _thread_policy(pid) for pid in workers}
+    policies = {pid: _thread_stat(pid, 41) for pid in _ray_worker_pids()}  # scheduling policy per thread
     assert any(os.SCHED_IDLE in t.values() for t in policies.values())  # the stage's thread
     assert all(t.get(pid) == os.SCHED_OTHER for pid, t in policies.items())  # every worker's main thread
 
