@@ -245,16 +245,17 @@ def synthetic_batches(trainer: Trainer, batch: int, size: int, dtype: torch.dtyp
 
 
 def raypipe_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, closers: list, feeder: bool):
-    from raypipe.config import PipelineConfig
+    from raypipe.config import ExecutionConfig, PipelineConfig
     from raypipe.device import DeviceLoader
     from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 
     # drop_last as timm's training loader (create_loader(is_training=True)): both feeds then train on
     # one batch shape only; an epoch's short last batch would make cuDNN (benchmark mode) autotune anew
-    cfg = PipelineConfig(batch_size=args.batch, block_size=args.block_size, worker_nice=args.worker_nice,
-                         worker_sched_idle=args.worker_sched_idle, cpus_per_actor=args.cpus_per_actor,
-                         drop_last=True).resolved_for(gpu_trainer=trainer.device.type == "cuda")  # fmt: skip
-    source = (FeederSource if feeder else EpochSource)(Pipeline(data, aug, config=cfg))
+    cfg = PipelineConfig(batch_size=args.batch, drop_last=True)
+    ex = ExecutionConfig(chunk_rows=args.block_size, worker_nice=args.worker_nice,
+                         worker_sched_idle=args.worker_sched_idle, cpus_per_task=args.cpus_per_actor)
+    ex = ex.resolved_for(gpu_trainer=trainer.device.type == "cuda")
+    source = (FeederSource if feeder else EpochSource)(Pipeline(data, aug, config=cfg, execution=ex))
     loader = DeviceLoader(source, device=trainer.device, img_dtype=dtype, channels_last=trainer.channels_last)
     closers.append(loader.close)
     while True:  # as many epochs as the window needs; each pass is the next epoch

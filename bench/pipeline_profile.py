@@ -38,7 +38,7 @@ def _start_hog() -> subprocess.Popen:
 
 
 def profile_pipeline(args: argparse.Namespace) -> None:
-    from raypipe.config import PipelineConfig, TrainAugment
+    from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
     from raypipe.device import DeviceLoader
     from raypipe.pipeline import EpochSource, Pipeline
     from raypipe.runtime import connect
@@ -47,16 +47,14 @@ def profile_pipeline(args: argparse.Namespace) -> None:
         os.environ["RAY_num_workers_soft_limit"] = str(args.ray_soft_limit)  # connect() then leaves it be
     connect(object_store_memory=args.object_store_mb << 20 if args.object_store_mb else None)
     started = _WorkerWatch()
-    cfg = PipelineConfig(
-        batch_size=args.batch_size,
-        block_size=args.block_size,
-        cpus_per_actor=args.cpus_per_actor,
-        num_actors=args.num_actors,
+    cfg = PipelineConfig(batch_size=args.batch_size)
+    ex = ExecutionConfig(
+        chunk_rows=args.block_size, cpus_per_task=args.cpus_per_actor, num_tasks=args.num_actors,
         worker_nice=args.worker_nice,
     )
     aug = TrainAugment(input_size=args.img_size, color_jitter=None, auto_augment=args.auto_augment)
-    pipe = Pipeline(args.data, aug, config=cfg)
-    source = EpochSource(pipe, warm_next=not args.no_warm, end_epoch=args.epochs)
+    pipe = Pipeline(args.data, aug, config=cfg, execution=ex)
+    source = EpochSource(pipe, end_epoch=args.epochs)
     it = DeviceLoader(source, device="cpu", img_dtype=args.img_dtype) if args.device_loader else source
     total_n, total_s = 0, 0.0
     for epoch in range(args.epochs):
@@ -274,10 +272,9 @@ def main() -> None:
     p.add_argument("-b", "--batch-size", type=int, default=128)
     p.add_argument("--img-size", type=int, default=224)
     p.add_argument("--auto-augment", help="a timm policy, e.g. rand-m9-mstd0.5-inc1 (default: none)")
-    p.add_argument("--block-size", type=int, help="rows per block (default: raypipe's auto_block_size)")
-    p.add_argument("--cpus-per-actor", type=float, default=0.5)
-    p.add_argument("--num-actors", type=int)
-    p.add_argument("--no-warm", action="store_true", help="do not warm up the next epoch")
+    p.add_argument("--block-size", type=int, help="rows per chunk (default: raypipe's auto_chunk_rows)")
+    p.add_argument("--cpus-per-actor", type=float, default=0.5, help="ExecutionConfig.cpus_per_task")
+    p.add_argument("--num-actors", type=int, help="ExecutionConfig.num_tasks")
     p.add_argument("--device-loader", action="store_true", help="read through a CPU DeviceLoader")
     p.add_argument("--img-dtype", default="float32")
     p.add_argument("--normalise", action="store_true", help="only time the trainer-side normalisation")
@@ -285,7 +282,7 @@ def main() -> None:
     p.add_argument("--take", action="store_true", help="only time the Packer's np.take, both modes")
     p.add_argument("--consumer-ms", type=float, default=0.0, help="sleep per batch (a trainer's backpressure)")
     p.add_argument("--ray-soft-limit", type=int, help="Ray's num_workers_soft_limit for the local cluster")
-    p.add_argument("--worker-nice", type=int, default=10, help="PipelineConfig.worker_nice")
+    p.add_argument("--worker-nice", type=int, default=10, help="ExecutionConfig.worker_nice")
     p.add_argument("--object-store-mb", type=int, help="the local cluster's object store (default: Ray's)")
     p.add_argument("--by-process", action="store_true", help="also print each epoch's cores per process title")
     p.add_argument("--busy", type=int, default=0, help="N busy-loop processes beside (CPU contention), any mode")

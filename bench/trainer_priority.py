@@ -31,7 +31,7 @@ def main(argv=None) -> None:
     p.add_argument("--epochs", type=int, default=3)
     args = p.parse_args(argv)
 
-    from raypipe.config import PipelineConfig, TrainAugment
+    from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
     from raypipe.pipeline import FeederSource, Pipeline
     from raypipe.runtime import connect
 
@@ -43,8 +43,9 @@ def main(argv=None) -> None:
     per_call = (time.perf_counter() - t0) / 200
     aug = TrainAugment(input_size=224, color_jitter=None)
     for nice in args.nice:
-        cfg = PipelineConfig(batch_size=args.batch_size, worker_nice=nice)
-        source = FeederSource(Pipeline(args.data, aug, config=cfg), end_epoch=args.epochs)
+        pipe = Pipeline(args.data, aug, config=PipelineConfig(batch_size=args.batch_size),
+                        execution=ExecutionConfig(worker_nice=nice))  # fmt: skip
+        source = FeederSource(pipe, end_epoch=args.epochs)
         try:
             list(source)  # warm-up epoch: workers started, imports done
             images, busy, bursts, steps = 0, 0.0, 0.0, 0

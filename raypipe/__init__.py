@@ -14,6 +14,7 @@ _EXPORTS = {
     "IMAGENET_MEAN": "raypipe.config",
     "IMAGENET_STD": "raypipe.config",
     "DecodeConfig": "raypipe.config",
+    "ExecutionConfig": "raypipe.config",
     "EvalAugment": "raypipe.config",
     "PipelineConfig": "raypipe.config",
     "TrainAugment": "raypipe.config",

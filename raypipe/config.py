@@ -25,8 +25,8 @@ __all__ = [
     "TrainAugment",
     "EvalAugment",
     "PipelineConfig",
-    "auto_block_size",
-    "long_epoch_block_size",
+    "ExecutionConfig",
+    "auto_chunk_rows",
     "config_from_dict",
     "load_yaml",
 ]
@@ -176,120 +176,103 @@ class EvalAugment:
             _fail("interpolation", self.interpolation, "expected bilinear or bicubic")
 
 
-def auto_block_size(batch_size: int) -> int:
-    """Rows per Ray block for a batch size: the smallest multiple of it that is >= 128 for batches up
-    to 256 (each batch is then a view of one block: no packing copy in the trainer process, measured
-    -60 % of its CPU at batch 256), else the largest divisor in 128..256, else 256. Blocks stay within
-    128-256 rows: fewer pay Ray's per-task cost (~23-27 ms of CPU per block across its processes,
-    ``bench/micro_profile.py ray-null``) too often, more delay the first batch at every epoch start:
-    256-row blocks at batch 128 ran 20,000-image epochs ~10 % faster on 2 cores, but with 2000-image
-    epochs a warmed epoch's first batch waited up to ~0.5 s instead of ~0.01 (bench/NOTES.md, tenth
-    session): long epochs use ``long_epoch_block_size`` (``Pipeline.epoch_block_size``)."""
+def auto_chunk_rows(batch_size: int) -> int:
+    """Rows per chunk (one augmentation task) for a batch size: the smallest multiple of it that is
+    >= 128 for batches up to 256, so each batch is a view of one chunk and the consumer packs it
+    without a copy; for bigger batches the largest divisor in 128..256, else 256. Fewer rows pay
+    Ray's per-task cost too often; more make each epoch's first batch wait longer."""
     if batch_size <= 256:
         return batch_size * -(-128 // batch_size)
     divisors = [d for d in range(256, 127, -1) if batch_size % d == 0]
     return divisors[0] if divisors else 256
 
 
-def long_epoch_block_size(batch_size: int) -> int:
-    """Rows per Ray block in a long epoch: the largest multiple of the batch size up to 256 (so batches
-    stay views of a block), or ``auto_block_size`` for batches over 256."""
-    if batch_size <= 256:
-        return batch_size * (256 // batch_size)
-    return auto_block_size(batch_size)
-
-
 @dataclass(frozen=True, kw_only=True)
 class PipelineConfig:
-    """How the Ray Data pipeline runs and packs batches."""
+    """What the batches are: their size, order and the skips an epoch may have. How they are made
+    (workers, chunks, priorities) is ``ExecutionConfig``'s."""
 
     batch_size: int = 256
     drop_last: bool = False
     shuffle: bool = True
     seed: int = 0
-    # None: the cluster's CPUs / cpus_per_actor workers.
-    num_actors: int | None = None
-    # Two workers per core: one decodes while the other waits on Ray (task hand-off, object store
-    # writes). Measured on 2 cores, 64-row blocks: 1 CPU each 780 img/s at 65 % CPU; 0.5 CPU 970 at 90 %.
-    cpus_per_actor: float = 0.5
-    compute: str = "tasks"  # "tasks": stateless Ray tasks on warm workers; "actors": ActorPoolStrategy
-    # Rows per Ray block, i.e. per augmentation task. Ray's per-task cost is ~23-27 ms of CPU: 32-row
-    # blocks ran at 550 img/s, 64 at 970, 128 at 1100-1200 (2 cores, 224 px). None: ``auto_block_size``
-    # (a multiple of the batch size where it can be, so the consumer packs batches without copying).
-    block_size: int | None = None
-    # Rows per block in a long epoch (see Pipeline.epoch_block_size): bigger blocks pay Ray's per-task
-    # cost less often (256 vs 128 rows: 20,000-image epochs ~10 % faster on 2 cores), but in a short
-    # epoch the blocks in flight would be the whole epoch and its first batch waited (up to 0.48 s vs
-    # 0.01, 2000-image epochs). None: ``long_epoch_block_size(batch_size)`` when ``block_size`` is
-    # automatic, else ``block_size`` (a block size the user set is used for every epoch).
-    long_block_size: int | None = None
-    # Finished blocks fetched ahead of the consumer (the epoch's pump thread queues them; Ray Data's own
-    # prefetch window is off, as it held an epoch's first block back until w + 1 blocks were done).
-    # Also sizes each epoch's object-store run-ahead (Pipeline.run_ahead_bytes).
-    prefetch_blocks: int = 4
-    # Niceness of augmentation worker processes (0..19). The consumer (trainer, feeder, the Packer and
-    # DeviceLoader) is on the critical path: beside workers at its own priority it got too little CPU
-    # (2 cores, CPU DeviceLoader: 757-832 img/s at 0, 818-866 at 5, 957-1049 at 10, 1007-1029 at
-    # Ray's 15). Against other busy processes (nice 0) the workers then get a smaller share: two busy
-    # loops beside, ~400 img/s at 0 or 5, ~200 at 10, 72-87 at 15; set 0 on a shared machine. Only the
-    # stage's own thread is lowered (niceness is per thread), so no later task on the worker inherits it.
-    worker_nice: int = 10
-    # Run that thread under Linux SCHED_IDLE instead: it gets only CPU time nothing else wants, so a
-    # GPU trainer waking after each step takes a core at once rather than waiting out a worker's time
-    # slice (H200, 16 cores, ResNet-50: the training thread waited for a core 9-10 % of the time beside
-    # workers at nice 10, 4-5 % under SCHED_IDLE; 88-92 % of the on-GPU-data ceiling became 92-96 %).
-    # It would starve the workers beside a CPU trainer or other busy jobs. None (the default): off in
-    # the library, on in the training job when it trains on CUDA (``resolved_for``).
-    worker_sched_idle: bool | None = None
+    # Sharded sources (Parquet row groups, tar shards): rows are shuffled inside windows of about this
+    # many rows (whole shards), so each shard is read once per epoch; 2048 mixes a class-sorted file's
+    # batches 0.97-1.0x as well as a global shuffle (raypipe.pipeline.order).
+    shuffle_window: int = 2048
     max_skip_ratio: float | None = None
     max_skips: int | None = None
-    # Extra Ray resources each augmentation worker asks for, to steer it to preprocessing nodes.
-    resources: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if isinstance(self.batch_size, int) and not isinstance(self.batch_size, bool):
-            if self.long_block_size is None:
-                auto = self.block_size is None
-                long = long_epoch_block_size(max(1, self.batch_size)) if auto else self.block_size
-                _set(self, "long_block_size", long)
-            if self.block_size is None:
-                _set(self, "block_size", auto_block_size(max(1, self.batch_size)))
-        for name in ("batch_size", "block_size", "long_block_size"):
+        for name in ("batch_size", "shuffle_window"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 _fail(name, v, "expected a positive int")
-        if isinstance(self.prefetch_blocks, bool) or not isinstance(self.prefetch_blocks, int) or (
-            self.prefetch_blocks < 0
-        ):
-            _fail("prefetch_blocks", self.prefetch_blocks, "expected an int >= 0")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             _fail("seed", self.seed, "expected an int >= 0")
-        if self.worker_sched_idle is not None and not isinstance(self.worker_sched_idle, bool):
-            _fail("worker_sched_idle", self.worker_sched_idle, "expected true, false or null (auto)")
-        nice = self.worker_nice
-        if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
-            _fail("worker_nice", self.worker_nice, "expected an int in 0..19")
-        if self.num_actors is not None and (
-            isinstance(self.num_actors, bool) or not isinstance(self.num_actors, int) or self.num_actors < 1
-        ):
-            _fail("num_actors", self.num_actors, "expected a positive int or None")
-        if not isinstance(self.cpus_per_actor, (int, float)) or not 0 < self.cpus_per_actor <= 64:
-            _fail("cpus_per_actor", self.cpus_per_actor, "expected 0 < cpus_per_actor <= 64")
-        if self.compute not in ("tasks", "actors"):
-            _fail("compute", self.compute, "expected 'tasks' or 'actors'")
         if self.max_skip_ratio is not None:
             _set(self, "max_skip_ratio", _prob("max_skip_ratio", self.max_skip_ratio))
         if self.max_skips is not None and (
             isinstance(self.max_skips, bool) or not isinstance(self.max_skips, int) or self.max_skips < 0
         ):
             _fail("max_skips", self.max_skips, "expected an int >= 0 or None")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutionConfig:
+    """How a rank's batches are made on the cluster: workers, chunks, priorities."""
+
+    # Augmentation tasks a rank keeps running at once; None: its share of the cluster (raypipe.pipeline.budget).
+    num_tasks: int | None = None
+    # Two tasks per core: one decodes while the other waits on Ray (task hand-off, object store writes).
+    cpus_per_task: float = 0.5
+    # Rows per chunk (one task) of an unsharded source; None: auto_chunk_rows(batch_size).
+    chunk_rows: int | None = None
+    # Finished chunks a rank may hold beyond one per running task (the consumer's look-ahead); with
+    # the workers it bounds the object store a rank fills: (workers + prefetch_chunks) chunks.
+    prefetch_chunks: int = 2
+    # Niceness of the thread that runs the augmentation on a worker (0..19): the consumer (trainer,
+    # feeder, packing, DeviceLoader) is on the critical path and must win a core when it needs one.
+    # 0 gives a fair share on a machine shared with other jobs. Per thread: later tasks on the worker
+    # process keep their priority.
+    worker_nice: int = 10
+    # That thread under Linux SCHED_IDLE instead: it runs only when a core is otherwise idle, so a GPU
+    # trainer waking after each step gets a core at once; it would starve beside a CPU trainer or other
+    # busy jobs. None: off in the library, on in the training job when it trains on CUDA (resolved_for).
+    worker_sched_idle: bool | None = None
+    # Extra Ray resources each augmentation task asks for, to steer it to preprocessing nodes.
+    resources: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_tasks is not None and (
+            isinstance(self.num_tasks, bool) or not isinstance(self.num_tasks, int) or self.num_tasks < 1
+        ):
+            _fail("num_tasks", self.num_tasks, "expected a positive int or None")
+        c = self.cpus_per_task
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c <= 64:
+            _fail("cpus_per_task", c, "expected 0 < cpus_per_task <= 64")
+        if self.chunk_rows is not None and (
+            isinstance(self.chunk_rows, bool) or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1
+        ):
+            _fail("chunk_rows", self.chunk_rows, "expected a positive int or None")
+        p = self.prefetch_chunks
+        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+            _fail("prefetch_chunks", p, "expected an int >= 0")
+        if self.worker_sched_idle is not None and not isinstance(self.worker_sched_idle, bool):
+            _fail("worker_sched_idle", self.worker_sched_idle, "expected true, false or null (auto)")
+        nice = self.worker_nice
+        if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
+            _fail("worker_nice", self.worker_nice, "expected an int in 0..19")
         if not isinstance(self.resources, Mapping) or not all(
             isinstance(k, str) and isinstance(v, (int, float)) and v >= 0 for k, v in self.resources.items()
         ):
             _fail("resources", self.resources, "expected a mapping of resource name -> amount >= 0")
         _set(self, "resources", types.MappingProxyType(dict(self.resources)))
 
-    def resolved_for(self, *, gpu_trainer: bool) -> PipelineConfig:
+    def chunk_rows_for(self, batch_size: int) -> int:
+        return self.chunk_rows or auto_chunk_rows(batch_size)
+
+    def resolved_for(self, *, gpu_trainer: bool) -> ExecutionConfig:
         """This config with ``worker_sched_idle`` decided where it was left to the consumer (None):
         on when the batches feed a GPU trainer, which sleeps through most of each step and must get a
         core back at once; off for a CPU trainer, which would starve idle-policy workers."""

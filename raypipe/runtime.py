@@ -11,7 +11,8 @@ import ray
 __all__ = [
     "connect",
     "quiet_ray_data_console",
-    "worker_pool_config",
+    "tune_consumer_process",
+    "worker_pool_env",
     "check_worker_priority",
     "pin_mmap_threshold",
     "private_cluster",
@@ -39,13 +40,15 @@ def connect(
         return
     global _PRIVATE_CLUSTER
     _PRIVATE_CLUSTER = True  # no autoscaler: what its nodes have now is all there will be
+    # The raylet this starts reads its settings from the environment, as `ray start` does.
+    for key, value in worker_pool_env(num_cpus or os.cpu_count() or 1).items():
+        os.environ.setdefault(key, value)
     ray.init(
         address="local",
         num_cpus=num_cpus,
         object_store_memory=object_store_memory,
         include_dashboard=dashboard,
         dashboard_host="127.0.0.1",
-        _system_config=worker_pool_config(num_cpus or os.cpu_count() or 1),
         **kwargs,
     )
 
@@ -78,36 +81,25 @@ def _drop_progress_bar_notice(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("Progress bars disabled")
 
 
-def worker_pool_config(cpus: int) -> dict:
-    """Ray system config for a local cluster: raypipe's worker pool at normal priority, kept alive.
+def worker_pool_env(cpus: int) -> dict[str, str]:
+    """Ray settings (as ``RAY_*`` environment variables, which `ray start` and a local ``ray.init``
+    read) for a cluster that runs raypipe's workers:
 
-    - ``worker_niceness``: Ray starts every worker process at niceness 15, which on Linux is ~3 % of
-      the CPU weight of a normal process. Alone on a machine that costs nothing, but beside any other
-      busy process (a trainer's own threads, a second job) the augmentation workers all but stop:
-      2-core bench with two busy processes beside it, 81 img/s at 15 vs 550 at 0 (timm's loader,
-      whose workers run at 0: 367). Workers start at 0 here; ``PipelineConfig.worker_nice`` then
-      lowers the augmentation thread's priority on purpose (an unprivileged process can raise its
-      niceness but never lower it back, so it has to start at 0).
-    - ``num_workers_soft_limit``: Ray kills idle worker processes beyond it (default: the CPU count)
-      after a second. raypipe runs two augmentation workers per CPU (``cpus_per_actor=0.5``) and a
-      trainer that applies backpressure, so workers idled, were killed and restarted, each
-      re-importing the stage (then torch and timm too with auto-augment; OpenCV): 22 worker processes
-      started in 10 s on a 16-core machine, and a 2-core run started 3 per 2000-image epoch (none with
-      this limit).
+    - ``RAY_worker_niceness=0``: Ray starts every worker process at niceness 15, about 3 % of a normal
+      process's CPU weight: beside any other busy process (a trainer's own threads, another job) the
+      augmentation all but stops. ``ExecutionConfig.worker_nice`` then lowers only the augmentation
+      thread, on purpose (an unprivileged process can raise its niceness but never lower it back).
+    - ``RAY_num_workers_soft_limit``: Ray ends idle worker processes beyond it (default: the CPU count)
+      after a second; with two augmentation tasks per CPU and a consumer that applies backpressure,
+      workers idled, were ended and restarted, each re-importing the stage.
 
-    ``RAY_worker_niceness`` / ``RAY_num_workers_soft_limit`` in the environment win, as for clusters
-    started with ``ray start`` (see cluster.yaml)."""
-    config: dict = {}
-    if not os.environ.get("RAY_worker_niceness"):
-        config["worker_niceness"] = 0
-    if not os.environ.get("RAY_num_workers_soft_limit"):
-        config["num_workers_soft_limit"] = 2 * cpus + 4
-    return config
+    cluster.yaml and deploy/kuberay set the same variables for `ray start`."""
+    return {"RAY_worker_niceness": "0", "RAY_num_workers_soft_limit": str(2 * cpus + 4)}
 
 
 def check_worker_priority(timeout_s: float = 30.0) -> int | None:
     """The niceness a worker of the connected cluster runs at; warns when it is above 0 (Ray's
-    default is 15: see ``worker_pool_config``), which only the cluster's operator can change. None
+    default is 15: see ``worker_pool_env``), which only the cluster's operator can change. None
     when no worker answered in time or the platform has no niceness."""
     if not hasattr(os, "nice"):
         return None
@@ -129,6 +121,14 @@ def check_worker_priority(timeout_s: float = 30.0) -> int | None:
             stacklevel=2,
         )
     return nice
+
+
+def tune_consumer_process() -> None:
+    """Settings for a process that consumes raypipe's batches for its whole life (a feeder, the
+    `raypipe` command): glibc's mmap threshold pinned (``pin_mmap_threshold``) and Ray Data's console
+    messages quietened. Called explicitly by such processes; importing raypipe changes nothing."""
+    pin_mmap_threshold()
+    quiet_ray_data_console()
 
 
 _MMAP_PINNED = False

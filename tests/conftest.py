@@ -66,16 +66,17 @@ def ray_local():
     """A local 2-CPU Ray with no dashboard; kept across tests, restarted if a test shut it down."""
     import ray
 
-    from raypipe.runtime import worker_pool_config
+    from raypipe.runtime import worker_pool_env
 
     if not ray.is_initialized():
+        for key, value in worker_pool_env(2).items():  # as raypipe.runtime.connect starts one
+            os.environ.setdefault(key, value)
         ray.init(
             address="local",  # never join a cluster some other process started on this machine
             num_cpus=2,
             include_dashboard=False,
             object_store_memory=300 * 1024 * 1024,
             logging_level="WARNING",
-            _system_config=worker_pool_config(2),  # as raypipe.runtime.connect starts one
         )
     yield ray
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from raypipe.cli.main import main as cli
-from raypipe.config import DecodeConfig, PipelineConfig, TrainAugment
+from raypipe.config import DecodeConfig, ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline import Pipeline, SkipLimitError
 
 pytestmark = pytest.mark.timeout(240)
@@ -77,7 +77,8 @@ def test_corpus_through_the_pipeline(ray_local, corpus):
     rows = open_source(str(root))  # listing happens before deletion, as in a real race
     (root / "cls" / "deleted.jpg").unlink()
     try:
-        pipe = Pipeline(rows, TrainAugment(input_size=40), config=PipelineConfig(batch_size=4, block_size=32),
+        pipe = Pipeline(rows, TrainAugment(input_size=40), config=PipelineConfig(batch_size=4),
+                        execution=ExecutionConfig(chunk_rows=32),
                         decode=DecodeConfig(max_pixels=50_000_000))
         run = pipe.epoch(0)
         batches = list(run)

@@ -27,21 +27,20 @@ def test_rate_is_all_warm_epochs_together():
 
 
 
-def test_raypipe_window_is_a_long_runs_steady_state(ray_local, sample_dir, monkeypatch):
-    """The bench's raypipe row: the warm-up epoch warms epoch 1 up, each measured epoch warms the next,
-    and the last one warms an epoch nobody reads, which closing the source releases (as in a long run,
-    the window inherits one head start and hands one on)."""
+def test_raypipe_reads_every_epoch_from_one_stream(ray_local, sample_dir, monkeypatch):
+    """The bench's raypipe row runs as a training run does: one stream for all epochs (the warm-up epoch
+    and the measured ones), closed when the measurement ends."""
     from raypipe.benchmark import contenders
     from raypipe.config import TrainAugment
-    from raypipe.pipeline.pipeline import EpochRun
+    from raypipe.pipeline import Pipeline
+    from raypipe.pipeline.stream import ChunkStream
 
-    warmed, dropped = [], []  # started before anyone iterated them / stopped without being iterated
-    prestart, cancel = EpochRun.prestart, EpochRun.cancel
-    monkeypatch.setattr(EpochRun, "prestart",
-                        lambda run: (run._started or warmed.append(run.epoch), prestart(run))[1])
-    monkeypatch.setattr(EpochRun, "cancel", lambda run: (run._started or dropped.append(run.epoch), cancel(run))[1])
+    streams, closed = [], []
+    make, close = Pipeline.stream, ChunkStream.close
+    monkeypatch.setattr(Pipeline, "stream", lambda self, **kw: streams.append(kw) or make(self, **kw))
+    monkeypatch.setattr(ChunkStream, "close", lambda self: closed.append(1) or close(self))
     r = contenders.raypipe_pipeline(str(sample_dir), TrainAugment(input_size=32), batch_size=8, epochs=3,
                                     device_side=False)
-    assert warmed == [1, 2, 3]
-    assert dropped == [3]
+    assert [kw["start_epoch"] for kw in streams] == [0]
+    assert closed
     assert len(r.epoch_rates) == 2 and r.images_per_s > 0

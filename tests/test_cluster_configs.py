@@ -117,7 +117,7 @@ def test_dashboard_on_loopback_and_token_auth():
 
 
 def test_workers_start_at_normal_priority_and_stay_alive():
-    """raypipe.runtime.worker_pool_config's settings, which `ray start` takes from the environment."""
+    """raypipe.runtime.worker_pool_env's settings, which `ray start` takes from the environment."""
     cfg = _load(CLUSTER_YAML)
     for commands in (cfg["head_start_ray_commands"], cfg["worker_start_ray_commands"]):
         assert "RAY_worker_niceness=0" in _start_args(commands)

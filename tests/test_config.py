@@ -5,12 +5,12 @@ import pytest
 from raypipe.config import (
     DecodeConfig,
     EvalAugment,
+    ExecutionConfig,
     PipelineConfig,
     TrainAugment,
-    auto_block_size,
+    auto_chunk_rows,
     config_from_dict,
     load_yaml,
-    long_epoch_block_size,
 )
 
 
@@ -27,12 +27,15 @@ from raypipe.config import (
         (EvalAugment, {"crop_pct": 0.0}, "crop_pct"),
         (EvalAugment, {"crop_mode": "zoom"}, "crop_mode"),
         (PipelineConfig, {"batch_size": 0}, "batch_size"),
-        (PipelineConfig, {"compute": "threads"}, "compute"),
+        (PipelineConfig, {"shuffle_window": 0}, "shuffle_window"),
         (PipelineConfig, {"max_skip_ratio": 2}, "max_skip_ratio"),
-        (PipelineConfig, {"resources": {"preprocess": -1}}, "resources"),
-        (PipelineConfig, {"worker_nice": 20}, "worker_nice"),
-        (PipelineConfig, {"worker_sched_idle": "yes"}, "worker_sched_idle"),
-        (PipelineConfig, {"block_size": 0}, "block_size"),
+        (ExecutionConfig, {"resources": {"preprocess": -1}}, "resources"),
+        (ExecutionConfig, {"worker_nice": 20}, "worker_nice"),
+        (ExecutionConfig, {"worker_sched_idle": "yes"}, "worker_sched_idle"),
+        (ExecutionConfig, {"chunk_rows": 0}, "chunk_rows"),
+        (ExecutionConfig, {"num_tasks": 0}, "num_tasks"),
+        (ExecutionConfig, {"cpus_per_task": 0}, "cpus_per_task"),
+        (ExecutionConfig, {"prefetch_chunks": -1}, "prefetch_chunks"),
         (DecodeConfig, {"max_pixels": 0}, "max_pixels"),
     ],
 )
@@ -75,33 +78,24 @@ def test_config_from_dict_builds_valid_objects():
     assert aug.scale == (0.2, 1.0) and aug.input_size == (128, 128)
 
 
-def test_long_epoch_blocks_are_bigger_only_when_the_block_size_is_automatic():
-    assert [long_epoch_block_size(b) for b in (1, 32, 100, 128, 129, 256, 384)] == [256, 256, 200, 256, 129, 256, 192]
-    assert PipelineConfig(batch_size=128).long_block_size == 256
-    assert PipelineConfig(batch_size=128, block_size=64).long_block_size == 64  # a set size holds for every epoch
-    assert PipelineConfig(batch_size=128, long_block_size=512).long_block_size == 512
-    with pytest.raises(ValueError, match="long_block_size"):
-        PipelineConfig(batch_size=128, long_block_size=0)
-
-
 @pytest.mark.parametrize(
     "batch, block", [(1, 128), (32, 128), (48, 144), (100, 200), (128, 128), (256, 256), (384, 192), (512, 256),
                      (1000, 250), (257, 256)],
 )  # fmt: skip
-def test_block_size_follows_the_batch_size(batch, block):
-    assert auto_block_size(batch) == block
-    assert PipelineConfig(batch_size=batch).block_size == block
-    # a multiple of the batch (whole batches are views of a block) or a divisor (blocks pack whole batches)
+def test_chunk_rows_follow_the_batch_size(batch, block):
+    assert auto_chunk_rows(batch) == block
+    assert ExecutionConfig().chunk_rows_for(batch) == block
+    # a multiple of the batch (whole batches are views of a chunk) or a divisor (chunks pack whole batches)
     assert block % batch == 0 or batch % block == 0 or batch == 257
-    assert PipelineConfig(batch_size=batch, block_size=64).block_size == 64  # an explicit value wins
+    assert ExecutionConfig(chunk_rows=64).chunk_rows_for(batch) == 64  # an explicit value wins
 
 
 def test_worker_sched_idle_is_decided_by_the_trainer_when_left_open():
-    auto = PipelineConfig()
+    auto = ExecutionConfig()
     assert auto.worker_sched_idle is None
     assert auto.resolved_for(gpu_trainer=True).worker_sched_idle is True  # a GPU trainer sleeps each step
     assert auto.resolved_for(gpu_trainer=False).worker_sched_idle is False  # a CPU trainer would starve them
     for chosen in (True, False):  # a user's choice stands either way
-        cfg = PipelineConfig(worker_sched_idle=chosen)
+        cfg = ExecutionConfig(worker_sched_idle=chosen)
         assert cfg.resolved_for(gpu_trainer=not chosen).worker_sched_idle is chosen
-    assert auto.resolved_for(gpu_trainer=True).batch_size == auto.batch_size  # nothing else changes
+    assert auto.resolved_for(gpu_trainer=True).cpus_per_task == auto.cpus_per_task  # nothing else changes

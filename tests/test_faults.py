@@ -13,7 +13,7 @@ import psutil
 import pytest
 import ray
 
-from raypipe.config import PipelineConfig, TrainAugment
+from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline import Pipeline
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -80,10 +80,9 @@ def _run(pipe, epoch=0, on_first_batch=None):
     return ids, run.report
 
 
-@pytest.mark.parametrize("compute", ["tasks", "actors"])
-def test_killed_worker_mid_epoch_loses_nothing(ray_local, faults_dir, compute):
-    cfg = PipelineConfig(batch_size=16, block_size=8, prefetch_blocks=1, compute=compute, num_actors=2)
-    pipe = Pipeline(str(faults_dir), AUG, config=cfg, content_digest=True)
+def test_killed_worker_mid_epoch_loses_nothing(ray_local, faults_dir):
+    ex = ExecutionConfig(chunk_rows=8, prefetch_chunks=1, num_tasks=2)
+    pipe = Pipeline(str(faults_dir), AUG, config=PipelineConfig(batch_size=16), execution=ex, content_digest=True)
     clean_ids, clean = _run(pipe)
     killer = _WorkerKiller()
     ids, rep = _run(pipe, on_first_batch=killer.start)
@@ -97,7 +96,8 @@ def test_killed_worker_mid_epoch_loses_nothing(ray_local, faults_dir, compute):
 
 
 def test_consumer_stops_early_then_next_epoch_is_clean(ray_local, faults_dir):
-    pipe = Pipeline(str(faults_dir), AUG, config=PipelineConfig(batch_size=16, block_size=16))
+    ex = ExecutionConfig(chunk_rows=16)
+    pipe = Pipeline(str(faults_dir), AUG, config=PipelineConfig(batch_size=16), execution=ex)
     threads_before = {t.name for t in threading.enumerate()}
     run = pipe.epoch(0)
     for _ in run:
@@ -131,8 +131,8 @@ def test_node_removed_mid_epoch(faults_dir, replace):
         victim = cluster.add_node(num_cpus=1, object_store_memory=150 * 2**20)
         ray.init(address=cluster.address, logging_level="WARNING")
         cluster.wait_for_nodes()
-        cfg = PipelineConfig(batch_size=16, block_size=8, prefetch_blocks=1, num_actors=2)
-        pipe = Pipeline(str(faults_dir), AUG, config=cfg, content_digest=True)
+        ex = ExecutionConfig(chunk_rows=8, prefetch_chunks=1, num_tasks=2)
+        pipe = Pipeline(str(faults_dir), AUG, config=PipelineConfig(batch_size=16), execution=ex, content_digest=True)
         clean_ids, clean = _run(pipe)
 
         def remove():

@@ -8,7 +8,7 @@ import psutil
 import pytest
 import ray
 
-from raypipe.config import PipelineConfig, TrainAugment
+from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.device import DeviceLoader
 from raypipe.pipeline import EpochSource, FeederDiedError, FeederSource, Pipeline, SkipLimitError
 
@@ -35,7 +35,8 @@ def _feeder_pid(source) -> int:
 
 
 def test_same_batches_and_reports_as_in_process(ray_local, sample_dir):
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16, block_size=16))
+    ex = ExecutionConfig(chunk_rows=16)
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16), execution=ex)
     here = EpochSource(pipe, end_epoch=2)
     feeder = FeederSource(pipe, end_epoch=2)
     try:
@@ -56,7 +57,7 @@ def test_same_batches_and_reports_as_in_process(ray_local, sample_dir):
 
 
 def test_early_stop_then_next_epoch_and_close_ends_the_process(ray_local, sample_dir):
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8, block_size=16))
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8), execution=ExecutionConfig(chunk_rows=16))
     feeder = FeederSource(pipe, prefetch=3)
     it = iter(feeder)
     first = next(it)
@@ -89,7 +90,7 @@ def test_pipeline_errors_reach_the_trainer_with_their_type(ray_local, sample_dir
 
 
 def test_a_killed_feeder_is_a_clear_error(ray_local, sample_dir):
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4, block_size=16))
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4), execution=ExecutionConfig(chunk_rows=16))
     feeder = FeederSource(pipe, prefetch=1)
     try:
         it = iter(feeder)

@@ -3,14 +3,15 @@
 import pytest
 import ray
 
-from raypipe.config import PipelineConfig, TrainAugment
+from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline import Pipeline
 
 pytestmark = [pytest.mark.isolated, pytest.mark.timeout(300)]
 
 
-def _digest(data, **cfg):
-    pipe = Pipeline(str(data), TrainAugment(input_size=48), config=PipelineConfig(**cfg), content_digest=True)
+def _digest(data, batch_size, chunk_rows):
+    pipe = Pipeline(str(data), TrainAugment(input_size=48), config=PipelineConfig(batch_size=batch_size),
+                    execution=ExecutionConfig(chunk_rows=chunk_rows), content_digest=True)  # fmt: skip
     run = pipe.epoch(0)
     for _ in run:
         pass
@@ -18,7 +19,7 @@ def _digest(data, **cfg):
 
 
 def test_two_nodes_give_the_single_node_digest(ray_local, sample_dir):
-    single, _ = _digest(sample_dir, batch_size=8, block_size=6)
+    single, _ = _digest(sample_dir, batch_size=8, chunk_rows=6)
     ray.shutdown()
     from ray.cluster_utils import Cluster
 
@@ -28,7 +29,7 @@ def test_two_nodes_give_the_single_node_digest(ray_local, sample_dir):
         ray.init(address=cluster.address, logging_level="WARNING")
         cluster.wait_for_nodes()
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-        multi, _ = _digest(sample_dir, batch_size=8, block_size=6)
+        multi, _ = _digest(sample_dir, batch_size=8, chunk_rows=6)
     finally:
         ray.shutdown()
         cluster.shutdown()

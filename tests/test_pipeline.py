@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raypipe.config import EvalAugment, PipelineConfig, TrainAugment
-from raypipe.pipeline import Pipeline, SkipLimitError, shard_indices
+from raypipe.config import EvalAugment, ExecutionConfig, PipelineConfig, TrainAugment
+from raypipe.pipeline import Pipeline, SkipLimitError
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -37,7 +37,7 @@ def bad_dir(tmp_path_factory, sample_dir):
 
 
 def test_every_sample_once_exact_batches(ray_local, sample_dir):
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=10, block_size=7))
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=10), execution=ExecutionConfig(chunk_rows=7))
     batches, rep = run_epoch(pipe)
     sizes = [len(b["sample_id"]) for b in batches]
     assert sizes[:-1] == [10] * (len(sizes) - 1) and sizes[-1] == 48 - 10 * (len(sizes) - 1)
@@ -63,12 +63,12 @@ def test_drop_last_is_accounted(ray_local, sample_dir):
 
 def test_content_is_deterministic_whatever_the_workers(ray_local, sample_dir):
     digests = []
-    for cfg in (
-        PipelineConfig(batch_size=16, num_actors=1, block_size=5),
-        PipelineConfig(batch_size=7, num_actors=2, block_size=16),
-        PipelineConfig(batch_size=16, num_actors=2, compute="actors"),
+    for cfg, ex in (
+        (PipelineConfig(batch_size=16), ExecutionConfig(num_tasks=1, chunk_rows=5)),
+        (PipelineConfig(batch_size=7), ExecutionConfig(num_tasks=2, chunk_rows=16)),
+        (PipelineConfig(batch_size=16), ExecutionConfig(num_tasks=3, prefetch_chunks=0)),
     ):
-        pipe = Pipeline(str(sample_dir), AUG, config=cfg, content_digest=True)
+        pipe = Pipeline(str(sample_dir), AUG, config=cfg, execution=ex, content_digest=True)
         digests.append(run_epoch(pipe)[1].content_sha256)
     assert len(set(digests)) == 1
     pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16), content_digest=True)
@@ -77,14 +77,7 @@ def test_content_is_deterministic_whatever_the_workers(ray_local, sample_dir):
     assert run_epoch(other_seed)[1].content_sha256 != digests[0]
 
 
-def test_shards_are_disjoint_and_cover(ray_local, sample_dir):
-    for epoch in (0, 1):
-        parts = [shard_indices(48, seed=3, epoch=epoch, shuffle=True, rank=r, world_size=3) for r in range(3)]
-        allidx = np.concatenate(parts)
-        assert sorted(allidx.tolist()) == list(range(48))
-    assert not np.array_equal(
-        shard_indices(48, seed=3, epoch=0, shuffle=True), shard_indices(48, seed=3, epoch=1, shuffle=True)
-    )
+def test_ranks_are_disjoint_and_cover(ray_local, sample_dir):
     pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8))
     seen = []
     for rank in range(2):
@@ -95,7 +88,7 @@ def test_shards_are_disjoint_and_cover(ray_local, sample_dir):
 
 
 def test_bad_files_are_skipped_with_reasons_neighbours_survive(ray_local, bad_dir):
-    pipe = Pipeline(str(bad_dir), AUG, config=PipelineConfig(batch_size=16, block_size=64))
+    pipe = Pipeline(str(bad_dir), AUG, config=PipelineConfig(batch_size=16), execution=ExecutionConfig(chunk_rows=64))
     batches, rep = run_epoch(pipe)
     assert rep.expected == 52
     assert rep.emitted == 48  # all good images, including the ones sharing a block with bad ones
@@ -148,220 +141,6 @@ def test_manifest_escape_and_bad_label_counted(ray_local, sample_dir, tmp_path):
     assert rep.skipped == {"bad_label": 1, "missing": 1, "outside_root": 1}
 
 
-def _warm_probe(sample_dir, monkeypatch, warm_lead_s):
-    """An EpochSource whose warm-ups are only recorded (epoch numbers in the returned list), set to
-    warm epoch 1; 8-row blocks, one prefetch slot, one worker: a block margin of 16 rows."""
-    from raypipe.pipeline import EpochSource
-
-    cfg = PipelineConfig(batch_size=8, block_size=8, prefetch_blocks=1, num_actors=1)
-    source = EpochSource(Pipeline(str(sample_dir), TrainAugment(input_size=32), config=cfg), warm_lead_s=warm_lead_s)
-    started = []
-
-    class Run:
-        def __init__(self, epoch):
-            self.epoch = epoch
-
-        def prestart(self):
-            started.append(self.epoch)
-
-    monkeypatch.setattr(source, "_make", Run)
-    source.next_epoch = 1
-    return source, started
-
-
-def test_next_epoch_warms_up_when_the_last_blocks_are_in_flight(ray_local, sample_dir, monkeypatch):
-    source, started = _warm_probe(sample_dir, monkeypatch, warm_lead_s=0)
-    margin = 8 * (1 + 1)  # a block per prefetch slot and per worker
-    source._maybe_warm_next(seen=10_000 - margin - 1, expected=10_000)
-    assert started == []
-    source._maybe_warm_next(seen=10_000 - margin, expected=10_000)
-    assert started == [1]
-    source._maybe_warm_next(seen=10_000 - 1, expected=10_000)  # once per epoch
-    assert started == [1]
-    source._upcoming = None
-    source.end_epoch = 1  # nothing warms past the last epoch
-    source._maybe_warm_next(seen=10_000 - 1, expected=10_000)
-    assert started == [1]
-
-
-def test_next_epoch_warms_up_a_lead_time_ahead_at_the_current_pace(ray_local, sample_dir, monkeypatch):
-    source, started = _warm_probe(sample_dir, monkeypatch, warm_lead_s=2.0)
-    for t in range(10):  # 500 rows/s: 4500 rows after 9 s
-        source._maybe_warm_next(seen=500 * t, expected=6100, now=100.0 + t)
-    assert started == []  # 1600 rows left; the block margin (16 rows) + 2 s at 500 rows/s is 1016
-    source._maybe_warm_next(seen=5090, expected=6100, now=110.18)  # 1010 left
-    assert started == [1]
-
-
-def test_next_epoch_warms_up_earlier_by_the_time_its_dataset_took_to_build(ray_local, sample_dir, monkeypatch):
-    """An ImageNet-size shard takes seconds to cut into blocks before its execution starts: the next
-    epoch's will take as long as this one's did, so the lead covers that too."""
-    from types import SimpleNamespace
-
-    source, started = _warm_probe(sample_dir, monkeypatch, warm_lead_s=2.0)
-    source.current = SimpleNamespace(block_rows=8, build_s=3.0)
-    for t in range(10):  # 500 rows/s: 4500 rows after 9 s
-        source._maybe_warm_next(seen=500 * t, expected=7100, now=100.0 + t)
-    assert started == []  # 2600 rows left; the block margin (16 rows) + (2 + 3) s at 500 rows/s is 2516
-    source._maybe_warm_next(seen=4590, expected=7100, now=109.18)  # 2510 left
-    assert started == [1]
-
-
-def test_an_epoch_records_how_long_its_dataset_took_to_build(ray_local, sample_dir):
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=10, block_size=7))
-    run = pipe.epoch(0)
-    assert run.build_s == 0.0
-    list(run)
-    assert 0.0 < run.build_s < run.report.seconds
-
-
-def test_building_an_epochs_dataset_needs_no_free_cpu(ray_local, sample_dir, tmp_path):
-    """The next epoch's dataset is built while the current epoch's tasks hold every CPU: building it
-    must not wait for a CPU (Ray Data's from_arrow_refs ran a 1-CPU task per block to read metadata)."""
-    import threading
-
-    import ray
-
-    started, release = tmp_path / "started", tmp_path / "release"
-
-    @ray.remote(num_cpus=ray.cluster_resources()["CPU"])
-    def hold_every_cpu(started: str, release: str) -> None:
-        import pathlib
-        import time
-
-        pathlib.Path(started).touch()
-        deadline = time.monotonic() + 120
-        while not pathlib.Path(release).exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-    holder = hold_every_cpu.remote(str(started), str(release))
-    try:
-        while not started.exists():
-            ready, _ = ray.wait([holder], timeout=0.1)
-            assert not ready, "the CPU holder ended before it started"
-        pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4, block_size=4, num_actors=2))
-        built = []
-        builder = threading.Thread(target=lambda: built.append(pipe.dataset(0)), daemon=True)
-        builder.start()
-        builder.join(timeout=60)
-        assert built, "Pipeline.dataset() waited for a free CPU"
-        _, rows, block = built[0]
-        assert (rows, block) == (len(pipe), 4)
-    finally:
-        release.touch()
-        ray.get(holder)
-
-
-def test_a_warmed_epochs_first_blocks_do_not_warm_the_next_one(ray_local, sample_dir, monkeypatch):
-    """A warmed-up epoch starts with blocks already done: the consumer takes them in a burst. That
-    burst is not the epoch's pace (the average over it once warmed the next epoch at the first block,
-    and the two executions then shared the cores for the whole epoch)."""
-    source, started = _warm_probe(sample_dir, monkeypatch, warm_lead_s=1.0)
-    for i in range(1, 13):  # twelve 128-row blocks in 12 ms
-        source._maybe_warm_next(seen=128 * i, expected=20_000, now=50.0 + i / 1000)
-    assert started == []
-    seen, now = 1536, 50.012
-    while seen < 20_000 - 16 - 1500 - 128:  # then 1500 rows/s: no warm-up until 1516 rows are left
-        seen, now = seen + 128, now + 128 / 1500
-        source._maybe_warm_next(seen=seen, expected=20_000, now=now)
-        assert started == [], seen
-    source._maybe_warm_next(seen=seen + 256, expected=20_000, now=now + 256 / 1500)
-    assert started == [1]
-
-
-def test_pace_is_the_rate_over_the_last_window():
-    from raypipe.pipeline.pipeline import Pace
-
-    pace = Pace(window_s=1.0)
-    assert pace.update(10.0, 0) is None  # not a window yet
-    assert pace.update(10.5, 5000) is None
-    assert pace.update(11.0, 5100) == pytest.approx(5100)  # 10.0 .. 11.0
-    for i in range(1, 5):
-        rate = pace.update(11.0 + i * 0.5, 5100 + i * 100)  # 200 rows/s from 11.0 on
-    assert rate == pytest.approx(200)  # the burst at 10.5 has left the window
-
-
-def test_an_epochs_execution_may_not_run_far_ahead(ray_local, sample_dir):
-    import ray
-
-    cfg = PipelineConfig(batch_size=8, block_size=8, prefetch_blocks=2, num_actors=3)
-    pipe = Pipeline(str(sample_dir), TrainAugment(input_size=32), config=cfg)
-    assert pipe.run_ahead_bytes() == 8 * 32 * 32 * 3 * (2 + 2 * 3)
-    ds, _, _ = pipe.dataset(0)
-    assert ds.context.execution_options.resource_limits.object_store_memory == pipe.run_ahead_bytes()
-    ctx = ray.data.DataContext.get_current()
-    saved = ctx.execution_options.resource_limits
-    try:  # a tighter limit the user set on the current context is kept
-        ctx.execution_options.resource_limits = saved.copy(object_store_memory=1000)
-        ds, _, _ = pipe.dataset(0)
-        assert ds.context.execution_options.resource_limits.object_store_memory == 1000
-    finally:
-        ctx.execution_options.resource_limits = saved
-
-
-def _noise_jpegs(root, *, classes: int, per_class: int) -> None:
-    """An image folder of small random-pixel JPEGs (quick to write, decode and augment)."""
-    import simplejpeg
-
-    rng = np.random.default_rng(0)
-    for c in range(classes):
-        (root / f"c{c}").mkdir()
-        for i in range(per_class):
-            img = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
-            (root / f"c{c}" / f"{i}.jpg").write_bytes(simplejpeg.encode_jpeg(img))
-
-
-def test_long_epochs_use_bigger_blocks(ray_local, tmp_path):
-    """Bigger blocks only where the blocks in flight at that size are at most a quarter of the epoch
-    (here 8-row blocks x (1 prefetched + 1 worker) x 4 = 64 rows)."""
-    _noise_jpegs(tmp_path, classes=2, per_class=33)  # 66 rows
-    cfg = PipelineConfig(batch_size=4, block_size=4, long_block_size=8, prefetch_blocks=1, num_actors=1)
-    pipe = Pipeline(str(tmp_path), AUG, config=cfg)
-    assert pipe.epoch_block_size(63) == 4 and pipe.epoch_block_size(64) == 8
-    ds, n, size = pipe.dataset(0)
-    assert n == 66 and size == 8
-    assert ds.context.execution_options.resource_limits.object_store_memory == pipe.run_ahead_bytes(1, block_size=8)
-    run = pipe.epoch(0)
-    batches = list(run)
-    assert run.block_rows == 8 and run.report.emitted == 66
-    assert [len(b["sample_id"]) for b in batches] == [4] * 16 + [2]
-    sharded = pipe.epoch(0, rank=0, world_size=2)  # 33 rows per rank: a short epoch
-    assert sum(len(b["sample_id"]) for b in sharded) == 33 and sharded.block_rows == 4
-
-
-def _plasma_mib() -> int:
-    from raypipe.benchmark.measure import plasma_used_mib
-
-    mib = plasma_used_mib()
-    assert mib is not None, "no plasma usage line in Ray's memory summary"
-    return mib
-
-
-def test_an_unread_execution_stops_at_its_run_ahead_cap(ray_local, tmp_path):
-    """The cap is enforced, not only set: an epoch whose blocks nobody reads stops computing near it.
-    (Switched off, Ray Data's allocator bounded nothing: a warmed-up next epoch filled the store.)"""
-    import time
-
-    _noise_jpegs(tmp_path, classes=4, per_class=50)
-    cfg = PipelineConfig(batch_size=4, block_size=4, prefetch_blocks=1, num_actors=1)
-    pipe = Pipeline(str(tmp_path), TrainAugment(input_size=448, color_jitter=None), config=cfg)
-    cap_mib = pipe.run_ahead_bytes() / 2**20  # 3 blocks of 2.3 MB; all 200 rows would be 115 MiB
-    base = _plasma_mib()
-    run = pipe.epoch(0)
-    run.prestart()
-    try:
-        readings, deadline = [], time.monotonic() + 60
-        while time.monotonic() < deadline:  # until the store stops filling for 2 s
-            time.sleep(0.5)
-            readings.append(_plasma_mib() - base)
-            if len(readings) >= 6 and readings[-1] > 0 and len(set(readings[-4:])) == 1:
-                break
-        print("object store MiB while unread:", readings, "cap", round(cap_mib, 1))
-        assert 0 < readings[-1] <= 3 * cap_mib, (readings, cap_mib)
-    finally:
-        run.cancel()
-
-
 def test_a_task_no_node_can_hold_is_an_error_on_a_private_cluster(ray_local, sample_dir, monkeypatch, caplog):
     """cpus_per_actor above every node's CPUs (or a resource no node has) left the epoch waiting without a
     word. raypipe's own local cluster never grows: an error; another cluster may autoscale: a warning."""
@@ -370,66 +149,48 @@ def test_a_task_no_node_can_hold_is_an_error_on_a_private_cluster(ray_local, sam
     import raypipe.runtime
     from raypipe.pipeline.pipeline import check_task_fits
 
-    big = PipelineConfig(batch_size=4, cpus_per_actor=64)
+    big = ExecutionConfig(cpus_per_task=64)
     with caplog.at_level(logging.WARNING, logger="raypipe.pipeline.pipeline"):
         check_task_fits(big)
-        check_task_fits(PipelineConfig(batch_size=4, resources={"preprocess": 0.001}))
+        check_task_fits(ExecutionConfig(resources={"preprocess": 0.001}))
     warned = [r.getMessage() for r in caplog.records if "no node of the cluster" in r.getMessage()]
-    assert len(warned) == 2 and "cpus_per_actor=64" in warned[0] and "preprocess" in warned[1]
-    check_task_fits(PipelineConfig(batch_size=4, cpus_per_actor=2))  # fits the 2-CPU node: silent
+    assert len(warned) == 2 and "cpus_per_task=64" in warned[0] and "preprocess" in warned[1]
+    check_task_fits(ExecutionConfig(cpus_per_task=2))  # fits the 2-CPU node: silent
     assert len([r for r in caplog.records if "no node" in r.getMessage()]) == 2
     monkeypatch.setattr(raypipe.runtime, "_PRIVATE_CLUSTER", True)
     with pytest.raises(ValueError, match="largest node has 2 CPUs"):
-        list(Pipeline(str(sample_dir), AUG, config=big).epoch(0))
+        list(Pipeline(str(sample_dir), AUG, execution=big).epoch(0))
 
 
-def test_a_stalled_epoch_says_so(sample_dir, monkeypatch, caplog):
-    """A block that never comes (a read hung on a network mount) stalled the epoch without a word."""
+def test_a_stalled_chunk_says_so(ray_local, sample_dir, monkeypatch, caplog):
+    """A chunk that does not come (a read hung on a network mount) must not stall the epoch without a word."""
     import logging
     import threading
 
-    from raypipe.pipeline import pipeline as pipeline_module
+    from raypipe.pipeline import stream as stream_module
 
-    monkeypatch.setattr(pipeline_module, "STALL_WARN_S", 0.1)
-    run = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4)).epoch(3)
-    late = threading.Timer(0.5, run._queue.put, args=("block",))
-    late.start()
-    with caplog.at_level(logging.WARNING, logger="raypipe.pipeline.pipeline"):
-        assert run._next_item() == "block"  # still waits for it after the warning
-    late.join()
-    assert any("epoch 3: no block for" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(stream_module, "STALL_WARN_S", 0.2)
+    gate = threading.Event()
+    original = stream_module.ray.wait
 
+    def slow_wait(refs, timeout=None):  # the first chunk "hangs" until the gate opens
+        if not gate.is_set():
+            threading.Timer(0.7, gate.set).start()
+            gate.wait(timeout)
+            return [], refs
+        return original(refs, timeout=timeout)
 
-def _prefetch_threads() -> int:
-    import threading
-
-    return sum(t.name == "Prefetcher" and t.is_alive() for t in threading.enumerate())
-
-
-def test_epochs_leave_no_prefetch_threads_behind(ray_local, sample_dir):
-    """Ray Data 2.60 starts a prefetch thread per iter_batches(prefetch_batches=0) and never stops it:
-    one idle thread per epoch piled up in the consumer's process."""
-    import time
-
-    from raypipe.pipeline import EpochSource
-
-    before = _prefetch_threads()
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16))
-    source = EpochSource(pipe)
-    for _ in range(5):
-        assert sum(len(b["sample_id"]) for b in source) == len(pipe)
-    source.close()
-    for e in range(3):
-        list(pipe.epoch(10 + e))
-    deadline = time.monotonic() + 10
-    while _prefetch_threads() > before and time.monotonic() < deadline:
-        time.sleep(0.05)  # a stopped prefetcher's thread ends on its next wake-up
-    assert _prefetch_threads() <= before
+    monkeypatch.setattr(stream_module.ray, "wait", slow_wait)
+    with caplog.at_level(logging.WARNING, logger="raypipe.pipeline.stream"):
+        _, rep = run_epoch(Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16)), epoch=3)
+    assert rep.emitted == 48  # still waited for it after the warning
+    assert any("epoch 3, chunk 0: not done after" in r.getMessage() for r in caplog.records)
 
 
 def test_worker_niceness_travels_in_the_stage_spec(ray_local, sample_dir):
     assert Pipeline(str(sample_dir), AUG).stage_spec(0).nice == 10  # default: the consumer before its workers
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16, worker_nice=5))
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16),
+                    execution=ExecutionConfig(worker_nice=5))  # fmt: skip
     assert pipe.stage_spec(3).nice == 5
     batches, rep = run_epoch(pipe)  # the stage lowers its worker's priority and still delivers everything
     assert rep.emitted == 48 and sum(len(b["sample_id"]) for b in batches) == 48
@@ -464,7 +225,8 @@ def test_worker_nice_applies_to_the_stage_thread_only(ray_local, sample_dir):
 
     # raypipe's local clusters start workers at 0, not Ray's default 15 (starved beside any busy process)
     assert set(ray_local.get([niceness.remote() for _ in range(4)])) == {0}
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16, worker_nice=7))
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16),
+                    execution=ExecutionConfig(worker_nice=7))  # fmt: skip
     _, rep = run_epoch(pipe)
     assert rep.emitted == 48
     threads = {pid: _thread_stat(pid, 19) for pid in _ray_worker_pids()}  # niceness per thread
@@ -478,7 +240,8 @@ def test_worker_nice_applies_to_the_stage_thread_only(ray_local, sample_dir):
                     reason="SCHED_IDLE and per-thread policies are Linux's")  # fmt: skip
 def test_worker_sched_idle_applies_to_the_stage_thread_only(ray_local, sample_dir):
     assert Pipeline(str(sample_dir), AUG).stage_spec(0).sched_idle is False  # off by default
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16, worker_sched_idle=True))
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16),
+                    execution=ExecutionConfig(worker_sched_idle=True))  # fmt: skip
     assert pipe.stage_spec(0).sched_idle is True
     _, rep = run_epoch(pipe)
     assert rep.emitted == 48  # the stage still delivers every image from its idle-policy thread
@@ -496,10 +259,9 @@ def test_worker_sched_idle_applies_to_the_stage_thread_only(ray_local, sample_di
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes hold the later blocks back")
 def test_first_block_is_handed_out_before_later_blocks_finish(ray_local, sample_dir, tmp_path):
-    """An epoch's first block reaches the consumer while the other blocks are still running (Ray Data
-    fills a prefetch window of w blocks and fetches one more before handing out the first: with w=4, a
-    cold epoch's first batch waited for five blocks). Blocks 1-3 read named pipes that only get their bytes
-    once the first batch has arrived, so a consumer waiting for them would never see it."""
+    """An epoch's first chunk reaches the consumer while the later chunks are still running. Chunks 1-3
+    read named pipes that only get their bytes once the first batch has arrived, so a consumer waiting
+    for them would never see it."""
     import threading
 
     jpegs = sorted(sample_dir.rglob("*.jpg"))[:4]
@@ -512,8 +274,9 @@ def test_first_block_is_handed_out_before_later_blocks_finish(ray_local, sample_
         os.mkfifo(p)
         lines.append(f"{p.name},1")
     (tmp_path / "m.csv").write_text("\n".join(lines) + "\n")
-    cfg = PipelineConfig(batch_size=4, block_size=4, shuffle=False, prefetch_blocks=4, num_actors=4)
-    run = Pipeline(str(tmp_path / "m.csv"), AUG, config=cfg).epoch(0)
+    cfg = PipelineConfig(batch_size=4, shuffle=False)
+    ex = ExecutionConfig(chunk_rows=4, prefetch_chunks=4, num_tasks=4)
+    run = Pipeline(str(tmp_path / "m.csv"), AUG, config=cfg, execution=ex).epoch(0)
     batches, first_seen, failed = [], threading.Event(), []
 
     def consume():

@@ -7,17 +7,12 @@ import sys
 
 import pytest
 
-from raypipe.runtime import worker_pool_config
+from raypipe.runtime import worker_pool_env
 from raypipe.stages.augment import call_at_niceness, lower_priority
 
 
-def test_worker_pool_keeps_two_workers_per_cpu_idle_at_normal_priority(monkeypatch):
-    monkeypatch.delenv("RAY_num_workers_soft_limit", raising=False)
-    monkeypatch.delenv("RAY_worker_niceness", raising=False)
-    assert worker_pool_config(16) == {"num_workers_soft_limit": 36, "worker_niceness": 0}
-    monkeypatch.setenv("RAY_num_workers_soft_limit", "100")  # the operator's own settings win
-    monkeypatch.setenv("RAY_worker_niceness", "15")
-    assert worker_pool_config(16) == {}
+def test_worker_pool_keeps_two_workers_per_cpu_idle_at_normal_priority():
+    assert worker_pool_env(16) == {"RAY_num_workers_soft_limit": "36", "RAY_worker_niceness": "0"}
 
 
 def _nice_after(target, queue):
@@ -78,8 +73,11 @@ def test_ray_data_progress_bar_notice_is_dropped_and_other_warnings_are_not():
 
 _PROBE = """
 import warnings, ray
-from raypipe.runtime import check_worker_priority, worker_pool_config
-ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", {config})
+import os
+from raypipe.runtime import check_worker_priority, worker_pool_env
+if {config}:
+    os.environ.update(worker_pool_env(1))
+ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     nice = check_worker_priority()
@@ -90,7 +88,7 @@ print(nice, [str(w.message)[:40] for w in caught])
 @pytest.mark.skipif(not hasattr(os, "nice"), reason="no os.nice on this platform")
 @pytest.mark.parametrize(
     ("config", "expected"),
-    [("", "15 ['Ray workers on this cluster run at nicen']"), ("_system_config=worker_pool_config(1)", "0 []")],
+    [("False", "15 ['Ray workers on this cluster run at nicen']"), ("True", "0 []")],
     ids=["ray-default", "raypipe-config"],
 )
 def test_worker_priority_probe_warns_about_rays_default(config, expected):

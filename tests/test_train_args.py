@@ -21,7 +21,7 @@ def test_defaults_are_the_embedded_job():
     assert job.augment.input_size == (DEFAULTS["img_size"],) * 2
     assert job.eval.input_size == job.augment.input_size
     assert job.pipeline.batch_size == DEFAULTS["batch_size"]
-    assert job.pipeline.resources == {}
+    assert job.execution.resources == {}
 
 
 def test_flags_override_yaml_override_defaults(tmp_path):
@@ -33,7 +33,7 @@ def test_flags_override_yaml_override_defaults(tmp_path):
     assert job.pipeline.batch_size == 8
     assert job.augment.input_size == (96, 96) and job.augment.scale == (0.5, 1.0)
     assert job.amp is True
-    assert dict(job.pipeline.resources) == {"preprocess": 0.001}
+    assert dict(job.execution.resources) == {"preprocess": 0.001}
 
 
 def test_timm_flag_names(tmp_path):
@@ -98,15 +98,16 @@ def test_val_split_is_stable_and_disjoint():
 
 def test_feeder_and_pipeline_speed_knobs(tmp_path):
     job = parse_job([])
-    assert job.feeder == "process" and job.pipeline.worker_nice == 10  # the consumer first
-    assert job.pipeline.block_size == 128  # auto: a multiple of the default job's batch of 32
+    assert job.feeder == "process" and job.execution.worker_nice == 10  # the consumer first
+    assert job.execution.chunk_rows_for(job.pipeline.batch_size) == 128  # auto: a multiple of the batch of 32
     job = parse_job(["-c", _yaml(tmp_path, "feeder: thread\nworker_nice: 0\n"), "-b", "256"])
-    assert job.feeder == "thread" and job.pipeline.worker_nice == 0 and job.pipeline.block_size == 256
-    assert parse_job(["--feeder", "process", "--block-size", "64"]).pipeline.block_size == 64
-    assert job.pipeline.worker_sched_idle is None  # decided by the trainer's device (see resolved_for)
-    assert parse_job(["--worker-sched-idle"]).pipeline.worker_sched_idle is True
-    assert parse_job(["--no-worker-sched-idle"]).pipeline.worker_sched_idle is False
-    assert parse_job(["-c", _yaml(tmp_path, "worker_sched_idle: true\n")]).pipeline.worker_sched_idle is True
+    assert job.feeder == "thread" and job.execution.worker_nice == 0
+    assert job.execution.chunk_rows_for(job.pipeline.batch_size) == 256
+    assert parse_job(["--feeder", "process", "--chunk-rows", "64"]).execution.chunk_rows == 64
+    assert job.execution.worker_sched_idle is None  # decided by the trainer's device (see resolved_for)
+    assert parse_job(["--worker-sched-idle"]).execution.worker_sched_idle is True
+    assert parse_job(["--no-worker-sched-idle"]).execution.worker_sched_idle is False
+    assert parse_job(["-c", _yaml(tmp_path, "worker_sched_idle: true\n")]).execution.worker_sched_idle is True
     with pytest.raises(ValueError, match="feeder"):
         TrainJobConfig(feeder="actor")
 

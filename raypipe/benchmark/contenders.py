@@ -60,10 +60,8 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
     from raypipe.device import DeviceLoader
     from raypipe.pipeline import EpochSource, Pipeline
 
-    # Epochs overlap by design: each one's Ray execution starts while the previous one drains. The window
-    # measures a long run's steady state: the warm-up epoch warms epoch 1 up and the last measured epoch
-    # warms an epoch nobody reads (stopped by close()), just as every epoch of a long run is warmed by its
-    # predecessor and warms its successor, so the window inherits one head start and hands one on.
+    # One stream for all epochs: each epoch's first chunks run while the previous one's last are packed,
+    # as in a training run; the last measured epoch starts chunks of an epoch nobody reads (close()).
     source = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size)), end_epoch=epochs + 1)
     loader = DeviceLoader(source, device="cpu", img_dtype="float32") if device_side else source
 

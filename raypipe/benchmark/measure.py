@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-__all__ = ["Result", "MemorySampler", "measure_epochs", "plasma_used_mib"]
+__all__ = ["Result", "MemorySampler", "measure_epochs"]
 
 
 @dataclass
@@ -35,20 +35,6 @@ class Result:
             "peak_object_store_mb": None if self.peak_object_store_mb is None else round(self.peak_object_store_mb, 1),
             "note": self.note,
         }
-
-
-def plasma_used_mib() -> int | None:
-    """The local object store's bytes in use, in MiB, as ``ray memory --stats-only`` shows them (one
-    request to the raylet: exact, but too slow for ``MemorySampler``'s 0.2 s loop); None if not found."""
-    import ray
-    from ray._private.internal_api import memory_summary
-
-    # the connected cluster's address: left out, Ray looks for one and refuses when several run here
-    address = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
-    for line in memory_summary(address=address, stats_only=True).splitlines():
-        if line.startswith("Plasma memory usage"):
-            return int(line.split()[3])
-    return None
 
 
 def _object_store_used_mb() -> float | None:

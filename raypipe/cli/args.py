@@ -12,6 +12,7 @@ from typing import Any
 from raypipe.config import (
     DecodeConfig,
     EvalAugment,
+    ExecutionConfig,
     PipelineConfig,
     TrainAugment,
     config_from_dict,
@@ -41,16 +42,23 @@ _PIPE_FLAGS = {
     "batch_size": ("pipeline", "batch_size"),
     "seed": ("pipeline", "seed"),
     "drop_last": ("pipeline", "drop_last"),
-    "num_actors": ("pipeline", "num_actors"),
-    "cpus_per_actor": ("pipeline", "cpus_per_actor"),
-    "compute": ("pipeline", "compute"),
-    "block_size": ("pipeline", "block_size"),
-    "worker_nice": ("pipeline", "worker_nice"),
-    "worker_sched_idle": ("pipeline", "worker_sched_idle"),
+    "shuffle_window": ("pipeline", "shuffle_window"),
+    "num_tasks": ("execution", "num_tasks"),
+    "cpus_per_task": ("execution", "cpus_per_task"),
+    "chunk_rows": ("execution", "chunk_rows"),
+    "prefetch_chunks": ("execution", "prefetch_chunks"),
+    "worker_nice": ("execution", "worker_nice"),
+    "worker_sched_idle": ("execution", "worker_sched_idle"),
     "max_skip_ratio": ("pipeline", "max_skip_ratio"),
     "max_skips": ("pipeline", "max_skips"),
 }
-SECTIONS = {"augment": TrainAugment, "eval": EvalAugment, "pipeline": PipelineConfig, "decode": DecodeConfig}
+SECTIONS = {
+    "augment": TrainAugment,
+    "eval": EvalAugment,
+    "pipeline": PipelineConfig,
+    "execution": ExecutionConfig,
+    "decode": DecodeConfig,
+}
 
 
 def add_source_args(p: argparse.ArgumentParser) -> None:
@@ -86,10 +94,12 @@ def add_pipeline_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-b", "--batch-size", type=int, help="images per packed batch")
     g.add_argument("--seed", type=int, help="augmentation and shuffle seed (fixed default: runs agree)")
     g.add_argument("--drop-last", action="store_true", default=None, help="drop the last partial batch")
-    g.add_argument("--num-actors", type=int, help="concurrent augmentation workers (default: cluster CPUs)")
-    g.add_argument("--cpus-per-actor", type=float, help="CPUs reserved per augmentation worker")
-    g.add_argument("--compute", choices=("tasks", "actors"), help="Ray tasks (default) or an actor pool")
-    g.add_argument("--block-size", type=int, help="rows per Ray block (default: from the batch size)")
+    g.add_argument("--shuffle-window", type=int, help="sharded sources: rows shuffled together (whole shards)")
+    g = p.add_argument_group("execution")
+    g.add_argument("--num-tasks", type=int, help="augmentation tasks at once (default: this rank's share of the CPUs)")
+    g.add_argument("--cpus-per-task", type=float, help="CPUs each augmentation task asks Ray for (default 0.5)")
+    g.add_argument("--chunk-rows", type=int, help="rows per augmentation task (default: from the batch size)")
+    g.add_argument("--prefetch-chunks", type=int, help="finished chunks held ahead of the consumer (default 2)")
     g.add_argument("--worker-nice", type=int, help="workers' niceness 0-19 (default 10: consumer first; 0: fair share)")
     g.add_argument("--worker-sched-idle", action=argparse.BooleanOptionalAction, default=None,
                    help="workers' stage thread under Linux SCHED_IDLE, CPU nothing else wants (default: "

@@ -51,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
     connect()
     augment = cfg["eval"] if args.eval else cfg["augment"]
     pipe_cfg = replace(cfg["pipeline"], batch_size=args.count, drop_last=False)
-    pipe = Pipeline(rows, augment, config=pipe_cfg, decode=cfg["decode"])
+    pipe = Pipeline(rows, augment, config=pipe_cfg, execution=cfg["execution"], decode=cfg["decode"])
     run = pipe.epoch(args.epoch)
     batch = next(iter(run), None)
     if batch is None:

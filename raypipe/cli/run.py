@@ -7,7 +7,7 @@ import argparse
 from raypipe.cli.args import add_augment_args, add_pipeline_args, add_source_args, build_configs
 from raypipe.cli.common import print_skips, progress, rows_from_args, write_json
 from raypipe.pipeline.pipeline import EpochSource, Pipeline
-from raypipe.runtime import connect, process_memory_mb
+from raypipe.runtime import connect, process_memory_mb, tune_consumer_process
 
 
 def add_parser(sub) -> None:
@@ -32,8 +32,10 @@ def main(args: argparse.Namespace) -> int:
         cfg["pipeline"] = replace(cfg["pipeline"], shuffle=False)
     rows = rows_from_args(args)  # a bad dataset is reported before a Ray starts
     connect(object_store_memory=args.object_store_mb * 2**20 if args.object_store_mb else None)
+    tune_consumer_process()
     augment = cfg["eval"] if args.eval else cfg["augment"]
-    pipe = Pipeline(rows, augment, config=cfg["pipeline"], decode=cfg["decode"], content_digest=True)
+    pipe = Pipeline(rows, augment, config=cfg["pipeline"], execution=cfg["execution"], decode=cfg["decode"],
+                    content_digest=True)  # fmt: skip
     from raypipe.device import DeviceLoader
 
     print(f"raypipe run: {len(rows)} samples ({rows.kind}) from {args.data}, batch {cfg['pipeline'].batch_size}")

@@ -6,7 +6,7 @@ import argparse
 
 from raypipe.cli.args import add_source_args
 from raypipe.cli.common import print_skips, progress, rows_from_args, write_json
-from raypipe.config import DecodeConfig, EvalAugment, PipelineConfig
+from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineConfig
 from raypipe.pipeline.pipeline import Pipeline
 from raypipe.runtime import connect
 
@@ -15,7 +15,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("scan", help="decode every image and report ok / skipped by reason, with paths")
     add_source_args(p)
     p.add_argument("--max-pixels", type=int, default=DecodeConfig().max_pixels)
-    p.add_argument("--num-actors", type=int)
+    p.add_argument("--num-tasks", type=int, help="augmentation tasks at once (default: the cluster's CPUs / 0.5)")
     p.add_argument("--json", help="write a machine-readable report here")
     p.set_defaults(func=main)
 
@@ -27,7 +27,8 @@ def main(args: argparse.Namespace) -> int:
     pipe = Pipeline(
         rows,
         EvalAugment(input_size=16, crop_mode="squash"),
-        config=PipelineConfig(batch_size=1024, shuffle=False, num_actors=args.num_actors),
+        config=PipelineConfig(batch_size=1024, shuffle=False),
+        execution=ExecutionConfig(num_tasks=args.num_tasks),
         decode=DecodeConfig(max_pixels=args.max_pixels, dct_scaling=False),
     )
     run = pipe.epoch(0)

@@ -1,9 +1,11 @@
-"""The Ray Data pipeline: sharding, augmentation on the cluster, exact packing, accounting."""
+"""The execution layer: a rank's epoch order, its chunks run as Ray tasks, exact packing, accounting."""
 
 from raypipe.pipeline.accounting import EpochReport, SkipLimitError
+from raypipe.pipeline.budget import RankBudget, rank_budget
 from raypipe.pipeline.feeder import FeederDiedError, FeederSource
+from raypipe.pipeline.order import RankPlan, epoch_order
 from raypipe.pipeline.pack import BatchSpec, Packer
-from raypipe.pipeline.pipeline import EpochRun, EpochSource, Pipeline, shard_indices
+from raypipe.pipeline.pipeline import EpochRun, EpochSource, Pipeline
 
 __all__ = [
     "BatchSpec",
@@ -14,6 +16,9 @@ __all__ = [
     "FeederSource",
     "Packer",
     "Pipeline",
+    "RankBudget",
+    "RankPlan",
     "SkipLimitError",
-    "shard_indices",
+    "epoch_order",
+    "rank_budget",
 ]

@@ -1,17 +1,13 @@
 """FeederSource: an ``EpochSource`` that runs in a helper process beside the trainer.
 
-The consumer side of a Ray Data execution (its scheduling loop, iterator threads, block fetching and
-packing) is Python work; in the trainer's process it competes with the training loop for the GIL.
+The consumer side of a rank's execution (submitting chunks, fetching them, packing batches,
+accounting) is Python work; in the trainer's process it competes with the training loop for the GIL.
 Here all of it runs in a feeder actor on the trainer's node, and the trainer's share per batch is one
 actor call and one zero-copy ``ray.get`` of the packed batch (which the ``DeviceLoader`` then copies
-into pinned memory, releasing the GIL). Measured on an H200 machine with 16 cores
-(``bench/gpu_train.py``, bench/NOTES.md): the trainer process's CPU fell from 1.41 to 0.76 cores while
-training ResNet-50 (0.51 -> 0.14 reading batches alone); training throughput itself was not better in
-that run (its steps were slow for a reason not yet found).
+into pinned memory, releasing the GIL). See docs/performance.md for what it saves on a GPU machine.
 
-The feeder runs exactly the ``EpochSource`` the trainer would have run (same shard, same accounting,
-the next epoch warmed up inside the feeder), so each sample's content is identical either way (blocks
-arrive in completion order in both, so batch composition may differ from run to run, as it does in-process).
+The feeder runs exactly the ``EpochSource`` the trainer would have run (same shard, same order, same
+accounting), so the batches are identical either way.
 """
 
 from __future__ import annotations
@@ -24,25 +20,28 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raypipe.pipeline.accounting import EpochReport
-from raypipe.pipeline.pipeline import WARM_LEAD_S, EpochSource, Pipeline
+from raypipe.pipeline.pipeline import EpochSource, Pipeline
 
-__all__ = ["FeederSource", "FeederDiedError"]
+__all__ = ["FeederSource", "FeederDiedError", "FEEDER_CPUS"]
+
+# The CPU a feeder declares (and its rank's budget leaves out): fetching, packing and handing out
+# ~1000 batches/s of work is a fraction of a core.
+FEEDER_CPUS = 0.25
 
 
 class FeederDiedError(RuntimeError):
     """The feeder process ended (killed, out of memory); the epoch cannot continue."""
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
+@ray.remote(num_cpus=FEEDER_CPUS, max_restarts=0)
 class _Feeder:
     """Holds the rank's ``EpochSource``; each ``next()`` returns ``(kind, value)``: ``("batch", dict)``,
     ``("end", EpochReport)`` when the epoch ended, ``("error", exception)`` when it failed."""
 
     def __init__(self, pipeline: Pipeline, source_kwargs: dict):
-        from raypipe.runtime import pin_mmap_threshold, quiet_ray_data_console
+        from raypipe.runtime import tune_consumer_process
 
-        quiet_ray_data_console()  # as raypipe.runtime.connect does in the driver
-        pin_mmap_threshold()  # the pipeline arrives unpickled: its __init__ did not run here
+        tune_consumer_process()  # this process is raypipe's own: see the function
         self.source = EpochSource(pipeline, **source_kwargs)
         self.it: Iterator | None = None
 
@@ -91,26 +90,30 @@ class FeederSource:
         world_size: int = 1,
         start_epoch: int = 0,
         end_epoch: int | None = None,
-        warm_next: bool = True,
-        warm_lead_s: float = WARM_LEAD_S,
+        reserved_cpus: float = 0.0,
         prefetch: int = 2,
+        timeout_s: float = 60.0,
     ):
         if prefetch < 1:
             raise ValueError(f"prefetch={prefetch}: expected >= 1")
-        pipeline.check_fits()  # here, where the cluster was started (the feeder cannot tell)
+        from raypipe.pipeline.pipeline import check_task_fits
+
+        check_task_fits(pipeline.execution)  # here, where the cluster was started (the feeder cannot tell)
         self.pipeline = pipeline
         self.rank = rank
         self.world_size = world_size
         self.next_epoch = start_epoch
         self.prefetch = prefetch
         self.reports: list[EpochReport] = []
+        self.timeout_s = timeout_s
         kwargs = dict(rank=rank, world_size=world_size, start_epoch=start_epoch, end_epoch=end_epoch,
-                      warm_next=warm_next, warm_lead_s=warm_lead_s)  # fmt: skip
+                      reserved_cpus=reserved_cpus + FEEDER_CPUS)  # fmt: skip
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self._actor = _Feeder.options(scheduling_strategy=here).remote(pipeline, kwargs)
+        self._len = len(EpochSource(pipeline, rank=rank, world_size=world_size))
 
     def __len__(self) -> int:
-        return self.pipeline.num_batches(self.world_size)
+        return self._len
 
     def set_epoch(self, epoch: int) -> None:
         self.next_epoch = epoch
@@ -124,7 +127,7 @@ class FeederSource:
             raise RuntimeError("FeederSource is closed")
         actor, epoch = self._actor, self.next_epoch
         self.next_epoch += 1
-        self._get(actor.begin.remote(epoch))
+        self._get(actor.begin.remote(epoch), self.timeout_s)
         pending = collections.deque(actor.next.remote() for _ in range(self.prefetch))
         done = False
         try:
@@ -149,16 +152,20 @@ class FeederSource:
                 except Exception:  # noqa: BLE001 - Ray already shut down: nothing left to stop
                     pass
 
-    def _get(self, ref):
+    def _get(self, ref, timeout_s: float | None = None):
         try:
-            return ray.get(ref)
+            return ray.get(ref, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise FeederDiedError(
+                f"the raypipe feeder process of rank {self.rank} did not answer in {timeout_s:g} s"
+            ) from exc
         except ray.exceptions.RayActorError as exc:
             raise FeederDiedError(
                 f"the raypipe feeder process of rank {self.rank} died ({exc.__class__.__name__}); "
                 "see the Ray logs of its node (out of memory?)"
             ) from exc
 
-    def close(self, timeout_s: float = 30.0) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
         """Stop the feeder's executions (a warmed-up next epoch too) and end its process. Idempotent."""
         actor, self._actor = self._actor, None
         if actor is None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raypipe.cli.args import add_augment_args, add_pipeline_args, build_configs
-from raypipe.config import DecodeConfig, EvalAugment, PipelineConfig, TrainAugment, load_yaml
+from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineConfig, TrainAugment, load_yaml
 
 __all__ = ["TrainJobConfig", "build_parser", "parse_job", "job_from_namespace", "DEFAULTS"]
 
@@ -25,7 +25,7 @@ DEFAULTS: dict[str, Any] = {
     "img_size": 64,
     "batch_size": 32,
     "scale": (0.35, 1.0),
-    "cpus_per_actor": 1.0,
+    "cpus_per_task": 1.0,
 }
 
 
@@ -66,12 +66,13 @@ class TrainJobConfig:
     max_failures: int = 0
     preprocess_resource: str | None = None
     record_ids: bool = False  # each rank writes the sample ids it trained on (tests, audits)
-    # "process": each rank's epochs run in a feeder process beside it (FeederSource), so Ray Data's
-    # consumer-side Python does not take the GIL from the training loop; "thread": in the rank's process.
+    # "process": each rank's epochs run in a feeder process beside it (FeederSource), so the consumer's
+    # Python (fetching, packing) does not take the GIL from the training loop; "thread": in the rank's process.
     feeder: str = "process"
     augment: TrainAugment = field(default_factory=TrainAugment)
     eval: EvalAugment = field(default_factory=EvalAugment)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
@@ -126,7 +127,7 @@ class TrainJobConfig:
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        out["pipeline"]["resources"] = dict(self.pipeline.resources)
+        out["execution"]["resources"] = dict(self.execution.resources)
         return out
 
 
@@ -181,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--preprocess-resource", help="Ray resource augmentation workers ask 0.001 of (cluster.yaml)")
     g.add_argument("--record-ids", action="store_true", default=None, help="write the sample ids each rank trained on")
     g.add_argument("--feeder", choices=("process", "thread"),
-                   help="where each rank's Ray Data consumer runs: a process beside it, or a thread")  # fmt: skip
+                   help="where each rank's batch consumer runs: a process beside it, or a thread")  # fmt: skip
     add_augment_args(p)
     add_pipeline_args(p)  # also -b/--batch-size, --seed and -c/--config
     return p
@@ -209,12 +210,13 @@ def job_from_namespace(args: argparse.Namespace, parser: argparse.ArgumentParser
     ns = argparse.Namespace(**{dest: merged.get(dest) for dest in known})
     sections = build_configs(ns)
     job = {k: merged[k] for k in _JOB_FIELDS if merged.get(k) is not None}
-    pipeline = sections["pipeline"]
+    execution = sections["execution"]
     if job.get("preprocess_resource"):
-        pipeline = dataclasses.replace(pipeline, resources={job["preprocess_resource"]: 0.001})
+        execution = dataclasses.replace(execution, resources={job["preprocess_resource"]: 0.001})
     return TrainJobConfig(
-        **job, augment=sections["augment"], eval=sections["eval"], pipeline=pipeline, decode=sections["decode"]
-    )
+        **job, augment=sections["augment"], eval=sections["eval"], pipeline=sections["pipeline"],
+        execution=execution, decode=sections["decode"],
+    )  # fmt: skip
 
 
 def parse_job(argv: list[str] | None = None) -> TrainJobConfig:

@@ -25,7 +25,6 @@ import torch.distributed as dist
 
 from raypipe.device import DeviceLoader
 from raypipe.pipeline import EpochSource, FeederSource, Pipeline
-from raypipe.runtime import quiet_ray_data_console
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.metrics import RankEpoch, RunDir, combine, format_line
 
@@ -203,7 +202,6 @@ def train_loop_per_worker(config: dict) -> None:
     from timm.scheduler import create_scheduler_v2
 
     job: TrainJobConfig = config["job"]
-    quiet_ray_data_console()  # this worker's own Ray Data executions (--feeder thread, eval)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
@@ -233,15 +231,18 @@ def train_loop_per_worker(config: dict) -> None:
     loss_fn = _losses(job)
     autocast, scaler = _amp(job, device)
 
-    pipe_cfg = job.pipeline.resolved_for(gpu_trainer=device.type == "cuda")  # SCHED_IDLE workers on GPUs
-    train_pipe = Pipeline(train_rows, job.augment, config=pipe_cfg, decode=job.decode)
-    eval_cfg = dataclasses.replace(pipe_cfg, shuffle=False, drop_last=False, max_skip_ratio=None, max_skips=None)
-    eval_pipe = Pipeline(val_rows, job.eval, config=eval_cfg, decode=job.decode)
-    # The next train epoch's Ray execution warms up while this one drains (and overlaps eval);
-    # eval is short and read right after training, so it is not warmed ahead.
+    execution = job.execution.resolved_for(gpu_trainer=device.type == "cuda")  # SCHED_IDLE workers on GPUs
+    train_pipe = Pipeline(train_rows, job.augment, config=job.pipeline, execution=execution, decode=job.decode)
+    eval_cfg = dataclasses.replace(job.pipeline, shuffle=False, drop_last=False, max_skip_ratio=None, max_skips=None)
+    eval_pipe = Pipeline(val_rows, job.eval, config=eval_cfg, execution=execution, decode=job.decode)
+    # Each split streams its epochs from one execution for the whole run; the trainers' CPUs are left
+    # out of every rank's share of the cluster.
     source_cls = FeederSource if job.feeder == "process" else EpochSource
-    train_src = source_cls(train_pipe, rank=rank, world_size=world, start_epoch=start_epoch, end_epoch=job.epochs)
-    eval_src = source_cls(eval_pipe, rank=rank, world_size=world, start_epoch=start_epoch, warm_next=False)
+    reserved = job.num_workers * job.cpus_per_worker
+    train_src = source_cls(train_pipe, rank=rank, world_size=world, start_epoch=start_epoch, end_epoch=job.epochs,
+                           reserved_cpus=reserved)  # fmt: skip
+    eval_src = source_cls(eval_pipe, rank=rank, world_size=world, start_epoch=start_epoch, end_epoch=job.epochs,
+                          reserved_cpus=reserved)  # fmt: skip
     # One loader per split for the whole run: one side stream and one pinned ring, reused by every epoch.
     train_loader = _loader(train_src, job, device, num_classes, train=True)
     eval_loader = _loader(eval_src, job, device, num_classes, train=False)

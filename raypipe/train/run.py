@@ -37,11 +37,11 @@ def _check_cpus(job: TrainJobConfig) -> None:
         return  # augmentation has its own nodes
     total = ray.cluster_resources().get("CPU", 0.0)
     left = total - job.num_workers * job.cpus_per_worker
-    if left < job.pipeline.cpus_per_actor:
+    if left < job.execution.cpus_per_task:
         print(
             f"warning: {job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} leave {left:g} of "
-            f"{total:g} CPUs, less than one augmentation task needs (cpus_per_actor="
-            f"{job.pipeline.cpus_per_actor}); the job waits until the cluster grows",
+            f"{total:g} CPUs, less than one augmentation task needs (cpus_per_task="
+            f"{job.execution.cpus_per_task}); the job waits until the cluster grows",
             flush=True,
         )
 

@@ -1,0 +1,125 @@
+"""The epoch order: which rows a rank reads in an epoch, in which order, cut into chunks of work.
+
+One pure function of ``(seed, epoch, shuffle, shards, window, rank, world_size)``, so every rank and
+every retry computes the same order without talking to the others.
+
+Two shuffles, chosen by the rows' ``shard`` column (see ``raypipe.sources.table``):
+
+- ``"global"`` (rows without shards, e.g. an image folder, where any row can be read on its own
+  cheaply): a seeded permutation of all rows.
+- ``"shard-window"`` (rows that live in shards read as a whole: Parquet row groups, tar shards): the
+  shards are permuted, consecutive shards are grouped into windows of about ``window_rows`` rows
+  (a shard starting inside a window's span joins it), and the rows inside each window are permuted.
+  Each shard belongs to exactly one window and a window is one chunk of work, so the worker that runs
+  it reads each of its shards once per epoch. A larger window mixes more shards into each batch
+  (closer to a global shuffle) for more memory per chunk; a window longer than half again
+  ``window_rows`` (one huge shard) is cut, and its shard is then read once per piece. On a file
+  sorted by class (4 classes, 100-row groups, 2000-4000 rows), 2048-row windows give batches
+  0.97-1.0x the label entropy of a global shuffle, 1024-row windows 0.91-0.97x
+  (tests/test_order.py checks the 2048 default).
+
+Ranks take contiguous, equal (±1 row) slices of the epoch's order, so each sample is in exactly one
+rank's epoch and a shard is read by at most two ranks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["epoch_order", "rank_slice", "chunk_bounds", "RankPlan"]
+
+
+def _rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch, stream])
+
+
+def epoch_order(
+    n: int, *, seed: int, epoch: int, shuffle: bool, shards: np.ndarray | None = None, window_rows: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, starts)``: all ``n`` row indices in this epoch's order and, for sharded rows, the
+    positions in ``order`` where each window begins (``[0]`` without shards)."""
+    if shards is None or n == 0 or not (shards >= 0).any():
+        order = _rng(seed, epoch, 0x5EED).permutation(n) if shuffle else np.arange(n)
+        return order, np.zeros(1, dtype=np.int64)
+    # Rows without a shard (-1) each form a shard of their own.
+    keys = np.where(shards >= 0, shards, -1 - np.arange(n))
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    shard_order = _rng(seed, epoch, 0x5A4D).permutation(len(uniq)) if shuffle else np.arange(len(uniq))
+    sizes = np.bincount(inverse, minlength=len(uniq))[shard_order]
+    first_row = np.cumsum(sizes) - sizes  # where each shard starts in the epoch, in shuffled order
+    window_of_shard = np.empty(len(uniq), dtype=np.int64)
+    window_of_shard[shard_order] = first_row // max(1, window_rows)
+    win = window_of_shard[inverse]  # each row's window number
+    # Rows by window, then by a random key inside the window (stable on ties: listing order).
+    inner = _rng(seed, epoch, 0x1A3E).random(n) if shuffle else np.arange(n, dtype=np.float64)
+    order = np.lexsort((inner, win))
+    sorted_win = win[order]
+    starts = np.flatnonzero(np.r_[True, sorted_win[1:] != sorted_win[:-1]])
+    return order, starts
+
+
+def rank_slice(n: int, rank: int, world_size: int) -> slice:
+    """This rank's contiguous part of an epoch's order of ``n`` rows (sizes differ by at most one)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+    base, extra = divmod(n, world_size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (1 if rank < extra else 0))
+
+
+def chunk_bounds(lo: int, hi: int, window_starts: np.ndarray, chunk_rows: int) -> list[tuple[int, int]]:
+    """Cut positions ``[lo, hi)`` of an epoch's order into chunks: at every window start, and every
+    ``chunk_rows`` rows inside a window that is longer than that."""
+    cuts = [int(s) for s in window_starts if lo < s < hi]
+    edges = [lo, *cuts, hi]
+    out = []
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        out.extend((s, min(s + chunk_rows, b)) for s in range(a, b, chunk_rows))
+    return out
+
+
+class RankPlan:
+    """One rank's epochs: ``rows(epoch)`` its row indices in order, ``chunks(epoch)`` the same cut into
+    the units of work the workers run (each a sorted-by-order index array)."""
+
+    def __init__(
+        self,
+        n: int,
+        *,
+        seed: int,
+        shuffle: bool,
+        chunk_rows: int,
+        rank: int = 0,
+        world_size: int = 1,
+        shards: np.ndarray | None = None,
+        window_rows: int = 2048,
+    ):
+        self.n, self.seed, self.shuffle = n, seed, shuffle
+        self.chunk_rows = chunk_rows
+        self.rank, self.world_size = rank, world_size
+        self.shards, self.window_rows = shards, window_rows
+        self._span = rank_slice(n, rank, world_size)
+        self.sharded = shards is not None and n > 0 and bool((shards >= 0).any())
+
+    @property
+    def max_chunk_rows(self) -> int:
+        """The most rows in one chunk: a sharded chunk is a whole window (its shards read once), cut only
+        when one shard alone makes it much longer than ``window_rows``."""
+        return max(self.chunk_rows, self.window_rows + self.window_rows // 2) if self.sharded else self.chunk_rows
+
+    def __len__(self) -> int:
+        """Rows this rank reads per epoch."""
+        return self._span.stop - self._span.start
+
+    def chunks(self, epoch: int) -> list[np.ndarray]:
+        order, starts = epoch_order(
+            self.n, seed=self.seed, epoch=epoch, shuffle=self.shuffle, shards=self.shards,
+            window_rows=self.window_rows,
+        )  # fmt: skip
+        limit = self.max_chunk_rows if self.sharded else self.chunk_rows
+
+        return [order[a:b] for a, b in chunk_bounds(self._span.start, self._span.stop, starts, limit)]
+
+    def rows(self, epoch: int) -> np.ndarray:
+        chunks = self.chunks(epoch)
+        return np.concatenate(chunks) if chunks else np.empty(0, np.int64)

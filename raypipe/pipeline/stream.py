@@ -1,0 +1,146 @@
+"""The rank's single execution: every epoch's chunks, run as Ray tasks, handed out in order.
+
+One ``ChunkStream`` spans a rank's whole run. It walks the epochs' chunks (``order.RankPlan``) in
+order and keeps at most ``in_flight`` of them submitted as Ray tasks, each reading, decoding and
+augmenting one chunk on any node. The consumer takes the results strictly in submission order::
+
+    submitted:  e0c0 e0c1 e0c2 e0c3 | e1c0 e1c1        (in_flight = 6: the window)
+    running:         e0c1 e0c2 e0c3   e1c0             (workers = 4)
+    consumer:   e0c0 ─▶ Packer ─▶ batches              (takes e0c1 next, then submits e1c2)
+
+So an epoch boundary is just the next chunk: epoch e+1's first chunks are already running while
+epoch e's last ones are packed, with no start-up between epochs. The window bounds everything at
+once: the object store a rank may fill (``in_flight`` chunks), how far the workers run ahead of the
+consumer, and how long a slow chunk can hold the others (they finish and wait; nothing new starts).
+Taking results in order also makes batch composition a function of the seed alone.
+
+Why plain Ray tasks and not a Ray Data execution: a Ray Data ``Dataset`` plans one input task per
+block before it starts (milliseconds each: a hundred epochs of an ImageNet shard cost minutes up
+front), and its iterator hands blocks out in completion order, so a stalled block would let the
+consumer hold back an unbounded number of the next epoch's. Tasks submitted in order against a
+window have neither problem, and need nothing beyond Ray's public core API.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+
+from raypipe.pipeline.budget import RankBudget
+from raypipe.pipeline.order import RankPlan
+from raypipe.stages.augment import StageSpec, augment_block
+
+__all__ = ["Chunk", "ChunkStream", "STALL_WARN_S"]
+
+log = logging.getLogger(__name__)
+
+# How long the consumer waits for the next chunk before it says so (and goes on waiting): a chunk is
+# seconds of work; longer means a read that does not return, or no node able to run the task.
+STALL_WARN_S = 120.0
+
+
+@ray.remote(max_retries=3)  # a worker that died (OOM, node lost) is retried; same output: per-sample seeds
+def _augment_chunk(rows: dict[str, np.ndarray], spec: StageSpec) -> dict[str, np.ndarray]:
+    return augment_block(rows, spec)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One finished chunk: ``block`` is its rows (images and skip records), ``last`` ends its epoch."""
+
+    epoch: int
+    index: int
+    last: bool
+    rows: int
+    block: dict[str, np.ndarray]
+
+
+class ChunkStream:
+    """Epochs ``start_epoch``, ``start_epoch + 1``, … (up to ``end_epoch``, or without end) of one
+    rank, as an in-order iterator of ``Chunk``. ``close()`` cancels what is in flight."""
+
+    def __init__(
+        self,
+        columns: dict[str, np.ndarray],
+        plan: RankPlan,
+        spec_for_epoch,
+        budget: RankBudget,
+        task_options: dict,
+        *,
+        start_epoch: int = 0,
+        end_epoch: int | None = None,
+    ):
+        self._columns = columns
+        self._plan = plan
+        self._spec_for_epoch = spec_for_epoch
+        self.budget = budget
+        self._task = _augment_chunk.options(**task_options)
+        self._pending: collections.deque = collections.deque()  # (epoch, index, last, rows, ref)
+        self._todo = self._chunks(start_epoch, end_epoch)
+        self._closed = False
+
+    def _chunks(self, start: int, end: int | None) -> Iterator[tuple[int, int, bool, np.ndarray]]:
+        epoch = start
+        while end is None or epoch < end:
+            chunks = self._plan.chunks(epoch)
+            for i, idx in enumerate(chunks):
+                yield epoch, i, i == len(chunks) - 1, idx
+            if not chunks:
+                yield epoch, 0, True, np.empty(0, np.int64)
+            epoch += 1
+
+    def _submit(self) -> None:
+        while len(self._pending) < self.budget.in_flight:
+            item = next(self._todo, None)
+            if item is None:
+                return
+            epoch, index, last, idx = item
+            if len(idx):
+                rows = {name: col[idx] for name, col in self._columns.items()}
+                ref = self._task.remote(rows, self._spec_for_epoch(epoch))
+            else:
+                ref = None  # an empty epoch (a rank with no rows): nothing to run
+            self._pending.append((epoch, index, last, len(idx), ref))
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return self
+
+    def __next__(self) -> Chunk:
+        if self._closed:
+            raise StopIteration
+        self._submit()
+        if not self._pending:
+            raise StopIteration
+        epoch, index, last, n, ref = self._pending.popleft()
+        block = self._wait(ref, epoch, index) if ref is not None else None
+        self._submit()  # refill the window before the consumer starts on this chunk
+        return Chunk(epoch, index, last, n, block)
+
+    def _wait(self, ref, epoch: int, index: int) -> dict[str, np.ndarray]:
+        waited = 0.0
+        while True:
+            ready, _ = ray.wait([ref], timeout=STALL_WARN_S)
+            if ready:
+                return ray.get(ready[0])
+            waited += STALL_WARN_S
+            log.warning(
+                "epoch %d, chunk %d: not done after %.0f s (%s): a read that does not return (a hung mount or "
+                "object store?), a stuck worker, or no node able to run the task; still waiting",
+                epoch, index, waited, self.budget.describe(),
+            )  # fmt: skip
+
+    def close(self) -> None:
+        """Cancel the chunks in flight (their results are dropped) and stop. Returns at once."""
+        self._closed = True
+        pending, self._pending = self._pending, collections.deque()
+        for *_, ref in pending:
+            if ref is not None:
+                try:
+                    ray.cancel(ref)
+                except Exception:  # noqa: BLE001 - already finished, or Ray already shut down
+                    pass

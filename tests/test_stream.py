@@ -1,0 +1,138 @@
+"""One execution per run: epochs follow each other in one stream, in order, bounded, stoppable."""
+
+import time
+
+import pytest
+
+from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
+from raypipe.pipeline import EpochSource, Pipeline
+from raypipe.pipeline.stream import ChunkStream
+
+pytestmark = pytest.mark.timeout(240)
+
+AUG = TrainAugment(input_size=32, color_jitter=None)
+
+
+def _ids(batches):
+    return [int(i) for b in batches for i in b["sample_id"]]
+
+
+def test_epochs_come_from_one_stream_that_runs_ahead_across_the_boundary(ray_local, sample_dir, monkeypatch):
+    made, submitted = [], []
+    make = Pipeline.stream
+    monkeypatch.setattr(Pipeline, "stream", lambda self, **kw: made.append(kw["start_epoch"]) or make(self, **kw))
+    submit = ChunkStream._submit
+
+    def recording_submit(self):
+        before = len(self._pending)
+        submit(self)
+        submitted.extend(e for e, *_ in list(self._pending)[before:])
+
+    monkeypatch.setattr(ChunkStream, "_submit", recording_submit)
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8),
+                    execution=ExecutionConfig(chunk_rows=8, num_tasks=2, prefetch_chunks=2))  # fmt: skip
+    source = EpochSource(pipe, end_epoch=3)
+    per_epoch = []
+    for _ in range(3):
+        it = iter(source)
+        first = next(it)
+        seen_when_started = list(submitted)
+        per_epoch.append(_ids([first, *it]))
+        if len(per_epoch) > 1:
+            # the epoch's first chunks were already submitted during the previous epoch
+            assert seen_when_started.count(len(per_epoch) - 1) >= 1
+    source.close()
+    assert made == [0]  # one stream for the whole run
+    assert all(sorted(ids) == list(range(48)) for ids in per_epoch)
+    assert per_epoch[0] != per_epoch[1]  # a new order each epoch
+    assert [r.epoch for r in source.reports] == [0, 1, 2]
+    assert submitted.count(3) == 0  # end_epoch: nothing of an epoch nobody reads
+
+
+def test_same_seed_same_batches_in_the_same_order(ray_local, sample_dir):
+    def batches(seed):
+        pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5, seed=seed),
+                        execution=ExecutionConfig(chunk_rows=7, num_tasks=3))  # fmt: skip
+        source = EpochSource(pipe, end_epoch=2)
+        out = [[(b["sample_id"].tolist(), b["image"].tobytes()) for b in source] for _ in range(2)]
+        source.close()
+        return out
+
+    a = batches(1)
+    assert a == batches(1)
+    assert a != batches(2)
+
+
+def test_chunks_in_flight_never_exceed_the_window(ray_local, sample_dir, monkeypatch):
+    peak = []
+    submit = ChunkStream._submit
+
+    def recording_submit(self):
+        submit(self)
+        peak.append(len(self._pending))
+
+    monkeypatch.setattr(ChunkStream, "_submit", recording_submit)
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4),
+                    execution=ExecutionConfig(chunk_rows=4, num_tasks=2, prefetch_chunks=1))  # fmt: skip
+    source = EpochSource(pipe)  # open-ended: the window alone bounds the run-ahead
+    for _ in source:
+        time.sleep(0.01)  # a slow consumer
+    source.close()
+    assert max(peak) == 3
+
+
+def test_stopping_mid_epoch_returns_at_once_and_the_next_epoch_is_whole(ray_local, sample_dir):
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4),
+                    execution=ExecutionConfig(chunk_rows=4, num_tasks=2))  # fmt: skip
+    source = EpochSource(pipe, end_epoch=5)
+    it = iter(source)
+    next(it)
+    t0 = time.perf_counter()
+    it.close()
+    assert time.perf_counter() - t0 < 2.0
+    ids = _ids(source)  # epoch 1, from a new stream
+    assert sorted(ids) == list(range(48)) and source.last_report.epoch == 1
+    source.set_epoch(3)
+    assert sorted(_ids(source)) == list(range(48)) and source.last_report.epoch == 3
+    source.close()
+
+
+def test_a_bug_in_a_task_fails_the_epoch_with_its_own_type(ray_local, sample_dir, monkeypatch):
+    from raypipe.pipeline import stream as stream_module
+
+    def broken(rows, spec):
+        raise ZeroDivisionError("a bug of ours")
+
+    monkeypatch.setattr(stream_module, "_augment_chunk", stream_module.ray.remote(max_retries=0)(broken))
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4))
+    with pytest.raises(ZeroDivisionError, match="a bug of ours"):
+        list(pipe.epoch(0))
+
+
+def test_two_ranks_on_a_two_node_cluster_share_it(sample_dir):
+    """Each of N ranks sizes itself from its share: two ranks' workers add up to the cluster."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "object_store_memory": 150 * 2**20})
+    try:
+        cluster.add_node(num_cpus=2, object_store_memory=150 * 2**20)
+        ray.init(address=cluster.address, logging_level="WARNING")
+        cluster.wait_for_nodes()
+        pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8))
+        alone = pipe.budget(world_size=1)
+        ranks = [pipe.budget(world_size=2) for _ in range(2)]
+        assert alone.workers == 8 and sum(b.workers for b in ranks) == alone.workers
+        store = 300 * 2**20 * 0.5  # STORE_SHARE of both nodes' stores
+        assert sum(b.in_flight for b in ranks) * 8 * 32 * 32 * 3 <= store
+        ids = []
+        for rank in range(2):
+            source = EpochSource(pipe, rank=rank, world_size=2, end_epoch=1)
+            ids += _ids(source)
+            source.close()
+        assert sorted(ids) == list(range(48))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
