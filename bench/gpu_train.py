@@ -255,7 +255,7 @@ def raypipe_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, 
                          worker_sched_idle=args.worker_sched_idle, cpus_per_actor=args.cpus_per_actor,
                          drop_last=True).resolved_for(gpu_trainer=trainer.device.type == "cuda")  # fmt: skip
     source = (FeederSource if feeder else EpochSource)(Pipeline(data, aug, config=cfg))
-    loader = DeviceLoader(source, device=trainer.device, img_dtype=dtype, channels_last=trainer.channels_last)
+    loader = DeviceLoader.from_timm(source, device=trainer.device, img_dtype=dtype, channels_last=trainer.channels_last)
     closers.append(loader.close)
     while True:  # as many epochs as the window needs; each pass is the next epoch
         for b in loader:

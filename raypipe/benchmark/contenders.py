@@ -65,7 +65,7 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
     # warms an epoch nobody reads (stopped by close()), just as every epoch of a long run is warmed by its
     # predecessor and warms its successor, so the window inherits one head start and hands one on.
     source = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size)), end_epoch=epochs + 1)
-    loader = DeviceLoader(source, device="cpu", img_dtype="float32") if device_side else source
+    loader = DeviceLoader.from_timm(source, device="cpu", img_dtype="float32") if device_side else source
 
     def make_epoch(epoch: int):
         return loader
