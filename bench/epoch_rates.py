@@ -38,7 +38,7 @@ def main() -> None:
     )
     source = FeederSource(pipe, end_epoch=a.epochs)
     rates, seconds, images = [], [], []
-    with DeviceLoader(source, device="cpu", img_dtype="float32") as loader:
+    with DeviceLoader.from_timm(source, device="cpu", img_dtype="float32") as loader:
         for epoch in range(a.epochs):
             t0, n = time.perf_counter(), 0
             for batch in loader:

@@ -256,7 +256,8 @@ def raypipe_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, 
                          worker_sched_idle=args.worker_sched_idle, cpus_per_task=args.cpus_per_actor)
     ex = ex.resolved_for(gpu_trainer=trainer.device.type == "cuda")
     source = (FeederSource if feeder else EpochSource)(Pipeline(data, aug, config=cfg, execution=ex))
-    loader = DeviceLoader(source, device=trainer.device, img_dtype=dtype, channels_last=trainer.channels_last)
+    loader = DeviceLoader.from_timm(source, device=trainer.device, img_dtype=dtype,
+                                    channels_last=trainer.channels_last)
     closers.append(loader.close)
     while True:  # as many epochs as the window needs; each pass is the next epoch
         for b in loader:

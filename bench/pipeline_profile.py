@@ -55,7 +55,7 @@ def profile_pipeline(args: argparse.Namespace) -> None:
     aug = TrainAugment(input_size=args.img_size, color_jitter=None, auto_augment=args.auto_augment)
     pipe = Pipeline(args.data, aug, config=cfg, execution=ex)
     source = EpochSource(pipe, end_epoch=args.epochs)
-    it = DeviceLoader(source, device="cpu", img_dtype=args.img_dtype) if args.device_loader else source
+    it = DeviceLoader.from_timm(source, device="cpu", img_dtype=args.img_dtype) if args.device_loader else source
     total_n, total_s = 0, 0.0
     for epoch in range(args.epochs):
         psutil.cpu_percent(None)
@@ -253,7 +253,7 @@ def profile_normalise(args: argparse.Namespace) -> None:
             continue
         normalize_module._cext = ext
         try:
-            with DeviceLoader(batches, device="cpu", img_dtype="float32") as loader:
+            with DeviceLoader.from_timm(batches, device="cpu", img_dtype="float32") as loader:
                 for _ in loader:  # first pass allocates the ring and the output pool
                     pass
                 c0, n = time.process_time(), 0

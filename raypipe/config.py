@@ -86,11 +86,19 @@ class DecodeConfig:
     """How bytes become pixels."""
 
     max_pixels: int = DEFAULT_MAX_PIXELS  # refuse larger images from the header (decompression bombs)
-    dct_scaling: bool = True  # let libjpeg-turbo decode JPEGs at 1/2, 1/4, 1/8 when the crop allows
+    # Let libjpeg-turbo decode JPEGs at 1/2, 1/4, 1/8 when the crop allows. None: on for training,
+    # off for eval, whose pixels are then timm's byte for byte (a scaled decode is close, not equal).
+    dct_scaling: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1:
             _fail("max_pixels", self.max_pixels, "expected a positive int")
+        if self.dct_scaling is not None and not isinstance(self.dct_scaling, bool):
+            _fail("dct_scaling", self.dct_scaling, "expected true, false or null (on for train, off for eval)")
+
+    def dct_for(self, training: bool) -> bool:
+        """Whether a transform decodes JPEGs DCT-scaled: ``dct_scaling``, or by default only in training."""
+        return training if self.dct_scaling is None else self.dct_scaling
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from device_helpers import constant_images
 
-from raypipe.device import mixup_batch, mixup_target, random_erase_
-from raypipe.device.erasing import Erasing, draw_erasing
-from raypipe.device.mixup import Mixing, draw_mixing
+from raypipe.device import Mixup, RandomErasing, mixup_target
+from raypipe.device.erasing import draw_erasing
+from raypipe.device.mixup import draw_mixing
 
 # ---------------------------------------------------------------------------------------------------
 # Random erasing
@@ -42,8 +42,8 @@ def _timm_erase(n, prob, count, h=32, w=32, mode="const", num_splits=0):
 def _ours_erase(n, prob, count, h=32, w=32, mode="const", num_splits=0, seed=0):
     x = torch.ones(n, 3, h, w)
     g = torch.Generator().manual_seed(seed)
-    return random_erase_(x, rng=np.random.default_rng(seed), generator=g, prob=prob, mode=mode, count=count,
-                         num_splits=num_splits)  # fmt: skip
+    erase = RandomErasing(probability=prob, mode=mode, max_count=count, num_splits=num_splits)
+    return erase(x, rng=np.random.default_rng(seed), generator=g)
 
 
 @pytest.mark.parametrize("prob", [0.25, 0.8])
@@ -70,7 +70,7 @@ def test_erasing_count_and_num_splits_match_timm():
     t_frac = (t[n // 2 :, 0] == 0).flatten(1).float().mean(1)
     o_frac = (o[n // 2 :, 0] == 0).flatten(1).float().mean(1)
     assert abs(o_frac.mean().item() - t_frac.mean().item()) < 0.01
-    plan = draw_erasing(np.random.default_rng(0), Erasing(prob=1.0, count=3), n, 3, 32, 32)
+    plan = draw_erasing(np.random.default_rng(0), RandomErasing(probability=1.0, max_count=3), n, 3, 32, 32)
     boxes_per_sample = plan.boxes[..., 4].sum(1)
     assert set(np.unique(boxes_per_sample)) <= {0, 1, 2, 3}
     assert abs(boxes_per_sample.mean() - 2.0) < 0.1  # uniform on 1..3 (a failed 10-try box is rare)
@@ -85,6 +85,14 @@ def test_erasing_modes_fill_values():
     o = _ours_erase(256, 1.0, 1, mode="pixel", h=64, w=64)
     vals = o[o != 1]
     assert vals.numel() > 10000 and abs(vals.mean().item()) < 0.05 and abs(vals.std().item() - 1) < 0.05
+
+
+def test_erasing_min_count_as_timm():
+    plan = RandomErasing(probability=1.0, min_count=2, max_count=4).draw(np.random.default_rng(0), 3000, 3, 32, 32)
+    per_sample = plan.boxes[..., 4].sum(1)
+    assert per_sample.min() >= 1 and per_sample.max() <= 4
+    assert abs(per_sample.mean() - 3.0) < 0.1  # uniform on 2..4 (a failed 10-try box is rare)
+    assert RandomErasing(max_count=None, min_count=2).max_count == 2  # timm: max_count or min_count
 
 
 def test_erasing_is_seeded_not_global():
@@ -125,8 +133,8 @@ def test_cutmix_lam_correction_equals_pixel_share(mode):
     n, nc = 16, 1000
     rng = np.random.default_rng(0)
     for _ in range(20):
-        x, y = mixup_batch(constant_images(n), _labels(n), rng=rng, cutmix_alpha=1.0, mode=mode,
-                           num_classes=nc)  # fmt: skip
+        mix = Mixup(mixup_alpha=0.0, cutmix_alpha=1.0, mode=mode, num_classes=nc, label_smoothing=0.0)
+        x, y = mix(constant_images(n), _labels(n), rng=rng)
         lam_t = y[torch.arange(n), _labels(n)]
         torch.testing.assert_close(lam_t, _own_fraction(x), atol=1e-6, rtol=0)
         torch.testing.assert_close(y.sum(1), torch.ones(n))
@@ -141,8 +149,8 @@ def test_mixup_targets_match_pixels_and_timm_target(mode):
     n, nc, smoothing = 8, 1000, 0.1
     rng = np.random.default_rng(1)
     for _ in range(10):
-        x, y = mixup_batch(constant_images(n), _labels(n), rng=rng, mixup_alpha=0.4, mode=mode,
-                           num_classes=nc, label_smoothing=smoothing)  # fmt: skip
+        mix = Mixup(mixup_alpha=0.4, mode=mode, num_classes=nc, label_smoothing=smoothing)
+        x, y = mix(constant_images(n), _labels(n), rng=rng)
         lam = _mix_weight(x)
         from timm.data.mixup import mixup_target as timm_target
 
@@ -164,7 +172,7 @@ def _timm_params(mode, n, trials, **kw):
 
 
 def _our_params(mode, n, trials, **kw):
-    cfg = Mixing(mode=mode, num_classes=1000, **kw)
+    cfg = Mixup(mode=mode, num_classes=1000, **kw)
     rng = np.random.default_rng(0)
     lams, cuts = [], []
     for _ in range(trials):
@@ -190,7 +198,7 @@ def test_mixup_cutmix_parameter_statistics_match_timm(mode):
 
 def test_cutmix_minmax_box_sizes_and_forced_lam():
     rng = np.random.default_rng(3)
-    cfg = Mixing(cutmix_minmax=(0.2, 0.8), mode="elem", num_classes=10, correct_lam=False)
+    cfg = Mixup(mixup_alpha=0.0, cutmix_minmax=(0.2, 0.8), mode="elem", num_classes=10, correct_lam=False)
     assert cfg.cutmix_alpha == 1.0
     plan = draw_mixing(rng, cfg, 4000, 20, 20)
     hs, ws = plan.boxes[plan.cut, 2], plan.boxes[plan.cut, 3]
@@ -200,7 +208,7 @@ def test_cutmix_minmax_box_sizes_and_forced_lam():
 
 def test_no_lam_correction_keeps_beta_lam():
     rng = np.random.default_rng(4)
-    cfg = Mixing(cutmix_alpha=1.0, mode="elem", correct_lam=False, num_classes=10)
+    cfg = Mixup(mixup_alpha=0.0, cutmix_alpha=1.0, mode="elem", correct_lam=False, num_classes=10)
     plan = draw_mixing(rng, cfg, 4000, 9, 9)
     area = 1 - plan.boxes[:, 2] * plan.boxes[:, 3] / 81
     assert not np.allclose(plan.lam[plan.cut], area[plan.cut], atol=1e-3)
@@ -211,8 +219,8 @@ def test_odd_batch_middle_sample_is_untouched():
     n = 7
     for mode in ("batch", "pair", "elem"):
         x0 = constant_images(n)
-        x, y = mixup_batch(x0.clone(), _labels(n, 10), rng=np.random.default_rng(0), mixup_alpha=1.0,
-                           cutmix_alpha=1.0, mode=mode, num_classes=10)  # fmt: skip
+        mix = Mixup(mixup_alpha=1.0, cutmix_alpha=1.0, mode=mode, num_classes=10, label_smoothing=0.0)
+        x, y = mix(x0.clone(), _labels(n, 10), rng=np.random.default_rng(0))
         torch.testing.assert_close(x[3], x0[3])
         assert y[3, _labels(n, 10)[3]].item() == pytest.approx(1.0)
         torch.testing.assert_close(y.sum(1), torch.ones(n))
@@ -247,11 +255,12 @@ def test_batch_mixup_matches_timm_arithmetic_exactly():
 def test_loader_mixes_after_erasing_with_soft_targets():
     from device_helpers import packed_batches
 
-    from raypipe.device import DeviceLoader
+    from raypipe.device import DeviceLoader, Normalize
 
     src = packed_batches(4, n=8, num_classes=10)
-    with DeviceLoader(src, re_prob=0.5, mixup_alpha=0.8, cutmix_alpha=1.0, mixup_mode="pair", num_classes=10,
-                      label_smoothing=0.1, img_dtype="float16") as loader:  # fmt: skip
+    mixup = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, mode="pair", num_classes=10, label_smoothing=0.1)
+    with DeviceLoader(src, normalize=Normalize(dtype="float16"), erasing=RandomErasing(probability=0.5),
+                      mixup=mixup) as loader:  # fmt: skip
         for b in loader:
             assert b["label"].dtype == torch.float32 and tuple(b["label"].shape) == (8, 10)
             torch.testing.assert_close(b["label"].sum(1), torch.ones(8))

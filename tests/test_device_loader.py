@@ -7,7 +7,7 @@ import pytest
 import torch
 from device_helpers import MEAN, STD, assert_normalized, loader_threads, packed_batches
 
-from raypipe.device import DeviceLoader
+from raypipe.device import DeviceLoader, Mixup, Normalize, RandomErasing, from_timm_args
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +22,8 @@ def _no_leaked_threads():
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_normalisation_matches_float64_reference(dtype, channels_last):
     src = packed_batches(2)
-    with DeviceLoader(src, img_dtype=dtype, channels_last=channels_last, mean=MEAN, std=STD) as loader:
+    norm = Normalize(mean=MEAN, std=STD, dtype=dtype, channels_last=channels_last)
+    with DeviceLoader(src, normalize=norm) as loader:
         outs = list(loader)
     assert len(outs) == 2
     for out, batch in zip(outs, src, strict=True):
@@ -46,7 +47,7 @@ def test_matches_timm_prefetch_loader_on_nchw_tuples(dtype):
     samples = [(rng.integers(0, 256, (3, 16, 16), dtype=np.uint8), int(i)) for i in range(12)]
     torch_loader = torch.utils.data.DataLoader(samples, batch_size=4, collate_fn=fast_collate)
     timm_out = list(PrefetchLoader(torch_loader, device=torch.device("cpu"), img_dtype=dtype))
-    with DeviceLoader(torch_loader, img_dtype=dtype, channels_last=False) as loader:
+    with DeviceLoader(torch_loader, normalize=Normalize(dtype=dtype, channels_last=False)) as loader:
         assert len(loader) == 3
         ours = list(loader)
     assert len(ours) == len(timm_out) == 3
@@ -60,7 +61,7 @@ def test_matches_timm_prefetch_loader_on_nchw_tuples(dtype):
 def test_nchw_numpy_is_detected_and_declared_layout_checked():
     src = packed_batches(1, extra=False)
     nchw = [{**b, "image": np.ascontiguousarray(b["image"].transpose(0, 3, 1, 2))} for b in src]
-    with DeviceLoader(nchw, img_dtype="float32") as loader:
+    with DeviceLoader(nchw) as loader:
         (out,) = list(loader)
     assert_normalized(out["image"], src[0]["image"], torch.float32)
     with DeviceLoader(nchw, layout="NHWC") as loader, pytest.raises(ValueError, match="layout='NHWC'"):
@@ -71,7 +72,7 @@ def test_ambiguous_layout_needs_declaration():
     src = [{"image": np.zeros((2, 3, 5, 3), np.uint8)}]
     with DeviceLoader(src) as loader, pytest.raises(ValueError, match="ambiguous"):
         list(loader)
-    with DeviceLoader(src, layout="NCHW", img_dtype="float32") as loader:
+    with DeviceLoader(src, layout="NCHW") as loader:
         (out,) = list(loader)
     assert tuple(out["image"].shape) == (2, 3, 5, 3)
 
@@ -84,11 +85,11 @@ def test_shape_change_within_epoch_is_an_error_naming_the_key():
 
 def test_determinism_under_seed_and_epochs_differ():
     kw = dict(re_prob=0.7, re_mode="pixel", re_count=2, mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=10,
-              mixup_mode="elem", label_smoothing=0.1, img_dtype="float32")  # fmt: skip
+              mixup_mode="elem", label_smoothing=0.1)  # fmt: skip
     src = packed_batches(3)
 
     def run(seed, epochs=2):
-        with DeviceLoader(src, seed=seed, **kw) as loader:
+        with DeviceLoader.from_timm(src, seed=seed, **kw) as loader:
             return [[(b["image"].clone(), b["label"].clone()) for b in loader] for _ in range(epochs)]
 
     a, b, c = run(0), run(0), run(1)
@@ -97,7 +98,7 @@ def test_determinism_under_seed_and_epochs_differ():
             assert torch.equal(xa, xb) and torch.equal(ya, yb)
     assert not torch.equal(a[0][0][0], a[1][0][0]), "epoch 1 must draw new parameters"
     assert not torch.equal(a[0][0][0], c[0][0][0]), "another seed must draw new parameters"
-    with DeviceLoader(src, seed=0, **kw) as loader:
+    with DeviceLoader.from_timm(src, seed=0, **kw) as loader:
         loader.set_epoch(1)
         again = [bt["image"] for bt in loader]
     assert torch.equal(again[0], a[1][0][0])
@@ -120,7 +121,7 @@ def test_reiteration_len_stats_and_ring_reuse():
 
 def test_cpu_outputs_are_recycled_once_released_and_never_while_held():
     src = packed_batches(12, n=8, seed=3)
-    loader = DeviceLoader(src, prefetch=2, img_dtype="float32")
+    loader = DeviceLoader(src, prefetch=2)
     pool = loader._staging.outputs
     for batch in loader:  # each batch is dropped before the next: the pool recycles
         del batch
@@ -262,18 +263,121 @@ def test_generator_source_is_closed_on_break():
 
 def test_tuple_with_labels_only_and_soft_targets():
     src = [(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.tensor([0, 1, 2, 3]))]
-    with DeviceLoader(src, label_smoothing=0.1, num_classes=4, img_dtype="bf16") as loader:
+    mixup = Mixup(mixup_alpha=1.0, label_smoothing=0.1, num_classes=4)
+    with DeviceLoader(src, normalize=Normalize(dtype="bf16"), mixup=mixup) as loader:
         ((x, y),) = list(loader)
     assert x.dtype == torch.bfloat16 and y.dtype == torch.float32 and tuple(y.shape) == (4, 4)
     torch.testing.assert_close(y.sum(1), torch.ones(4))
-    assert y[0, 0].item() == pytest.approx(0.925)
+
+
+def test_label_smoothing_alone_keeps_class_indices_as_timm():
+    """timm builds no Mixup without mixup/cutmix: targets stay indices, the loss smooths them."""
+    src = packed_batches(2, n=4)
+    with DeviceLoader.from_timm(src, label_smoothing=0.1, num_classes=10) as loader:
+        assert loader.mixup is None and not loader.mixup_enabled
+        labels = [b["label"] for b in loader]
+    assert all(y.dtype == torch.int64 and y.tolist() == b["label"].tolist() for y, b in zip(labels, src, strict=True))
+
+
+def test_mixup_enabled_switch_stops_mixing_and_keeps_smoothed_targets():
+    src = packed_batches(2, n=8)
+    ref = [b["image"] for b in DeviceLoader(src)]
+    with DeviceLoader.from_timm(src, mixup_alpha=1.0, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=10) as loader:
+        assert loader.mixup_enabled
+        mixed = [b["image"] for b in loader]
+        assert any(not torch.equal(a, b) for a, b in zip(mixed, ref, strict=True))
+        loader.mixup_enabled = False  # timm's train.py at --mixup-off-epoch
+        outs = list(loader)
+    for out, want, batch in zip(outs, ref, src, strict=True):
+        assert torch.equal(out["image"], want)
+        y = out["label"]  # timm's Mixup with mixup_enabled=False: smoothed one-hot, lam = 1
+        assert y.dtype == torch.float32 and tuple(y.shape) == (8, 10)
+        on = y[torch.arange(8), torch.from_numpy(batch["label"])]
+        torch.testing.assert_close(on, torch.full((8,), 0.9 + 0.01))
+    plain = DeviceLoader([])
+    plain.mixup_enabled = True  # no Mixup: stays off, as timm's PrefetchLoader without FastCollateMixup
+    assert not plain.mixup_enabled
+    plain.close()
+
+
+def test_cpu_default_dtype_is_float32():
+    with DeviceLoader(packed_batches(1)) as loader:
+        assert loader.img_dtype == torch.float32
+        assert next(iter(loader))["image"].dtype == torch.float32
+
+
+def _draws(rank, seed=0, epoch=0):
+    src = packed_batches(2, n=8)
+    loader = DeviceLoader.from_timm(src, seed=seed, rank=rank, re_prob=0.5, re_mode="pixel", re_count=2,
+                                    mixup_alpha=0.8, cutmix_alpha=1.0, mixup_mode="elem", num_classes=10)  # fmt: skip
+    with loader:
+        loader.set_epoch(epoch)
+        return [(b["image"].clone(), b["label"].clone()) for b in loader]
+
+
+def test_ranks_draw_differently_and_each_rank_repeats_itself():
+    r0, r1, r0_again, r1_again = _draws(0), _draws(1), _draws(0), _draws(1)
+    for a, b in ((r0, r0_again), (r1, r1_again)):
+        for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    for (x0, y0), (x1, y1) in zip(r0, r1, strict=True):
+        assert not torch.equal(x0, x1) and not torch.equal(y0, y1)
+    # (seed, rank) are separate words, unlike timm's seed + rank sum: seed 1 rank 0 is not seed 0 rank 1
+    assert not torch.equal(_draws(0, seed=1)[0][0], r1[0][0])
+
+
+def test_rank_defaults_to_torch_distributed_rank_else_zero():
+    loader = DeviceLoader([])
+    assert loader.rank == 0
+    loader.close()
 
 
 def test_labels_out_of_range_are_rejected():
     src = packed_batches(1, num_classes=10)
-    with DeviceLoader(src, mixup_alpha=1.0, num_classes=3) as loader:
+    with DeviceLoader(src, mixup=Mixup(num_classes=3)) as loader:
         with pytest.raises(ValueError, match="num_classes"):
             list(loader)
+
+
+# The keywords DeviceLoader took before it composed objects: the factory covers each, by name or timm's.
+OLD_KEYWORDS = (
+    "device", "mean", "std", "img_dtype", "channels_last", "layout", "prefetch", "re_prob", "re_mode", "re_count",
+    "re_min_area", "re_max_area", "re_min_aspect", "re_max_aspect", "re_num_splits", "mixup_alpha", "cutmix_alpha",
+    "cutmix_minmax", "mix_prob", "switch_prob", "mixup_mode", "label_smoothing", "correct_lam", "num_classes",
+    "seed", "close_timeout_s",
+)  # fmt: skip
+TIMM_NAMES = {"mix_prob": "mixup_prob", "switch_prob": "mixup_switch_prob"}
+
+
+def test_factory_accepts_every_old_keyword_or_its_timm_name():
+    import inspect
+
+    params = inspect.signature(from_timm_args).parameters
+    missing = [k for k in OLD_KEYWORDS if TIMM_NAMES.get(k, k) not in params]
+    assert not missing
+    values = dict(device="cpu", mean=MEAN, std=STD, img_dtype="bf16", channels_last=False, layout="NHWC", prefetch=3,
+                  re_prob=0.5, re_mode="rand", re_count=3, re_min_area=0.05, re_max_area=0.2, re_min_aspect=0.5,
+                  re_max_aspect=1.5, re_num_splits=2, mixup_alpha=0.2, cutmix_alpha=0.5, cutmix_minmax=None,
+                  mix_prob=0.7, switch_prob=0.3, mixup_mode="pair", label_smoothing=0.05, correct_lam=False,
+                  num_classes=10, seed=4, close_timeout_s=5.0)  # fmt: skip
+    assert set(values) == set(OLD_KEYWORDS)
+    loader = from_timm_args([], **{TIMM_NAMES.get(k, k): v for k, v in values.items()})
+    n, e, m = loader.normalize, loader.erasing, loader.mixup
+    assert (n.mean, n.std, n.dtype, n.channels_last) == (MEAN, STD, torch.bfloat16, False)
+    assert (loader.layout, loader.prefetch, loader.seed, loader.close_timeout_s) == ("NHWC", 3, 4, 5.0)
+    assert (e.probability, e.mode, e.max_count, e.num_splits) == (0.5, "rand", 3, 2)
+    assert (e.min_area, e.max_area, e.min_aspect, e.max_aspect) == (0.05, 0.2, 0.5, 1.5)
+    assert (m.mixup_alpha, m.cutmix_alpha, m.prob, m.switch_prob, m.mode) == (0.2, 0.5, 0.7, 0.3, "pair")
+    assert (m.label_smoothing, m.correct_lam, m.num_classes) == (0.05, False, 10)
+    loader.close()
+
+
+def test_none_probabilities_mean_timm_defaults():
+    loader = from_timm_args([], re_prob=None, mixup_alpha=0.5, mixup_prob=None, mixup_switch_prob=None,
+                            label_smoothing=None, num_classes=5)  # fmt: skip
+    assert loader.erasing is None and (loader.mixup.prob, loader.mixup.switch_prob) == (1.0, 0.5)
+    assert loader.mixup.label_smoothing == 0.0
+    loader.close()
 
 
 @pytest.mark.parametrize(
@@ -284,23 +388,49 @@ def test_labels_out_of_range_are_rejected():
         ({"mean": (0.5, 0.5)}, "std"),
         ({"std": (0.5, 0.0, 0.5)}, "std"),
         ({"re_prob": 1.5}, "re_prob"),
-        ({"mix_prob": -0.1}, "mix_prob"),
-        ({"switch_prob": 2}, "switch_prob"),
+        ({"mixup_prob": -0.1}, "mixup_prob"),
+        ({"mixup_alpha": 1.0, "mixup_prob": -0.1, "num_classes": 3}, "mixup_prob"),
+        ({"mixup_switch_prob": 2}, "mixup_switch_prob"),
         ({"re_count": 0}, "re_count"),
         ({"prefetch": 0}, "prefetch"),
         ({"mixup_mode": "rows"}, "mixup_mode"),
+        ({"mixup_alpha": 1.0, "mixup_mode": "rows", "num_classes": 3}, "mixup_mode"),
         ({"mixup_alpha": 1.0}, "num_classes"),
-        ({"label_smoothing": 0.1, "num_classes": 0}, "num_classes"),
+        ({"cutmix_alpha": 1.0, "num_classes": 0}, "num_classes"),
+        ({"label_smoothing": 1.1}, "label_smoothing"),
+        ({"mixup_alpha": -1.0}, "mixup_alpha"),
         ({"cutmix_minmax": (0.9, 0.1)}, "cutmix_minmax"),
         ({"re_min_aspect": 0}, "re_min_aspect"),
+        ({"re_num_splits": -1}, "re_num_splits"),
         ({"layout": "HWC"}, "layout"),
         ({"device": "tpu"}, "device"),
         ({"seed": -1}, "seed"),
+        ({"rank": -1}, "rank"),
     ],
 )
-def test_bad_keywords_raise_value_error_naming_them(kwargs, name):
-    with pytest.raises(ValueError, match=name):
-        DeviceLoader([], **kwargs)
+def test_factory_bad_keywords_raise_value_error_naming_them(kwargs, name):
+    with pytest.raises(ValueError, match=f"^{name}="):
+        from_timm_args([], **kwargs)
+
+
+@pytest.mark.parametrize(
+    "build, name",
+    [
+        (lambda: Normalize(dtype="int8"), "dtype"),
+        (lambda: Normalize(channels_last=1), "channels_last"),
+        (lambda: RandomErasing(probability=2), "probability"),
+        (lambda: RandomErasing(min_count=2, max_count=1), "max_count"),
+        (lambda: RandomErasing(mode="x"), "mode"),
+        (lambda: Mixup(prob=-1), "prob"),
+        (lambda: Mixup(mode="rows"), "mode"),
+        (lambda: Mixup(mixup_alpha=0.0), "mixup_alpha"),
+        (lambda: DeviceLoader([], erasing=Mixup()), "erasing"),
+        (lambda: DeviceLoader([], normalize=None, mixup=RandomErasing()), "mixup"),
+    ],
+)
+def test_objects_name_their_own_fields(build, name):
+    with pytest.raises(ValueError, match=f"^{name}="):
+        build()
 
 
 def test_cuda_device_without_cuda_is_a_clear_error():

@@ -11,7 +11,7 @@ import pytest
 import torch
 from device_helpers import MEAN, STD, TOL, packed_batches, reference_normalize
 
-from raypipe.device import DeviceLoader
+from raypipe.device import DeviceLoader, Normalize, RandomErasing
 
 norm = importlib.import_module("raypipe.device.normalize")  # the package exports the function by this name
 C_DTYPES = [torch.float32, torch.bfloat16]
@@ -150,7 +150,7 @@ def test_cpu_loader_reads_the_source_in_place_only_when_the_extension_runs(dtype
     src = packed_batches(3, n=4, h=6, w=5)
     for batch in src:
         batch["image"].flags.writeable = False
-    with DeviceLoader(src, img_dtype=dtype) as loader:
+    with DeviceLoader(src, normalize=Normalize(dtype=dtype)) as loader:
         outs = list(loader)
         staged = {key for slot in loader._staging.slots for key in slot.buffers}
     direct = norm.reads_host_directly(outs[0]["image"].dtype, "NHWC", True)
@@ -164,10 +164,10 @@ def test_cpu_loader_reads_the_source_in_place_only_when_the_extension_runs(dtype
 def test_cpu_loader_results_do_not_depend_on_the_path(monkeypatch):
     src = packed_batches(2, n=3, h=7, w=9, seed=5)
     exact = norm._cext is None or _torch_rounds_like_the_extension()
-    with DeviceLoader(src, img_dtype="float32", re_prob=0.5, seed=1) as loader:
+    with DeviceLoader(src, erasing=RandomErasing(probability=0.5), seed=1) as loader:
         fast = [b["image"] for b in loader]
     monkeypatch.setattr(norm, "_cext", None)
-    with DeviceLoader(src, img_dtype="float32", re_prob=0.5, seed=1) as loader:
+    with DeviceLoader(src, erasing=RandomErasing(probability=0.5), seed=1) as loader:
         slow = [b["image"] for b in loader]
     for a, b in zip(fast, slow, strict=True):
         if exact:

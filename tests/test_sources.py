@@ -18,7 +18,7 @@ def _touch(path, data=b"x"):
 def test_folder_listing_matches_torchvision_imagefolder(sample_dir, tmp_path):
     from torchvision.datasets import ImageFolder
 
-    rows = open_source(str(sample_dir))
+    rows = open_source(str(sample_dir), class_order="sorted")  # torchvision's plain sort
     tv = ImageFolder(str(sample_dir))
     assert list(rows.classes) == tv.classes
     ours = [(os.path.join(str(sample_dir), p), lbl) for p, lbl in zip(
@@ -171,7 +171,7 @@ def test_manifest_missing_path_column_is_an_error(tmp_path):
 
 
 def test_manifest_class_names_are_numbered_in_sorted_order(tmp_path):
-    """Labels given as class names (none an integer) are numbered as ImageFolder numbers folders."""
+    """Labels given as class names (none an integer) are numbered as the folder source numbers folders."""
     m = tmp_path / "m.csv"
     m.write_text("path,label\na.jpg,dog\nb.jpg, cat\nc.jpg,\nd.jpg,n01440764\ne.jpg,dog\n")
     rows = open_source(str(m))

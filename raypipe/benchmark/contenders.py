@@ -63,7 +63,7 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
     # One stream for all epochs: each epoch's first chunks run while the previous one's last are packed,
     # as in a training run; the last measured epoch starts chunks of an epoch nobody reads (close()).
     source = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size)), end_epoch=epochs + 1)
-    loader = DeviceLoader(source, device="cpu", img_dtype="float32") if device_side else source
+    loader = DeviceLoader.from_timm(source, device="cpu", img_dtype="float32") if device_side else source
 
     def make_epoch(epoch: int):
         return loader

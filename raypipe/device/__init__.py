@@ -1,20 +1,23 @@
 """Trainer-side device loading: pinned ring, side-stream copies, normalise, random erasing, mixup.
 
-``DeviceLoader`` is the entry point; the pure functions below it are usable on their own.
+``DeviceLoader`` composes ``Normalize``, ``RandomErasing`` and ``Mixup`` (timm's names, each usable on
+its own); ``from_timm_args`` (also ``DeviceLoader.from_timm``) builds all of it from timm's flat
+argument names.
 """
 
-from raypipe.device.erasing import Erasing, random_erase_
+from raypipe.device.erasing import RandomErasing
+from raypipe.device.factory import from_timm_args
 from raypipe.device.loader import DeviceLoader, LoaderStats
-from raypipe.device.mixup import Mixing, mixup_batch, mixup_target
-from raypipe.device.normalize import normalize
+from raypipe.device.mixup import Mixup, mixup_target
+from raypipe.device.normalize import Normalize, normalize
 
 __all__ = [
     "DeviceLoader",
-    "Erasing",
     "LoaderStats",
-    "Mixing",
-    "mixup_batch",
+    "Mixup",
+    "Normalize",
+    "RandomErasing",
+    "from_timm_args",
     "mixup_target",
     "normalize",
-    "random_erase_",
 ]

@@ -2,13 +2,14 @@
 
 timm's ``RandomErasing`` loops over samples in Python. Here the random parameters of the whole batch
 are drawn at once on the host (a few hundred numbers, ``numpy.random.Generator``), then applied on
-the device with one masked write per box slot (``count`` slots, a handful at most) - no loop per sample.
+the device with one masked write per box slot (``max_count`` slots, a handful at most) - no loop per
+sample.
 
-Semantics (timm 1.0 ``RandomErasing(probability=prob, mode, max_count=count, num_splits)``):
+Semantics (timm 1.0 ``RandomErasing``, same argument names and defaults, less ``device``):
 
-- each sample is erased with probability ``prob``; with ``num_splits > 1`` the first
+- each sample is erased with probability ``probability``; with ``num_splits > 1`` the first
   ``N // num_splits`` samples (the clean split) never are;
-- an erased sample gets ``k`` boxes, ``k`` uniform in ``1..count``;
+- an erased sample gets ``k`` boxes, ``k`` uniform in ``min_count..max_count``;
 - each box tries up to 10 times: area ``U(min_area, max_area) * H * W / k``, aspect ``exp(U(log
   min_aspect, log max_aspect))``, ``h = round(sqrt(area * aspect))``, ``w = round(sqrt(area / aspect))``;
   the first try with ``h < H and w < W`` is taken (none: no box), top/left uniform over valid positions;
@@ -24,46 +25,77 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from raypipe.device._checks import check_int, check_prob, fail
+from raypipe.device._checks import check_int, check_prob, fail, is_number
 
-__all__ = ["ERASE_MODES", "Erasing", "ErasePlan", "draw_erasing", "apply_erasing_", "random_erase_"]
+__all__ = ["ERASE_MODES", "RandomErasing", "ErasePlan", "draw_erasing", "apply_erasing_"]
 
 ERASE_MODES = ("const", "rand", "pixel")
 _TRIES = 10
 
 
 @dataclass(frozen=True, kw_only=True)
-class Erasing:
-    """Validated erasing settings; keyword names in errors are the DeviceLoader's (``re_*``)."""
+class RandomErasing:
+    """timm's ``RandomErasing`` for a normalised NCHW float batch; call it or let a ``DeviceLoader`` do.
 
-    prob: float = 0.0
-    mode: str = "const"
-    count: int = 1
+    ``None`` where timm accepts it: ``max_aspect`` (= ``1 / min_aspect``), ``max_count`` (=
+    ``min_count``), ``probability`` (= 0, off). ``mode`` ``""`` is ``"const"``, as in timm.
+
+    >>> erase = RandomErasing(probability=1.0, mode="const")
+    >>> x = erase(torch.ones(2, 3, 8, 8), rng=np.random.default_rng(0))
+    >>> bool((x == 0).any(dim=(1, 2, 3)).all())
+    True
+    """
+
+    probability: float | None = 0.5
     min_area: float = 0.02
     max_area: float = 1 / 3
     min_aspect: float = 0.3
     max_aspect: float | None = None
+    mode: str = "const"
+    min_count: int = 1
+    max_count: int | None = None
     num_splits: int = 0
 
     def __post_init__(self) -> None:
-        check_prob("re_prob", self.prob)
-        if not isinstance(self.mode, str) or self.mode.lower() not in ERASE_MODES:
-            fail("re_mode", self.mode, f"expected one of {ERASE_MODES}")
-        object.__setattr__(self, "mode", self.mode.lower())
-        check_int("re_count", self.count, 1)
-        check_int("re_num_splits", self.num_splits, 0)
-        if not 0.0 < check_prob("re_min_area", self.min_area) <= check_prob("re_max_area", self.max_area):
-            fail("re_min_area", self.min_area, "expected 0 < re_min_area <= re_max_area <= 1")
-        if not isinstance(self.min_aspect, (int, float)) or not self.min_aspect > 0:
-            fail("re_min_aspect", self.min_aspect, "expected a number > 0")
+        prob = 0.0 if self.probability is None else self.probability
+        object.__setattr__(self, "probability", check_prob("probability", prob))
+        mode = self.mode.lower() if isinstance(self.mode, str) else self.mode
+        mode = "const" if mode == "" else mode
+        if mode not in ERASE_MODES:
+            fail("mode", self.mode, f"expected one of {ERASE_MODES}")
+        object.__setattr__(self, "mode", mode)
+        check_int("min_count", self.min_count, 1)
+        max_count = self.min_count if self.max_count is None else self.max_count
+        check_int("max_count", max_count, self.min_count)
+        object.__setattr__(self, "max_count", max_count)
+        check_int("num_splits", self.num_splits, 0)
+        if not 0.0 < check_prob("min_area", self.min_area) <= check_prob("max_area", self.max_area):
+            fail("min_area", self.min_area, "expected 0 < min_area <= max_area <= 1")
+        if not is_number(self.min_aspect) or not self.min_aspect > 0:
+            fail("min_aspect", self.min_aspect, "expected a number > 0")
         max_aspect = 1.0 / self.min_aspect if self.max_aspect is None else self.max_aspect
-        if not isinstance(max_aspect, (int, float)) or not max_aspect >= self.min_aspect:
-            fail("re_max_aspect", self.max_aspect, "expected None or a number >= re_min_aspect")
+        if not is_number(max_aspect) or not max_aspect >= self.min_aspect:
+            fail("max_aspect", self.max_aspect, "expected None or a number >= min_aspect")
         object.__setattr__(self, "max_aspect", float(max_aspect))
 
     @property
     def enabled(self) -> bool:
-        return self.prob > 0.0
+        return self.probability > 0.0
+
+    def draw(self, rng: np.random.Generator, n: int, c: int, h: int, w: int) -> ErasePlan:
+        """The random parameters for a batch of ``n`` images ``c x h x w`` (host only, no device work)."""
+        return draw_erasing(rng, self, n, c, h, w)
+
+    def apply_(self, x: torch.Tensor, plan: ErasePlan, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Erase ``plan``'s boxes from ``x`` in place; ``generator`` (on ``x``'s device) feeds pixel noise."""
+        return apply_erasing_(x, plan, mode=self.mode, generator=generator)
+
+    def __call__(
+        self, x: torch.Tensor, *, rng: np.random.Generator, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """Erase the NCHW normalised float batch ``x`` in place and return it."""
+        n, c, h, w = x.shape
+        return self.apply_(x, self.draw(rng, n, c, h, w), generator)
 
 
 @dataclass(frozen=True)
@@ -74,13 +106,14 @@ class ErasePlan:
     colors: np.ndarray | None  # float32 (N, count, C), "rand" mode only
 
 
-def draw_erasing(rng: np.random.Generator, cfg: Erasing, n: int, c: int, h: int, w: int) -> ErasePlan:
+def draw_erasing(rng: np.random.Generator, cfg: RandomErasing, n: int, c: int, h: int, w: int) -> ErasePlan:
     """Draw every box of a batch of ``n`` images ``c x h x w`` at once (see the module doc)."""
-    count = cfg.count
+    count = cfg.max_count
     start = n // cfg.num_splits if cfg.num_splits > 1 else 0
-    erase = rng.random(n) < cfg.prob
+    erase = rng.random(n) < cfg.probability
     erase[:start] = False
-    k = np.full(n, count) if count == 1 else rng.integers(1, count + 1, size=n)
+    lo = cfg.min_count
+    k = np.full(n, count) if lo == count else rng.integers(lo, count + 1, size=n)
     area = rng.uniform(cfg.min_area, cfg.max_area, size=(n, count, _TRIES)) * (h * w) / k[:, None, None]
     aspect = np.exp(rng.uniform(math.log(cfg.min_aspect), math.log(cfg.max_aspect), size=(n, count, _TRIES)))
     bh = np.round(np.sqrt(area * aspect)).astype(np.int64)  # np.round is half-to-even, like round()
@@ -132,19 +165,3 @@ def apply_erasing_(
             noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
             x.copy_(torch.where(mask, noise, x))
     return x
-
-
-def random_erase_(
-    x: torch.Tensor,
-    *,
-    rng: np.random.Generator,
-    generator: torch.Generator | None = None,
-    **settings,
-) -> torch.Tensor:
-    """Functional entry point: ``random_erase_(x, rng=rng, prob=0.5, mode="pixel", count=2)``.
-
-    ``settings`` are ``Erasing``'s fields. ``x`` is an NCHW normalised float batch, erased in place.
-    """
-    cfg = Erasing(**settings)
-    n, c, h, w = x.shape
-    return apply_erasing_(x, draw_erasing(rng, cfg, n, c, h, w), mode=cfg.mode, generator=generator)

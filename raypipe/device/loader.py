@@ -1,25 +1,42 @@
 """DeviceLoader: packed host batches in, normalised / erased / mixed device batches out.
 
-A producer thread runs steps 1-5 for batch ``k+prefetch`` while the consumer trains on batch ``k``.
+The loader composes three small objects, each usable alone: :class:`Normalize` (always),
+:class:`RandomErasing` and :class:`Mixup` (optional), with timm's names. ``DeviceLoader.from_timm``
+builds them from timm's flat argument names (``raypipe.device.factory``).
+
+A producer thread runs steps 1-5 for batches ahead of the consumer; the consumer thread runs 6-8.
+With ``prefetch=2`` (a ring of 3 host slots), these are the batches in flight while the trainer is
+on batch 0::
+
+    [consumer thread]   trains on b0 (its stream waited on b0's ready event, step 7)
+    [queue, <= 2]       b1 [ready event], b2 [ready event]
+    [side stream, GPU]  b2's normalise / erase / mix may still be running behind b2's H2D copy
+    [producer thread]   b3: fetch (1), wait for slot 0's copy event (b0's H2D, long done), memcpy (2)
+
+Steps, in the order a batch meets them:
+
+1. fetch: ``next()`` on the source; split the batch into image / label / sample_id / pass-through and
+   check it against the epoch's ``BatchSpec`` (fixed by the first batch).
+2. stage: copy into the next host ring slot (pinned on CUDA) once that slot's previous copy is done.
+3. transfer: issue the host -> device copies ``non_blocking`` on the side stream; record the slot's
+   copy event.
+4. transform: issue normalise, random erasing, mixup/cutmix on the side stream.
+5. hand over: record the batch's ready event and put it on the queue (blocks when ``prefetch`` are
+   waiting).
+6. take: the consumer gets the next item; the time it blocks here is the data stall (``stats.wait_s``).
+7. protect: the consumer's stream waits on the ready event; each tensor is ``record_stream``-ed on it.
+8. yield: the batch goes to the training step.
+
 The host-side work (fetch, memcpy into the ring) releases the GIL in numpy/torch; the device work is
-only *issued* by the producer and runs on the loader's side stream, behind whatever the consumer's
-stream is doing. Timeline with ``prefetch=2`` (ring of 3 slots), consumer at batch 0::
+only *issued* by the producer. On a CPU device the same chain runs with no stream, no pinning and no
+events: values are identical to the CUDA path's up to kernel rounding (pixel-mode noise aside).
 
-    host, producer thread   1 fetch b3 | 2 stage b3 -> slot 0 | 3 issue H2D | 4 issue transform | 5 put
-                            (step 2 first waits slot 0's copy event: b0's H2D, long finished)
-    side stream (GPU)       ... b2: H2D, normalise, erase, mix [ready b2] | b3: H2D ...
-    queue (<= prefetch)     [b1 ready-event] [b2 ready-event]
-    consumer thread         6 get b0 (time blocked = data stall) | 7 wait b0's event on its stream,
-                            record_stream its tensors | 8 yield b0 -> model forward/backward
-
-The steps are small generators chained in ``_produce``; each numbered comment below is a step above.
-On a CPU device the same chain runs with no stream, no pinning and no events: values are identical
-to the CUDA path's up to kernel rounding (pixel-mode noise aside, which is drawn on the device).
-
-Randomness: erasing and mixup parameters come from a ``numpy.random.Generator`` seeded by
-``(seed, epoch)`` on the producer thread, which handles batches in order - so a run is reproducible,
-the parameters need no device sync, and CPU and CUDA draw the same boxes and lams. Pixel-mode noise
-comes from a ``torch.Generator`` on the device, seeded the same way. Global RNG is never touched.
+Randomness: per pass, erasing and mixup parameters come from a ``numpy.random.Generator`` seeded by
+``(seed, rank, epoch)`` on the producer thread, which handles batches in order - so a run is
+reproducible, ranks draw differently (timm seeds each rank with ``seed + rank``), the parameters need
+no device sync, and CPU and CUDA draw the same boxes and lams. Pixel-mode noise comes from the
+loader's own ``torch.Generator`` on the device, reseeded from the same words each pass. Global RNG is
+never touched.
 """
 
 from __future__ import annotations
@@ -28,7 +45,7 @@ import queue
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -38,15 +55,13 @@ import torch
 from raypipe._handoff import put_unless_stopped
 from raypipe.device._checks import check_int, fail
 from raypipe.device.batch import LAYOUTS, BatchSpec, Parts, check_parts, join_batch, make_spec, split_batch
-from raypipe.device.erasing import Erasing, apply_erasing_, draw_erasing
-from raypipe.device.mixup import Mixing, apply_mixing_, draw_mixing, plan_target
-from raypipe.device.normalize import nchw_shape, normalize, parse_img_dtype, reads_host_directly
+from raypipe.device.erasing import RandomErasing
+from raypipe.device.mixup import Mixup
+from raypipe.device.normalize import Normalize, nchw_shape, reads_host_directly
 from raypipe.device.staging import Staging
 
 __all__ = ["DeviceLoader", "LoaderStats"]
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 _END = object()
 
 
@@ -82,18 +97,29 @@ class _Epoch:
 
 
 class DeviceLoader:
-    """Wrap an iterable of packed batches; yield them on ``device`` with images normalised.
+    """Wrap an iterable of packed batches; yield them on ``device`` normalised, optionally erased and mixed.
 
     Batches are dicts (``image`` uint8 NHWC/NCHW numpy or torch, ``label`` int, ``sample_id`` int,
     other keys passed through) or ``(image, label, ...)`` tuples such as a torch DataLoader with timm's
-    ``fast_collate`` yields. Output has the same structure: ``image`` NCHW ``img_dtype``
-    (channels_last unless ``channels_last=False``), ``label`` int64 or, with mixup/cutmix/label
-    smoothing, float32 soft targets (N, num_classes); ``sample_id`` int64 on the device.
+    ``fast_collate`` yields. Output has the same structure: ``image`` NCHW in ``normalize``'s dtype
+    (float32 on CPU, float16 on CUDA unless ``Normalize(dtype=...)`` says otherwise; channels_last
+    unless ``Normalize(channels_last=False)``), ``label`` int64 class indices or, with ``mixup``,
+    float32 soft targets (N, num_classes); ``sample_id`` int64 on the device.
+
+    - ``normalize``: a :class:`Normalize` (default: ImageNet mean/std, the device's dtype).
+    - ``erasing``: a :class:`RandomErasing` or None; ``mixup``: a :class:`Mixup` or None. Applied in
+      timm's order: normalise, erase, mix. ``loader.mixup_enabled = False`` stops mixing from the next
+      batch produced (timm's ``--mixup-off-epoch``); targets stay soft (smoothed one-hot), as timm's.
+    - ``prefetch``: batches ready ahead of the consumer; the host ring has ``prefetch + 1`` slots.
+    - ``pin_memory``: pinned host slots on CUDA (truly asynchronous copies); no effect on CPU.
+    - ``layout``: "auto" detects NHWC/NCHW from the channel count; declare it for ambiguous shapes.
+    - ``seed``, ``rank``: random draws per pass from ``(seed, rank, epoch)``; ``rank=None`` takes
+      ``torch.distributed``'s rank when it is initialised, else 0.
 
     >>> src = [{"image": np.zeros((2, 4, 4, 3), np.uint8), "label": np.array([0, 1])}]
-    >>> with DeviceLoader(src, img_dtype="float32") as loader:
-    ...     [tuple(b["image"].shape) for b in loader]
-    [(2, 3, 4, 4)]
+    >>> with DeviceLoader(src) as loader:
+    ...     [(tuple(b["image"].shape), b["image"].dtype) for b in loader]
+    [((2, 3, 4, 4), torch.float32)]
     """
 
     def __init__(
@@ -101,81 +127,74 @@ class DeviceLoader:
         source: Iterable,
         *,
         device: str | torch.device = "cpu",
-        mean: Sequence[float] = IMAGENET_MEAN,
-        std: Sequence[float] = IMAGENET_STD,
-        img_dtype: str | torch.dtype = torch.float16,
-        channels_last: bool = True,
-        layout: str = "auto",
+        normalize: Normalize | None = None,
+        erasing: RandomErasing | None = None,
+        mixup: Mixup | None = None,
         prefetch: int = 2,
-        re_prob: float = 0.0,
-        re_mode: str = "const",
-        re_count: int = 1,
-        re_min_area: float = 0.02,
-        re_max_area: float = 1 / 3,
-        re_min_aspect: float = 0.3,
-        re_max_aspect: float | None = None,
-        re_num_splits: int = 0,
-        mixup_alpha: float = 0.0,
-        cutmix_alpha: float = 0.0,
-        cutmix_minmax: Sequence[float] | None = None,
-        mix_prob: float = 1.0,
-        switch_prob: float = 0.5,
-        mixup_mode: str = "batch",
-        label_smoothing: float = 0.0,
-        correct_lam: bool = True,
-        num_classes: int | None = None,
+        pin_memory: bool = True,
+        layout: str = "auto",
         seed: int = 0,
+        rank: int | None = None,
         close_timeout_s: float = 30.0,
     ) -> None:
-        try:
-            self.device = torch.device(device)
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"device={device!r}: {exc}") from None
-        if self.device.type == "cuda":
-            if not torch.cuda.is_available():
-                fail("device", device, "CUDA is not available on this machine")
-            if self.device.index is None:
-                self.device = torch.device("cuda", torch.cuda.current_device())
-        elif self.device.type != "cpu":
-            fail("device", device, "expected a 'cpu' or 'cuda[:n]' device")
-        self.img_dtype = parse_img_dtype(img_dtype)
-        self.mean, self.std = _channel_values("mean", mean), _channel_values("std", std)
-        if len(self.mean) != len(self.std):
-            fail("std", std, f"has {len(self.std)} values but mean has {len(self.mean)}")
-        if any(s <= 0 for s in self.std):
-            fail("std", std, "values must be > 0")
+        self.device = _device(device)
+        self.normalize = Normalize() if normalize is None else normalize
+        for name, value, cls in (("normalize", self.normalize, Normalize), ("erasing", erasing, RandomErasing),
+                                 ("mixup", mixup, Mixup)):  # fmt: skip
+            if value is not None and not isinstance(value, cls):
+                fail(name, value, f"expected a raypipe.device.{cls.__name__} (or None)")
+        self.erasing = erasing if erasing is not None and erasing.enabled else None
+        self.mixup = mixup
+        self.img_dtype = self.normalize.dtype_on(self.device)
         if layout not in LAYOUTS:
             fail("layout", layout, f"expected one of {LAYOUTS}")
         self.layout = layout
-        self.channels_last = bool(channels_last)
         self.prefetch = check_int("prefetch", prefetch, 1)
+        if not isinstance(pin_memory, bool):
+            fail("pin_memory", pin_memory, "expected True or False")
         self.seed = check_int("seed", seed, 0)
-        self.erasing = Erasing(
-            prob=re_prob, mode=re_mode, count=re_count, min_area=re_min_area, max_area=re_max_area,
-            min_aspect=re_min_aspect, max_aspect=re_max_aspect, num_splits=re_num_splits,
-        )  # fmt: skip
-        self.mixing = Mixing(
-            mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, cutmix_minmax=cutmix_minmax, prob=mix_prob,
-            switch_prob=switch_prob, mode=mixup_mode, correct_lam=bool(correct_lam),
-            label_smoothing=label_smoothing, num_classes=num_classes,
-        )  # fmt: skip
+        self.rank = _default_rank() if rank is None else check_int("rank", rank, 0)
         self.source = source
         self.close_timeout_s = float(close_timeout_s)
         self.stats = LoaderStats()
         self.last_wait_s = 0.0
+        self._mixup_enabled = mixup is not None
         self._next_epoch = 0
-        self._staging = Staging(self.device, self.prefetch + 1)
+        self._staging = Staging(self.device, self.prefetch + 1, pin_memory=pin_memory)
+        self._noise = torch.Generator(device=self.device)  # pixel-mode erasing noise, on the device
         self._active: _Epoch | None = None
         self._closed = False
+
+    @classmethod
+    def from_timm(cls, source: Iterable, **kwargs: Any) -> DeviceLoader:
+        """Build the loader and its parts from timm's flat argument names; see
+        :func:`raypipe.device.factory.from_timm_args`, which takes the same keywords."""
+        from raypipe.device.factory import from_timm_args
+
+        return from_timm_args(source, **kwargs)
 
     # -- public surface ---------------------------------------------------------------------------
 
     def __len__(self) -> int:
         return len(self.source)  # TypeError when the source has no length, like any unsized iterable
 
+    @property
+    def mixup_enabled(self) -> bool:
+        """Whether batches are mixed; False when the loader has no ``Mixup``. Settable, as timm's."""
+        return self._mixup_enabled
+
+    @mixup_enabled.setter
+    def mixup_enabled(self, value: bool) -> None:
+        self._mixup_enabled = bool(value) and self.mixup is not None
+
     def set_epoch(self, epoch: int) -> None:
-        """Seed the next pass with ``epoch`` (passes count up from 0 otherwise); e.g. after a resume."""
+        """Make the next pass epoch ``epoch`` (passes count up from 0 otherwise), e.g. after a resume: its
+        draws are seeded with it, and a source that has ``set_epoch`` (``EpochSource``, ``FeederSource``)
+        is moved there too, so the batches and the draws belong to the same epoch."""
         self._next_epoch = check_int("epoch", epoch, 0)
+        move = getattr(self.source, "set_epoch", None)
+        if move is not None:
+            move(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
@@ -270,14 +289,14 @@ class DeviceLoader:
     # -- producer side ----------------------------------------------------------------------------
 
     def _produce(self, ep: _Epoch, epoch: int) -> None:
-        rng = np.random.default_rng([self.seed, epoch])
-        noise = torch.Generator(device=self.device)
-        noise.manual_seed(int(np.random.SeedSequence([self.seed, epoch, 1]).generate_state(1)[0]))
+        words = [self.seed, self.rank, epoch]
+        rng = np.random.default_rng(words)
+        self._noise.manual_seed(int(np.random.SeedSequence([*words, 1]).generate_state(1)[0]))
         source_iter = None
         try:
             source_iter = iter(self.source)
             with self._staging.context():
-                steps = self._transform(self._transfer(self._stage(self._fetch(source_iter, ep))), rng, noise)
+                steps = self._transform(self._transfer(self._stage(self._fetch(source_iter, ep))), rng)
                 for item in steps:
                     if not ep.put(item):
                         return
@@ -296,10 +315,10 @@ class DeviceLoader:
             if ep.stop.is_set():
                 return
             parts = split_batch(batch)
-            spec = spec or make_spec(parts, len(self.mean), self.layout)
+            spec = spec or make_spec(parts, len(self.normalize.mean), self.layout)
             check_parts(parts, spec)
-            if self.mixing.soft_targets:
-                _check_labels(parts.label, self.mixing.num_classes)
+            if self.mixup is not None:
+                _check_labels(parts.label, self.mixup.num_classes)
             yield parts, spec
 
     def _stage(self, batches: Iterator) -> Iterator:
@@ -309,7 +328,9 @@ class DeviceLoader:
             values = {"image": parts.image, "label": parts.label, "sample_id": parts.sample_id}
             # On a CPU device normalise can read the source batch where it lies (read-only object-store
             # memory included) and writes its own output: the ring copy would be pure cost (~20 µs/img).
-            direct = not self._staging.cuda and reads_host_directly(self.img_dtype, spec.layout, self.channels_last)
+            direct = not self._staging.cuda and reads_host_directly(
+                self.img_dtype, spec.layout, self.normalize.channels_last
+            )
             host = {
                 k: v if direct and k == "image" else self._staging.stage(slot, k, v)
                 for k, v in values.items()
@@ -324,52 +345,59 @@ class DeviceLoader:
             self._staging.copies_issued(slot)
             yield parts, spec, dev
 
-    def _transform(self, moved: Iterator, rng: np.random.Generator, noise: torch.Generator) -> Iterator:
+    def _transform(self, moved: Iterator, rng: np.random.Generator) -> Iterator:
         # 4. normalise, erase, mix on the side stream; 5. record the batch's ready event
+        channels_last = self.normalize.channels_last
         for parts, spec, dev in moved:
             img = dev["image"]
-            shape = nchw_shape(img.shape, spec.layout)
-            x = normalize(
-                img, mean=self.mean, std=self.std, dtype=self.img_dtype, layout=spec.layout,
-                channels_last=self.channels_last, out=self._staging.output(shape, self.img_dtype, self.channels_last),
-            )  # fmt: skip
+            out = self._staging.output(nchw_shape(img.shape, spec.layout), self.img_dtype, channels_last)
+            x = self.normalize(img, layout=spec.layout, out=out)
             n, c, h, w = x.shape
-            if self.erasing.enabled:
-                plan = draw_erasing(rng, self.erasing, n, c, h, w)
-                apply_erasing_(x, plan, mode=self.erasing.mode, generator=noise)
+            if self.erasing is not None:
+                self.erasing.apply_(x, self.erasing.draw(rng, n, c, h, w), self._noise)
             label = dev.get("label")
             if label is not None:
                 label = label.long()
-                if self.mixing.soft_targets:
-                    mplan = draw_mixing(rng, self.mixing, n, h, w)
-                    apply_mixing_(x, mplan)
-                    label = plan_target(label, mplan, self.mixing)
+                if self.mixup is not None:
+                    plan = None
+                    if self._mixup_enabled:  # read per batch: a switch from the trainer lands mid-pass
+                        plan = self.mixup.draw(rng, n, h, w)
+                        self.mixup.apply_(x, plan)
+                    label = self.mixup.target(label, plan)
             sid = dev.get("sample_id")
             sid = sid.long() if sid is not None else None
-            fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+            fmt = torch.channels_last if channels_last else torch.contiguous_format
             if not x.is_contiguous(memory_format=fmt):
                 x = x.contiguous(memory_format=fmt)
             tensors = [t for t in (x, label, sid) if t is not None]
             yield join_batch(parts, x, label, sid), self._staging.ready(), tensors, n
 
 
-def _channel_values(name: str, values: Any) -> tuple[float, ...]:
+def _device(device: str | torch.device) -> torch.device:
     try:
-        out = tuple(float(v) for v in values)
-    except (TypeError, ValueError):
-        fail(name, values, "expected a sequence of numbers (0-1 scale, one per channel)")
-    if not out or any(v != v for v in out):
-        fail(name, values, "expected a non-empty sequence of numbers")
+        out = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r}: {exc}") from None
+    if out.type == "cuda":
+        if not torch.cuda.is_available():
+            fail("device", device, "CUDA is not available on this machine")
+        if out.index is None:
+            out = torch.device("cuda", torch.cuda.current_device())
+    elif out.type != "cpu":
+        fail("device", device, "expected a 'cpu' or 'cuda[:n]' device")
     return out
+
+
+def _default_rank() -> int:
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _check_labels(label: Any, num_classes: int) -> None:
     if label is None:
-        raise ValueError("soft targets (mixup/cutmix/label_smoothing) need a 'label' in every batch")
+        raise ValueError("mixup/cutmix needs a 'label' in every batch")
     arr = label.numpy() if isinstance(label, torch.Tensor) else np.asarray(label)
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise ValueError(f"'label' must be a 1-D integer array for soft targets, got {arr.dtype} {arr.shape}")
+        raise ValueError(f"'label' must be a 1-D integer array for mixup/cutmix, got {arr.dtype} {arr.shape}")
     if arr.size and (arr.min() < 0 or arr.max() >= num_classes):
-        raise ValueError(
-            f"'label' values must be in [0, num_classes={num_classes}), got {arr.min()}..{arr.max()}"
-        )
+        raise ValueError(f"'label' values must be in [0, num_classes={num_classes}), got {arr.min()}..{arr.max()}")

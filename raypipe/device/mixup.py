@@ -27,33 +27,47 @@ import torch
 from raypipe.device._checks import check_int, check_nonneg, check_prob, fail
 from raypipe.device.erasing import box_masks
 
-__all__ = ["MIX_MODES", "Mixing", "MixPlan", "draw_mixing", "apply_mixing_", "mixup_target", "mixup_batch"]
+__all__ = ["MIX_MODES", "Mixup", "MixPlan", "draw_mixing", "apply_mixing_", "mixup_target"]
 
 MIX_MODES = ("batch", "pair", "elem")
 
 
 @dataclass(frozen=True, kw_only=True)
-class Mixing:
-    """Validated mixup/cutmix + label smoothing settings (timm's names; ``prob`` is ``mix_prob``)."""
+class Mixup:
+    """timm's ``Mixup``: same argument names and defaults (``multi_label`` aside), applied on the device.
 
-    mixup_alpha: float = 0.0
+    Mixup or cutmix must be on (``mixup_alpha > 0``, ``cutmix_alpha > 0`` or ``cutmix_minmax``): with
+    neither, timm builds no ``Mixup`` and leaves targets as class indices (label smoothing then belongs
+    to the loss, e.g. timm's ``LabelSmoothingCrossEntropy``), and so does a ``DeviceLoader`` given
+    ``mixup=None``. ``None`` for ``prob`` / ``switch_prob`` / ``label_smoothing`` means timm's default.
+
+    >>> mix = Mixup(mixup_alpha=0.8, num_classes=4, label_smoothing=0.0)
+    >>> x, y = mix(torch.zeros(2, 3, 8, 8), torch.tensor([0, 3]), rng=np.random.default_rng(0))
+    >>> tuple(y.shape), round(float(y.sum()), 5)
+    ((2, 4), 2.0)
+    """
+
+    mixup_alpha: float = 1.0
     cutmix_alpha: float = 0.0
     cutmix_minmax: Sequence[float] | None = None
-    prob: float = 1.0
-    switch_prob: float = 0.5
+    prob: float | None = 1.0
+    switch_prob: float | None = 0.5
     mode: str = "batch"
     correct_lam: bool = True
-    label_smoothing: float = 0.0
-    num_classes: int | None = None
+    label_smoothing: float | None = 0.1
+    num_classes: int = 1000
 
     def __post_init__(self) -> None:
+        defaults = {"prob": 1.0, "switch_prob": 0.5, "label_smoothing": 0.0}
+        for name, default in defaults.items():
+            value = getattr(self, name)
+            object.__setattr__(self, name, check_prob(name, default if value is None else value))
         check_nonneg("mixup_alpha", self.mixup_alpha)
         check_nonneg("cutmix_alpha", self.cutmix_alpha)
-        check_prob("mix_prob", self.prob)
-        check_prob("switch_prob", self.switch_prob)
-        check_prob("label_smoothing", self.label_smoothing)
         if self.mode not in MIX_MODES:
-            fail("mixup_mode", self.mode, f"expected one of {MIX_MODES}")
+            fail("mode", self.mode, f"expected one of {MIX_MODES}")
+        if not isinstance(self.correct_lam, bool):
+            fail("correct_lam", self.correct_lam, "expected True or False")
         if self.cutmix_minmax is not None:
             mm = tuple(self.cutmix_minmax) if isinstance(self.cutmix_minmax, (list, tuple)) else ()
             ok = len(mm) == 2 and all(isinstance(v, (int, float)) for v in mm) and 0 <= mm[0] < mm[1] <= 1
@@ -61,18 +75,30 @@ class Mixing:
                 fail("cutmix_minmax", self.cutmix_minmax, "expected None or (min, max), 0 <= min < max <= 1")
             object.__setattr__(self, "cutmix_minmax", (float(mm[0]), float(mm[1])))
             object.__setattr__(self, "cutmix_alpha", 1.0)  # as timm: minmax forces cutmix on, alpha 1
-        if self.soft_targets:
-            check_int("num_classes", self.num_classes, 1)
+        if not (self.mixup_alpha > 0 or self.cutmix_alpha > 0):
+            fail("mixup_alpha", self.mixup_alpha, "mixup_alpha or cutmix_alpha must be > 0 (or pass no Mixup)")
+        check_int("num_classes", self.num_classes, 1)
 
-    @property
-    def enabled(self) -> bool:
-        """True when images are mixed (mixup or cutmix on)."""
-        return (self.mixup_alpha > 0 or self.cutmix_alpha > 0) and self.prob > 0
+    def draw(self, rng: np.random.Generator, n: int, h: int, w: int) -> MixPlan:
+        """The random parameters for a batch of ``n`` images ``h x w`` (host only, no device work)."""
+        return draw_mixing(rng, self, n, h, w)
 
-    @property
-    def soft_targets(self) -> bool:
-        """True when labels become (N, num_classes) float targets."""
-        return self.mixup_alpha > 0 or self.cutmix_alpha > 0 or self.label_smoothing > 0
+    def apply_(self, x: torch.Tensor, plan: MixPlan) -> torch.Tensor:
+        """Mix ``x`` in place following ``plan``; returns ``x``."""
+        return apply_mixing_(x, plan)
+
+    def target(self, label: torch.Tensor, plan: MixPlan | None = None) -> torch.Tensor:
+        """Soft targets for ``plan``; without one (mixing switched off) the smoothed one-hot, as timm."""
+        if plan is None:
+            return mixup_target(label, self.num_classes, 1.0, self.label_smoothing)
+        return plan_target(label, plan, self)
+
+    def __call__(
+        self, x: torch.Tensor, target: torch.Tensor, *, rng: np.random.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mix the NCHW float batch ``x`` in place; return ``(x, soft_target)`` (float32, N x num_classes)."""
+        plan = self.draw(rng, x.shape[0], x.shape[2], x.shape[3])
+        return self.apply_(x, plan), self.target(target, plan)
 
 
 @dataclass(frozen=True)
@@ -90,7 +116,7 @@ class MixPlan:
     batch: bool
 
 
-def _rand_boxes(rng, cfg: Mixing, lam: np.ndarray, h: int, w: int) -> np.ndarray:
+def _rand_boxes(rng, cfg: Mixup, lam: np.ndarray, h: int, w: int) -> np.ndarray:
     """timm's ``rand_bbox`` / ``rand_bbox_minmax`` for every entry of ``lam`` -> (M, 4) top/left/h/w."""
     m = lam.shape[0]
     if cfg.cutmix_minmax is not None:
@@ -108,7 +134,7 @@ def _rand_boxes(rng, cfg: Mixing, lam: np.ndarray, h: int, w: int) -> np.ndarray
     return np.stack([yl, xl, yh - yl, xh - xl], axis=-1).astype(np.int64)
 
 
-def _draw_lams(rng, cfg: Mixing, m: int) -> tuple[np.ndarray, np.ndarray]:
+def _draw_lams(rng, cfg: Mixup, m: int) -> tuple[np.ndarray, np.ndarray]:
     """timm's ``_params_per_elem`` (also used, with m=1, for ``_params_per_batch``'s distribution)."""
     if cfg.mixup_alpha > 0 and cfg.cutmix_alpha > 0:
         cut = rng.random(m) < cfg.switch_prob
@@ -122,9 +148,9 @@ def _draw_lams(rng, cfg: Mixing, m: int) -> tuple[np.ndarray, np.ndarray]:
     return np.where(on, lam_mix, 1.0), cut & on
 
 
-def draw_mixing(rng: np.random.Generator, cfg: Mixing, n: int, h: int, w: int) -> MixPlan:
+def draw_mixing(rng: np.random.Generator, cfg: Mixup, n: int, h: int, w: int) -> MixPlan:
     """Draw the mixing parameters of a batch of ``n`` images ``h x w`` (see the module doc)."""
-    if not cfg.enabled:
+    if cfg.prob <= 0:
         ones = np.ones(n, np.float32)
         return MixPlan(ones, np.zeros(n, bool), np.zeros(n, bool), np.zeros((n, 4), np.int64), batch=True)
     m = 1 if cfg.mode == "batch" else (n if cfg.mode == "elem" else n // 2)
@@ -193,22 +219,9 @@ def mixup_target(
     return y1 * lam + y1.flip(0) * (1.0 - lam)
 
 
-def plan_target(target: torch.Tensor, plan: MixPlan, cfg: Mixing) -> torch.Tensor:
+def plan_target(target: torch.Tensor, plan: MixPlan, cfg: Mixup) -> torch.Tensor:
     """Soft targets for ``plan`` (scalar lam in batch mode, as timm; per-sample lam otherwise)."""
     if plan.batch:
         return mixup_target(target, cfg.num_classes, float(plan.lam[0]), cfg.label_smoothing)
     lam = torch.from_numpy(plan.lam).to(target.device, non_blocking=True)
     return mixup_target(target, cfg.num_classes, lam, cfg.label_smoothing)
-
-
-def mixup_batch(
-    x: torch.Tensor, target: torch.Tensor, *, rng: np.random.Generator, **settings
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Functional entry point: mix ``x`` (NCHW float, in place) and return ``(x, soft_target)``.
-
-    ``settings`` are ``Mixing``'s fields, e.g. ``mixup_batch(x, y, rng=rng, mixup_alpha=0.8,
-    cutmix_alpha=1.0, mode="elem", label_smoothing=0.1, num_classes=1000)``.
-    """
-    cfg = Mixing(**settings)
-    plan = draw_mixing(rng, cfg, x.shape[0], x.shape[2], x.shape[3])
-    return apply_mixing_(x, plan), plan_target(target, plan, cfg)

@@ -23,13 +23,26 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from raypipe._native import load_native
+from raypipe.config import IMAGENET_MEAN, IMAGENET_STD
+from raypipe.device._checks import fail
 
-__all__ = ["IMG_DTYPES", "normalize", "parse_img_dtype", "nchw_view", "nchw_shape", "reads_host_directly"]
+__all__ = [
+    "IMG_DTYPES",
+    "Normalize",
+    "default_img_dtype",
+    "normalize",
+    "parse_img_dtype",
+    "nchw_view",
+    "nchw_shape",
+    "reads_host_directly",
+]
 
 _cext = load_native("raypipe.device._affine")  # None when not built
 _AFFINE_KINDS = {torch.float32: 0, torch.bfloat16: 1}
@@ -46,13 +59,75 @@ IMG_DTYPES = {
 }
 
 
-def parse_img_dtype(value: str | torch.dtype) -> torch.dtype:
-    """Accept a torch floating dtype or one of ``IMG_DTYPES``' names; ValueError names ``img_dtype``."""
+def parse_img_dtype(value: str | torch.dtype, name: str = "img_dtype") -> torch.dtype:
+    """Accept a torch floating dtype or one of ``IMG_DTYPES``' names; ValueError names ``name``."""
     if isinstance(value, torch.dtype) and value in (torch.float16, torch.bfloat16, torch.float32):
         return value
     if isinstance(value, str) and value.lower() in IMG_DTYPES:
         return IMG_DTYPES[value.lower()]
-    raise ValueError(f"img_dtype={value!r}: expected float16, bfloat16 or float32")
+    raise ValueError(f"{name}={value!r}: expected float16, bfloat16 or float32")
+
+
+def default_img_dtype(device: torch.device) -> torch.dtype:
+    """float16 on CUDA (what AMP models take, half the memory traffic); float32 elsewhere: a CPU model
+    is fp32, and fp16 input to it fails in its first layer."""
+    return torch.float16 if device.type == "cuda" else torch.float32
+
+
+@dataclass(frozen=True, kw_only=True)
+class Normalize:
+    """uint8 batch -> ``(x - mean*255) / (std*255)`` NCHW on the batch's device (see the module doc).
+
+    ``mean`` / ``std`` per channel on timm's 0-1 scale; ``dtype`` float16/bfloat16/float32 or None for
+    the device's default (:func:`default_img_dtype`); ``channels_last`` picks the output memory format.
+
+    >>> norm = Normalize(mean=(0.5,) * 3, std=(0.5,) * 3)
+    >>> y = norm(torch.full((1, 2, 2, 3), 255, dtype=torch.uint8))
+    >>> y.dtype, round(float(y.max()), 5)
+    (torch.float32, 1.0)
+    """
+
+    mean: Sequence[float] = IMAGENET_MEAN
+    std: Sequence[float] = IMAGENET_STD
+    dtype: str | torch.dtype | None = None
+    channels_last: bool = True
+
+    def __post_init__(self) -> None:
+        mean, std = _channel_values("mean", self.mean), _channel_values("std", self.std)
+        if len(mean) != len(std):
+            fail("std", self.std, f"has {len(std)} values but mean has {len(mean)}")
+        if any(v <= 0 for v in std):
+            fail("std", self.std, "values must be > 0")
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
+        if self.dtype is not None:
+            object.__setattr__(self, "dtype", parse_img_dtype(self.dtype, "dtype"))
+        if not isinstance(self.channels_last, bool):
+            fail("channels_last", self.channels_last, "expected True or False")
+
+    def dtype_on(self, device: torch.device) -> torch.dtype:
+        """The output dtype on ``device``."""
+        return self.dtype if self.dtype is not None else default_img_dtype(device)
+
+    def __call__(
+        self, x: torch.Tensor | np.ndarray, *, layout: str = "NHWC", out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Normalise the uint8 batch ``x`` in ``layout``; ``out`` (optional) receives the result."""
+        device = torch.device("cpu") if isinstance(x, np.ndarray) else x.device
+        return normalize(
+            x, mean=self.mean, std=self.std, dtype=self.dtype_on(device), layout=layout,
+            channels_last=self.channels_last, out=out,
+        )  # fmt: skip
+
+
+def _channel_values(name: str, values: Any) -> tuple[float, ...]:
+    try:
+        out = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        fail(name, values, "expected a sequence of numbers (0-1 scale, one per channel)")
+    if not out or any(v != v for v in out):
+        fail(name, values, "expected a non-empty sequence of numbers")
+    return out
 
 
 def nchw_view(x: torch.Tensor, layout: str) -> torch.Tensor:

@@ -46,11 +46,13 @@ class Slot:
 
 
 class Staging:
-    """Ring of ``depth`` host slots plus the side stream, for ``device``."""
+    """Ring of ``depth`` host slots plus the side stream, for ``device``; slots pinned on CUDA unless
+    ``pin_memory=False`` (pageable slots: each copy then waits for the host side)."""
 
-    def __init__(self, device: torch.device, depth: int) -> None:
+    def __init__(self, device: torch.device, depth: int, *, pin_memory: bool = True) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
+        self.pinned = self.cuda and pin_memory
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
         self.slots = [Slot() for _ in range(depth)]
         self._next = 0
@@ -84,7 +86,7 @@ class Staging:
             dtype, shape, nbytes = torch_dtype(value.dtype), value.shape, value.nbytes
         buf = slot.buffers.get(key)
         if buf is None or buf.numel() < nbytes:
-            slot.buffers[key] = buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=self.cuda)
+            slot.buffers[key] = buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=self.pinned)
             self.allocations += 1
         view = buf[:nbytes].view(dtype).view(shape)
         if isinstance(value, torch.Tensor):

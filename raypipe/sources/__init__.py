@@ -59,21 +59,27 @@ def open_source(
     path_column: str = "path",
     root: str | None = None,
     filesystem: pafs.FileSystem | None = None,
+    class_order: str = "natural",
+    class_map=None,
 ) -> SourceRows:
     """List any supported dataset (local path or pyarrow filesystem URI) into SourceRows.
 
     ``filesystem`` (e.g. ``pyarrow.fs.S3FileSystem(endpoint_override=…)``) is used instead of the one
     the URI implies; it travels to the Ray workers with the rows, so its options must be picklable.
+    ``class_order`` ("natural", timm's, or "sorted", torchvision's) and ``class_map`` (a dict or a
+    .txt/.json/.csv file) number class folders and class-name labels (``sources.classes``).
     """
     if isinstance(data, SourceRows):
         return data
     kind = kind or detect_kind(data, filesystem=filesystem)
     if kind == "folder":
-        return list_image_folder(open_root(data, filesystem=filesystem))
+        root_ = open_root(data, filesystem=filesystem)
+        return list_image_folder(root_, class_order=class_order, class_map=class_map)
     if kind == "parquet":
         return list_parquet(data, image_column=image_column, label_column=label_column, filesystem=filesystem)
     if kind == "manifest":
         return list_manifest(
-            data, root=root, path_column=path_column, label_column=label_column, filesystem=filesystem
-        )
+            data, root=root, path_column=path_column, label_column=label_column, filesystem=filesystem,
+            class_order=class_order, class_map=class_map,
+        )  # fmt: skip
     raise ValueError(f"kind={kind!r}: expected one of {KINDS}")

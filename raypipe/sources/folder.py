@@ -1,11 +1,17 @@
-"""Image-folder datasets (``root/<class>/**/<image>``), listed exactly as torchvision's ImageFolder.
+"""Image-folder datasets (``root/<class>/**/<image>``), the layout of torchvision's ImageFolder.
 
-Classes are the sorted sub-folder names, so label indices match timm and torchvision. Files are
-walked in sorted order, which makes ``sample_id`` (the listing index) stable across runs and
-cluster sizes. Directory symlinks that leave the root are not followed; file symlinks are listed
-and refused (``outside_root``) by the reader, before they are opened, so they are counted. A file name
-that is not UTF-8 is listed and read like any other (its bytes travel in the path column, see
-``paths.path_value``); reports show it with ``\\xNN`` escapes.
+A class is a top-level sub-folder (as torchvision; timm names a class by an image's *leaf* folder,
+which is the same for the usual flat ``root/<class>/<image>`` tree). Label indices follow timm by
+default: class folders in natural order (``c1, c2, c10``); ``class_order="sorted"`` gives
+torchvision's plain sort (``c1, c10, c2``), and a ``class_map`` gives the indices outright (see
+``sources.classes``). With a class map, folders it does not name are not listed, as in timm; their
+names are kept in ``SourceRows.extra["unmapped_classes"]``.
+
+Files are walked in sorted order, class after class by index, which makes ``sample_id`` (the listing
+index) stable across runs and cluster sizes. Directory symlinks that leave the root are not followed;
+file symlinks are listed and refused (``outside_root``) by the reader, before they are opened, so they
+are counted. A file name that is not UTF-8 is listed and read like any other (its bytes travel in the
+path column, see ``paths.path_value``); reports show it with ``\\xNN`` escapes.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import os
 
 import pyarrow.fs as pafs
 
+from raypipe.sources.classes import classes_by_index, load_class_map, order_classes
 from raypipe.sources.parquet import parquet_files
 from raypipe.sources.paths import DatasetRoot, path_value, printable
 from raypipe.sources.table import SourceRows, make_rows
@@ -46,7 +53,7 @@ def _walk_local(root: DatasetRoot, class_dir: str) -> list[str]:
 
 def _classes_local(root: DatasetRoot) -> list[str]:
     with os.scandir(root.root) as it:
-        return sorted(e.name for e in it if e.is_dir() and _inside(root.root, e.path))
+        return [e.name for e in it if e.is_dir() and _inside(root.root, e.path)]
 
 
 def _walk_order(relpath: str) -> list[tuple[int, str]]:
@@ -69,26 +76,47 @@ def _list_remote(root: DatasetRoot) -> tuple[list[str], dict[str, list[str]]]:
             files.setdefault(parts[0], []).append(rel)
     for c in files:
         files[c].sort(key=_walk_order)
-    return sorted(classes), files
+    return list(classes), files
 
 
-def list_image_folder(root: DatasetRoot) -> SourceRows:
-    """List an ImageFolder tree into SourceRows; raises ValueError if it has no class folders."""
+def list_image_folder(root: DatasetRoot, *, class_order: str = "natural", class_map=None) -> SourceRows:
+    """List an ImageFolder tree into SourceRows; raises ValueError if it has no class folders.
+
+    ``class_order``: "natural" (timm's, default) or "sorted" (torchvision's); ``class_map``: a dict
+    ``{folder name: index}`` or a .txt/.json/.csv file (``sources.classes.load_class_map``).
+    """
+    order_classes([], class_order)  # validates class_order before any listing
+    mapping = load_class_map(class_map, root.root if root.is_local else None) if class_map is not None else None
     if root.is_local:
         if not os.path.isdir(root.root):
             raise ValueError(f"image folder {root.uri!r} is not a directory")
-        classes = _classes_local(root)
-        per_class = {c: _walk_local(root, os.path.join(root.root, c)) for c in classes}
+        found_classes = _classes_local(root)
+        per_class = None
     else:
-        classes, per_class = _list_remote(root)
-    if not classes:
+        found_classes, per_class = _list_remote(root)
+    if not found_classes:
         raise ValueError(f"image folder {root.uri!r} has no class sub-folders (expected root/<class>/<image>)")
+    extra = {}
+    if mapping is None:
+        classes = order_classes(found_classes, class_order)
+        index = {c: i for i, c in enumerate(classes)}
+    else:
+        index = {c: mapping[c] for c in found_classes if c in mapping}
+        unmapped = order_classes([c for c in found_classes if c not in mapping], class_order)
+        if not index:
+            raise ValueError(f"image folder {root.uri!r}: none of its class folders is in class_map ({unmapped[:5]})")
+        if unmapped:
+            extra["unmapped_classes"] = tuple(printable(c) for c in unmapped)
+        classes = list(classes_by_index(mapping))
+    if per_class is None:
+        per_class = {c: _walk_local(root, os.path.join(root.root, c)) for c in index}
     paths: list[str] = []
     labels: list[int] = []
-    for idx, c in enumerate(classes):
+    # files in class order (by index), so sample_id follows the labels as it did with plain sorting
+    for c in sorted(index, key=index.__getitem__):
         found = per_class.get(c, [])
         paths.extend(found)
-        labels.extend([idx] * len(found))
+        labels.extend([index[c]] * len(found))
     if not paths:
         exts = ", ".join(IMG_EXTENSIONS)
         hint = ""
@@ -99,4 +127,4 @@ def list_image_folder(root: DatasetRoot) -> SourceRows:
     # file names that are not UTF-8 travel as their bytes (path_value); class names are only shown
     paths = [path_value(p) for p in paths]
     return SourceRows(kind="folder", root=root, table=make_rows(paths, labels),
-                      classes=tuple(printable(c) for c in classes))
+                      classes=tuple(printable(c) for c in classes), extra=extra)

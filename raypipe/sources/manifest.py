@@ -2,7 +2,10 @@
 
 Paths are relative to the manifest's folder (or to ``root`` when given); absolute paths and
 URIs are allowed only inside that root. Labels are integers, or class names when no label is an
-integer (numbered in sorted order, as ImageFolder numbers its class folders). A line whose label is
+integer, numbered as the folder source numbers its class folders (``class_order``: timm's natural
+order by default, or "sorted"; or a ``class_map``), so a manifest of an ImageFolder tree gets the
+folder source's labels. timm has no manifest of class names to follow; this keeps the two sources one.
+A name the class map lacks is a ``bad_label`` row. A line whose label is
 missing, or not an integer among integers, stays a row with error ``bad_label``, so it is counted as
 skipped rather than silently dropped.
 """
@@ -16,6 +19,7 @@ import os
 import posixpath
 
 from raypipe.kernels.errors import BAD_LABEL
+from raypipe.sources.classes import classes_by_index, load_class_map, order_classes
 from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.table import SourceRows, make_rows
 
@@ -60,7 +64,7 @@ def _class_names(values: list) -> list[str] | None:
         return None
     if any(_number(v) is not None for v in given):  # numbers, even bad ones ("-1", "2.5"), are no names
         return None
-    return sorted({v.strip() for v in given})
+    return list({v.strip() for v in given})
 
 
 def _records(text: str, fmt: str, where: str, columns: tuple[str, str]):
@@ -92,8 +96,12 @@ def list_manifest(
     path_column: str = "path",
     label_column: str = "label",
     filesystem=None,
+    class_order: str = "natural",
+    class_map=None,
 ) -> SourceRows:
-    """List a ``.csv`` (with a header) or ``.jsonl`` manifest into SourceRows."""
+    """List a ``.csv`` (with a header) or ``.jsonl`` manifest into SourceRows (class names: see the
+    module doc)."""
+    order_classes([], class_order)  # validates class_order
     lower = uri.lower()
     fmt = "csv" if lower.endswith(".csv") else "jsonl"
     if root is None:
@@ -112,8 +120,13 @@ def list_manifest(
     if all(v is None for v in raw) and fmt == "jsonl":
         raise ValueError(f"{uri}: no record has a {label_column!r} key")
     names = _class_names(raw)
-    if names is not None:  # class names, numbered in sorted order as ImageFolder numbers its folders
-        index = {name: i for i, name in enumerate(names)}
+    if names is not None:  # class names, numbered as the folder source numbers its class folders
+        if class_map is not None:
+            index = load_class_map(class_map, droot.root if droot.is_local else None)
+            names = list(classes_by_index(index))
+        else:
+            names = order_classes(names, class_order)
+            index = {name: i for i, name in enumerate(names)}
         parsed = [index.get(v.strip()) if isinstance(v, str) else None for v in raw]
     else:
         parsed = [_parse_label(v) for v in raw]

@@ -71,19 +71,20 @@ def _amp(job: TrainJobConfig, device: torch.device):
     return (lambda: torch.autocast("cpu", dtype=torch.bfloat16)), None
 
 
-def _loader(source, job: TrainJobConfig, device, num_classes: int, *, train: bool) -> DeviceLoader:
+def _loader(source, job: TrainJobConfig, device, num_classes: int, *, train: bool, rank: int) -> DeviceLoader:
     kwargs = dict(
         device=device,
         img_dtype=torch.float16 if (device.type == "cuda" and job.amp) else torch.float32,
         channels_last=job.channels_last,
         seed=job.pipeline.seed,
+        rank=rank,
         num_classes=num_classes,
     )
     if train:
         kwargs.update(re_prob=job.reprob, re_mode=job.remode, re_count=job.recount)
         if job.soft_targets:
             kwargs.update(mixup_alpha=job.mixup, cutmix_alpha=job.cutmix, label_smoothing=job.smoothing)
-    return DeviceLoader(source, **kwargs)
+    return DeviceLoader.from_timm(source, **kwargs)
 
 
 def _load_state(model, optimizer, scheduler) -> int:
@@ -244,8 +245,8 @@ def train_loop_per_worker(config: dict) -> None:
     eval_src = source_cls(eval_pipe, rank=rank, world_size=world, start_epoch=start_epoch, end_epoch=job.epochs,
                           reserved_cpus=reserved)  # fmt: skip
     # One loader per split for the whole run: one side stream and one pinned ring, reused by every epoch.
-    train_loader = _loader(train_src, job, device, num_classes, train=True)
-    eval_loader = _loader(eval_src, job, device, num_classes, train=False)
+    train_loader = _loader(train_src, job, device, num_classes, train=True, rank=rank)
+    eval_loader = _loader(eval_src, job, device, num_classes, train=False, rank=rank)
     train_loader.set_epoch(start_epoch)
     eval_loader.set_epoch(start_epoch)
     history = run_dir.read_json("metrics.json", []) if rank == 0 else []
