@@ -10,7 +10,6 @@ import ray
 
 __all__ = [
     "connect",
-    "quiet_ray_data_console",
     "tune_consumer_process",
     "worker_pool_env",
     "check_worker_priority",
@@ -29,8 +28,6 @@ def connect(
     asks the State API, which the dashboard serves, whether the train controller still lives (without
     it the cleaner warns every few seconds and cannot clean up). Never joins some other local cluster by
     accident (Ray's bare ``ray.init()`` would). Token auth is Ray's default in 2.60 and is left on."""
-    if quiet:
-        quiet_ray_data_console()
     if ray.is_initialized():
         return
     kwargs: dict = {"logging_level": logging.WARNING if quiet else logging.INFO, "log_to_driver": True}
@@ -59,26 +56,6 @@ _PRIVATE_CLUSTER = False
 def private_cluster() -> bool:
     """Whether ``connect`` started the Ray this process uses (a fixed local cluster, no autoscaler)."""
     return _PRIVATE_CLUSTER and ray.is_initialized()
-
-
-def quiet_ray_data_console() -> None:
-    """Ray Data prints every execution's start, plan and end at INFO (each epoch, train and eval);
-    raypipe prints its own per-epoch summary. Raise the level of Ray Data's console handler only: its
-    session log file (ray-data.log) keeps everything. Ray Data sets its logging up when ``ray.data`` is
-    first imported (so a level set on the logger before that is lost), hence the import here.
-
-    Also drops Ray Data's "Progress bars disabled. To enable, set ..." warning: raypipe turns its
-    progress bars off on purpose (it draws its own), so the advice would only mislead."""
-    import ray.data  # noqa: F401 - configures the "ray.data" logger and its handlers
-
-    for handler in logging.getLogger("ray.data").handlers:
-        if "File" not in type(handler).__name__:  # Ray Data's SessionFileHandler is no logging.FileHandler
-            handler.setLevel(max(handler.level, logging.WARNING))
-    logging.getLogger("ray.data._internal.progress").addFilter(_drop_progress_bar_notice)  # once: same object
-
-
-def _drop_progress_bar_notice(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith("Progress bars disabled")
 
 
 def worker_pool_env(cpus: int) -> dict[str, str]:
@@ -125,10 +102,9 @@ def check_worker_priority(timeout_s: float = 30.0) -> int | None:
 
 def tune_consumer_process() -> None:
     """Settings for a process that consumes raypipe's batches for its whole life (a feeder, the
-    `raypipe` command): glibc's mmap threshold pinned (``pin_mmap_threshold``) and Ray Data's console
-    messages quietened. Called explicitly by such processes; importing raypipe changes nothing."""
+    `raypipe` command): glibc's mmap threshold pinned (``pin_mmap_threshold``). Called explicitly by
+    such processes; importing raypipe changes nothing."""
     pin_mmap_threshold()
-    quiet_ray_data_console()
 
 
 _MMAP_PINNED = False

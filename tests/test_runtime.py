@@ -37,40 +37,6 @@ def test_lower_priority_raises_niceness_once_and_never_lowers_it():
     assert os.nice(0) == start  # this process untouched
 
 
-def test_ray_data_console_is_quiet_and_its_log_file_is_not():
-    import logging
-
-    from raypipe.runtime import quiet_ray_data_console
-
-    quiet_ray_data_console()
-    handlers = logging.getLogger("ray.data").handlers
-    console = [h for h in handlers if "File" not in type(h).__name__]
-    files = [h for h in handlers if "File" in type(h).__name__]
-    assert console and all(h.level >= logging.WARNING for h in console)
-    assert files and all(h.level < logging.WARNING for h in files)  # ray-data.log keeps the INFO lines
-
-
-def test_ray_data_progress_bar_notice_is_dropped_and_other_warnings_are_not():
-    import logging
-
-    from raypipe.runtime import quiet_ray_data_console
-
-    quiet_ray_data_console()
-    quiet_ray_data_console()  # twice: still one filter
-    progress = logging.getLogger("ray.data._internal.progress")
-    assert len(progress.filters) == 1
-    seen: list[str] = []
-    catcher = logging.Handler(logging.WARNING)
-    catcher.emit = lambda record: seen.append(record.getMessage())
-    progress.addHandler(catcher)  # Ray Data's loggers do not propagate to the root (caplog)
-    try:
-        progress.warning("Progress bars disabled. To enable, set `...enable_progress_bars = True`.")
-        progress.warning("Progress bars for operators disabled. To enable, ...")
-    finally:
-        progress.removeHandler(catcher)
-    assert [m[:31] for m in seen] == ["Progress bars for operators dis"]
-
-
 _PROBE = """
 import warnings, ray
 import os
