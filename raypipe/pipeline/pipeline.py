@@ -110,13 +110,13 @@ class Pipeline:
     ) -> ChunkStream:  # fmt: skip
         """This rank's chunks of epochs ``start_epoch`` … ``end_epoch`` (exclusive; None: no end)."""
         ex = self.execution
-        budget = self.budget(world_size=world_size, reserved_cpus=reserved_cpus)
         check_task_fits(ex)
         options: dict = {"num_cpus": ex.cpus_per_task}
         if ex.resources:
             options["resources"] = dict(ex.resources)
         return ChunkStream(
-            self.columns(), self.plan(rank, world_size), self.stage_spec, budget, options,
+            self.columns(), self.plan(rank, world_size), self.stage_spec,
+            lambda: self.budget(world_size=world_size, reserved_cpus=reserved_cpus), options,
             start_epoch=start_epoch, end_epoch=end_epoch,
         )  # fmt: skip
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 # How long the consumer waits for the next chunk before it says so (and goes on waiting): a chunk is
 # seconds of work; longer means a read that does not return, or no node able to run the task.
 STALL_WARN_S = 120.0
+# How often the rank's budget is taken again from the cluster: an autoscaler adds (or removes) nodes
+# while a run goes on, and the rank's share should follow them.
+BUDGET_REFRESH_S = 30.0
 
 
 @ray.remote(max_retries=3)  # a worker that died (OOM, node lost) is retried; same output: per-sample seeds
@@ -69,7 +73,7 @@ class ChunkStream:
         columns: dict[str, np.ndarray],
         plan: RankPlan,
         spec_for_epoch,
-        budget: RankBudget,
+        budget: Callable[[], RankBudget],
         task_options: dict,
         *,
         start_epoch: int = 0,
@@ -78,7 +82,9 @@ class ChunkStream:
         self._columns = columns
         self._plan = plan
         self._spec_for_epoch = spec_for_epoch
-        self.budget = budget
+        self._budget_fn = budget
+        self.budget = budget()
+        self._budget_at = time.monotonic()
         self._task = _augment_chunk.options(**task_options)
         self._pending: collections.deque = collections.deque()  # (epoch, index, last, rows, ref)
         self._todo = self._chunks(start_epoch, end_epoch)
@@ -95,6 +101,8 @@ class ChunkStream:
             epoch += 1
 
     def _submit(self) -> None:
+        if time.monotonic() - self._budget_at > BUDGET_REFRESH_S:
+            self.budget, self._budget_at = self._budget_fn(), time.monotonic()
         while len(self._pending) < self.budget.in_flight:
             item = next(self._todo, None)
             if item is None:
