@@ -130,3 +130,15 @@ def test_cli_convert(ray_local, sample_dir, tmp_path, capsys):
     assert len(rows) == 48 and np.array_equal(rows.table.column("label").to_numpy(),
                                               open_source(str(sample_dir)).table.column("label").to_numpy())
     assert pa.types.is_int64(rows.table.schema.field("shard").type)
+
+
+def test_convert_into_a_remote_filesystem(ray_local, sample_dir, tmp_path):
+    """A destination on a non-local pyarrow filesystem: written through output streams, then moved."""
+    (tmp_path / "remote").mkdir()
+    fs = pa.fs.SubTreeFileSystem(str(tmp_path / "remote"), pa.fs.LocalFileSystem())
+    report = convert(str(sample_dir), "bucket/converted", format="webdataset", samples_per_shard=16, dst_filesystem=fs)
+    assert len(report.shards) == 3
+    assert sorted(os.listdir(tmp_path / "remote" / "bucket" / "converted")) == list(report.shards)  # no temporaries
+    rows = open_source("bucket/converted", filesystem=fs, kind="webdataset")
+    assert not rows.root.is_local and len(rows) == 48
+    assert _digests(rows) == _digests(open_source(str(sample_dir)))
