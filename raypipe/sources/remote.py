@@ -51,7 +51,7 @@ class ReadOptions:
 
     # Requests in flight per reading worker: rate × latency (Little's law), with room for a slow store.
     in_flight: int = field(default_factory=lambda: _env_int("RAYPIPE_READ_IN_FLIGHT", 32))
-    # Retries after the first attempt of a transiently failing request: 5 spans ~3 s of back-off by default,
+    # Retries after the first attempt of a transiently failing request: 5 wait at most ~3 s in all by default,
     # longer than the brief throttling and connection resets a store shows under load.
     retries: int = field(default_factory=lambda: _env_int("RAYPIPE_READ_RETRIES", 5))
     # First back-off; doubled per retry, capped at ``max_backoff_s``, and drawn uniformly in [0, that] so
