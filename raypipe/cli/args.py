@@ -63,7 +63,8 @@ SECTIONS = {
 
 def add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", help="image folder, Parquet file/folder, or CSV/JSONL manifest (local path or URI)")
-    p.add_argument("--kind", choices=("folder", "parquet", "manifest"), help="dataset kind (detected if omitted)")
+    p.add_argument("--kind", choices=("folder", "parquet", "manifest", "webdataset"),
+                   help="dataset kind (detected if omitted)")
     p.add_argument("--image-column", default="image", help="Parquet image-bytes column")
     p.add_argument("--label-column", default="label", help="Parquet/manifest label column")
     p.add_argument("--path-column", default="path", help="manifest path column")

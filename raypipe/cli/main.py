@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from raypipe.cli import preview, run, sample, scan
+from raypipe.cli import convert, preview, run, sample, scan
 
 __all__ = ["main", "build_parser"]
 
@@ -13,7 +13,7 @@ __all__ = ["main", "build_parser"]
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raypipe", description="Ray-distributed image preprocessing for PyTorch")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (sample, scan, run, preview):
+    for module in (sample, scan, run, preview, convert):
         module.add_parser(sub)
     try:
         from raypipe.cli import bench

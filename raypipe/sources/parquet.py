@@ -2,13 +2,16 @@
 
 Only labels and row counts are read when listing (columnar reads: cheap). Image bytes stay in
 the files and are read by the workers, one row group at a time, so a dataset larger than any
-machine's memory works. ``sample_id`` is the row's index across the files in sorted order.
-The image column may hold raw bytes or Hugging Face's ``{bytes, path}`` image struct.
+machine's memory works. ``sample_id`` is the row's index across the files in sorted order; ``shard``
+is the row group's index across the files in the same order (a row group is the smallest unit a
+Parquet reader can read, so it is the unit to read once per epoch). The image column may hold raw
+bytes or Hugging Face's ``{bytes, path}`` image struct.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -16,11 +19,11 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raypipe.kernels.errors import BAD_LABEL
+from raypipe.kernels.errors import BAD_LABEL, NULL_IMAGE, SkipImage
 from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.table import SourceRows, make_rows
 
-__all__ = ["list_parquet", "parquet_files"]
+__all__ = ["ParquetGroups", "list_parquet", "parquet_files"]
 
 
 def parquet_files(root: DatasetRoot, single_file: bool) -> list[str]:
@@ -60,7 +63,9 @@ def list_parquet(
     paths: list[str] = []
     rows: list[np.ndarray] = []
     labels: list[np.ndarray] = []
+    shards: list[np.ndarray] = []
     errors: list[str | None] = []
+    groups_before = 0
     for rel in files:
         pf = _open(root, rel)
         names = pf.schema_arrow.names
@@ -76,8 +81,73 @@ def list_parquet(
         n = len(lab)
         paths += [rel] * n
         rows.append(np.arange(n, dtype=np.int64))
+        sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
+        shards.append(np.repeat(np.arange(len(sizes), dtype=np.int64) + groups_before, sizes))
+        groups_before += len(sizes)
         labels.append(np.where(bad, -1, pc.fill_null(lab, -1).to_numpy()).astype(np.int64))
         errors += [f"{BAD_LABEL}: null or negative label" if b else None for b in bad]
-    table = make_rows(paths, np.concatenate(labels), rows=np.concatenate(rows), errors=errors)
+    table = make_rows(paths, np.concatenate(labels), rows=np.concatenate(rows), errors=errors,
+                      shards=np.concatenate(shards))
     return SourceRows(kind="parquet", root=root, table=table, image_column=image_column,
                       extra={"single_file": single})
+
+
+class ParquetGroups:
+    """Reads the image cells of a Parquet dataset, one whole row group per call.
+
+    File footers are read once per process (``metadata``); each thread opens its own ``ParquetFile``
+    over them, as a ``ParquetFile`` must not be read from two threads at once while remote row groups
+    are fetched concurrently.
+    """
+
+    def __init__(self, root: DatasetRoot, column: str):
+        self.root, self.column = root, column
+        self._meta: dict[str, tuple[pq.FileMetaData, np.ndarray]] = {}
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        return {"root": self.root, "column": self.column}
+
+    def __setstate__(self, state):
+        self.__init__(state["root"], state["column"])
+
+    def _path(self, rel: str) -> str:
+        return self.root.root if rel == "" else self.root.resolve(rel)
+
+    def _source(self, rel: str):
+        path = self._path(rel)
+        return path if self.root.is_local else self.root.filesystem.open_input_file(path)
+
+    def group_starts(self, rel: str) -> np.ndarray:
+        """First row of each row group of file ``rel``, plus its row count at the end (footer read once)."""
+        with self._lock:
+            found = self._meta.get(rel)
+        if found is None:
+            meta = pq.ParquetFile(self._source(rel)).metadata
+            sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            found = (meta, np.cumsum([0] + sizes))
+            with self._lock:
+                self._meta[rel] = found
+        return found[1]
+
+    def read_group(self, rel: str, group: int, offsets: list[int]) -> list[bytes | SkipImage]:
+        """The cells at ``offsets`` (rows counted from the group's first) of row group ``group``."""
+        files = getattr(self._local, "files", None)
+        if files is None or len(files) > 64:
+            files = self._local.files = {}
+        pf = files.get(rel)
+        if pf is None:
+            self.group_starts(rel)
+            pf = files[rel] = pq.ParquetFile(self._source(rel), metadata=self._meta[rel][0])
+        col = pf.read_row_group(group, columns=[self.column]).column(self.column)
+        out: list[bytes | SkipImage] = []
+        for offset, cell in zip(offsets, col.take(pa.array(offsets, type=pa.int64())).to_pylist(), strict=True):
+            if isinstance(cell, dict):  # Hugging Face image struct {bytes, path}
+                cell = cell.get("bytes")
+            if cell is None:
+                row = int(self._meta[rel][1][group]) + offset
+                out.append(SkipImage(NULL_IMAGE, f"row {row} has a null {self.column!r} cell"))
+            else:
+                out.append(bytes(cell))
+        return out

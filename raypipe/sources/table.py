@@ -1,10 +1,21 @@
 """The row table every source produces: one row per sample, nothing decoded yet.
 
 Columns: ``sample_id`` int64 (stable for a dataset: its index in a deterministic listing order),
-``label`` int64, ``path`` (relative to the root, or a Parquet file for Parquet rows), ``row``
-int64 (row inside that Parquet file, -1 otherwise) and ``error`` (a skip reason already known
-when listing, e.g. a manifest line with no integer label; null for good rows). Rows that are
-known bad stay in the table so the epoch's accounting still sees every source row.
+``label`` int64, ``path`` (relative to the root: the image file, the Parquet file or the tar shard),
+``row`` int64 (row inside that Parquet file, -1 otherwise), ``error`` (a skip reason already known
+when listing, e.g. a manifest line with no integer label; null for good rows), and where the bytes lie:
+
+- ``shard`` int64: the unit that is read as a whole. Rows with the same ``shard`` are cheapest read
+  together, in one block: a tar shard (its index among the sorted shards), a Parquet row group (its
+  index across all row groups of all files, in file order), and for an image folder or a manifest each
+  file on its own (``shard == sample_id``). Shard numbers are dense from 0 and ascend with
+  ``sample_id``, so a shard is a contiguous run of ids. An execution layer that shuffles shards, then
+  rows inside a window of shards, reads each shard once per epoch; for folders and manifests the same
+  algorithm is a plain shuffle of rows.
+- ``offset``, ``size`` int64: the byte range of a tar member's data inside its shard (-1 otherwise);
+- ``member`` string: a tar member's name, for reports (null otherwise).
+
+Rows that are known bad stay in the table so the epoch's accounting still sees every source row.
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
+from pyarrow.compute import max as pc_max
 
 from raypipe.sources.paths import DatasetRoot
 
@@ -25,6 +37,10 @@ ROW_SCHEMA = pa.schema(
         ("path", pa.string()),
         ("row", pa.int64()),
         ("error", pa.string()),
+        ("shard", pa.int64()),
+        ("offset", pa.int64()),
+        ("size", pa.int64()),
+        ("member", pa.string()),
     ]
 )
 
@@ -33,7 +49,7 @@ ROW_SCHEMA = pa.schema(
 class SourceRows:
     """A listed dataset: the rows plus what a worker needs to read them."""
 
-    kind: str  # "folder" | "parquet" | "manifest"
+    kind: str  # "folder" | "parquet" | "manifest" | "webdataset"
     root: DatasetRoot
     table: pa.Table
     classes: tuple[str, ...] = ()
@@ -65,6 +81,12 @@ class SourceRows:
         return replace(self, table=table, classes=tuple(classes))
 
     @property
+    def num_shards(self) -> int:
+        """Shards (units read as a whole, see the module docstring) in the listing."""
+        shards = self.table.column("shard")
+        return int(pc_max(shards).as_py()) + 1 if len(shards) else 0
+
+    @property
     def num_classes(self) -> int:
         if self.classes:
             return len(self.classes)
@@ -72,8 +94,14 @@ class SourceRows:
         return int(labels.max()) + 1 if len(labels) else 0
 
 
-def make_rows(paths: list[str], labels, rows=None, errors=None) -> pa.Table:
+def make_rows(paths: list[str], labels, rows=None, errors=None, *, shards=None, offsets=None, sizes=None,
+              members=None) -> pa.Table:
+    """The row table of a listing; ``shards`` defaults to one shard per row (files read one by one)."""
     n = len(paths)
+
+    def ints(values, default):
+        return pa.array(default if values is None else np.asarray(values, np.int64), type=pa.int64())
+
     return pa.table(
         {
             "sample_id": pa.array(np.arange(n, dtype=np.int64)),
@@ -81,6 +109,10 @@ def make_rows(paths: list[str], labels, rows=None, errors=None) -> pa.Table:
             "path": pa.array(paths, type=pa.string()),
             "row": pa.array(np.full(n, -1, np.int64) if rows is None else np.asarray(rows, np.int64)),
             "error": pa.array([None] * n if errors is None else errors, type=pa.string()),
+            "shard": ints(shards, np.arange(n, dtype=np.int64)),
+            "offset": ints(offsets, np.full(n, -1, np.int64)),
+            "size": ints(sizes, np.full(n, -1, np.int64)),
+            "member": pa.array([None] * n if members is None else members, type=pa.string()),
         },
         schema=ROW_SCHEMA,
     )

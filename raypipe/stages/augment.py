@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
 from raypipe.kernels import SkipImage, build_transform
-from raypipe.kernels.errors import DECODE_ERROR, NULL_IMAGE
+from raypipe.kernels.errors import DECODE_ERROR
 from raypipe.kernels.seeding import BlockRngs
 from raypipe.sources.paths import DatasetRoot
+from raypipe.sources.reader import BlockReader
 
 T = TypeVar("T")
 
@@ -56,44 +54,6 @@ class StageSpec:
     def image_shape(self) -> tuple[int, int, int]:
         h, w = self.augment.input_size
         return (h, w, 3)
-
-
-class _ParquetReader:
-    """Reads single cells of a Parquet image column, caching a few decoded row groups."""
-
-    def __init__(self, root: DatasetRoot, column: str, cache_groups: int = 4):
-        self.root, self.column = root, column
-        self._files: dict[str, tuple[pq.ParquetFile, np.ndarray]] = {}
-        self._groups: OrderedDict[tuple[str, int], pa.ChunkedArray] = OrderedDict()
-        self._cache_groups = cache_groups
-
-    def _file(self, rel: str):
-        if rel not in self._files:
-            path = self.root.root if rel == "" else self.root.resolve(rel)
-            src = path if self.root.is_local else self.root.filesystem.open_input_file(path)
-            pf = pq.ParquetFile(src)
-            sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
-            self._files[rel] = (pf, np.cumsum([0] + sizes))
-        return self._files[rel]
-
-    def read(self, rel: str, row: int) -> bytes:
-        pf, starts = self._file(rel)
-        group = int(np.searchsorted(starts, row, side="right") - 1)
-        key = (rel, group)
-        col = self._groups.get(key)
-        if col is None:
-            col = pf.read_row_group(group, columns=[self.column]).column(self.column)
-            self._groups[key] = col
-            if len(self._groups) > self._cache_groups:
-                self._groups.popitem(last=False)
-        else:
-            self._groups.move_to_end(key)
-        cell = col[row - int(starts[group])].as_py()
-        if isinstance(cell, dict):  # Hugging Face image struct {bytes, path}
-            cell = cell.get("bytes")
-        if cell is None:
-            raise SkipImage(NULL_IMAGE, f"row {row} has a null {self.column!r} cell")
-        return bytes(cell)
 
 
 def lower_priority(nice: int, sched_idle: bool = False) -> None:
@@ -144,12 +104,7 @@ class AugmentStage:
     def __init__(self, spec: StageSpec):
         self.spec = spec
         self.transform = build_transform(spec.augment, spec.decode)
-        self._parquet = _ParquetReader(spec.root, spec.image_column) if spec.kind == "parquet" else None
-
-    def _read(self, path: str, row: int) -> bytes:
-        if self._parquet is not None:
-            return self._parquet.read(path, row)
-        return self.spec.root.read_bytes(path)
+        self.reader = BlockReader(spec.root, spec.kind, spec.image_column)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return call_at_niceness(self.spec.nice, self._augment, batch, sched_idle=self.spec.sched_idle)
@@ -163,13 +118,16 @@ class AugmentStage:
         shown = np.full(n, "", dtype=object)
         errors = batch.get("error")
         rngs = BlockRngs(self.spec.seed, self.spec.epoch, batch["sample_id"])  # = sample_rng per row, cheaper
+        # the whole block's bytes at once: remote reads overlap, a Parquet row group is read once per block
+        read = self.reader.read_block(batch)
         for i in range(n):
-            path = str(batch["path"][i])
             try:
                 if errors is not None and errors[i]:
                     why, _, more = str(errors[i]).partition(": ")
                     raise SkipImage(why, more)
-                data = self._read(path, int(batch["row"][i]))
+                data = read[i]
+                if isinstance(data, SkipImage):
+                    raise data
                 self.transform(data, rngs.get(i), out=images[i])
                 ok[i] = True
             except SkipImage as e:
@@ -177,7 +135,7 @@ class AugmentStage:
             except Exception as e:  # noqa: BLE001 - a bad sample must never kill its block
                 reason[i], detail[i] = DECODE_ERROR, f"{type(e).__name__}: {e}"
             if not ok[i]:
-                shown[i] = self.spec.root.display(path) + (f"#row={int(batch['row'][i])}" if self._parquet else "")
+                shown[i] = self.reader.describe(batch, i)
         return {
             "image": images,
             "label": np.asarray(batch["label"], dtype=np.int64),

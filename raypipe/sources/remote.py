@@ -1,0 +1,114 @@
+"""How reads from object stores are made: how many at once, which failures are retried, how long to wait.
+
+A worker reading one object after another runs at ``1 / latency`` objects per second whatever its CPUs
+(20 ms per request: 50 img/s). Little's law says how many requests must be in flight to sustain a rate:
+``in_flight = rate × latency``; e.g. 1000 img/s per node × 30 ms ≈ 30. Requests are cheap to keep in
+flight (a thread blocked on a socket costs no CPU), so the default, 32 per reading worker, is set for
+the latency of a busy object store rather than for this machine; a node with several workers keeps
+that many per worker. Lower it when the store throttles, raise it when the latency is higher.
+
+Transient failures (a reset connection, a timeout, throttling, a 5xx answer) are retried with
+exponential back-off and jitter; only when the retries are spent does the image become a counted skip
+(``unreadable``, with the last error). A missing object is ``missing`` at once: waiting will not make it
+appear. Everything else (access denied, a bad request) is not retried. pyarrow reports all of these as
+``OSError`` with the store's message, so the classification reads the message, conservatively: only
+what is known to be transient is retried.
+
+Process-wide defaults come from environment variables (set them where the workers start, e.g. in the
+Ray job's ``runtime_env``); per-reader values are given with :class:`ReadOptions`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from raypipe.kernels.errors import MISSING, UNREADABLE, SkipImage
+
+__all__ = ["ReadOptions", "is_missing", "is_transient", "read_skip", "with_retries"]
+
+T = TypeVar("T")
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return default if value in (None, "") else float(value)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a worker reads from a non-local filesystem (local roots read sequentially: no waiting to hide)."""
+
+    # Requests in flight per reading worker: rate × latency (Little's law), with room for a slow store.
+    in_flight: int = field(default_factory=lambda: _env_int("RAYPIPE_READ_IN_FLIGHT", 32))
+    # Retries after the first attempt of a transiently failing request: 5 wait at most ~3 s in all by default,
+    # longer than the brief throttling and connection resets a store shows under load.
+    retries: int = field(default_factory=lambda: _env_int("RAYPIPE_READ_RETRIES", 5))
+    # First back-off; doubled per retry, capped at ``max_backoff_s``, and drawn uniformly in [0, that] so
+    # that many workers throttled at once do not retry in step.
+    backoff_s: float = field(default_factory=lambda: _env_float("RAYPIPE_READ_BACKOFF_S", 0.1))
+    max_backoff_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.in_flight < 1:
+            raise ValueError(f"in_flight={self.in_flight}: must be at least 1")
+        if self.retries < 0:
+            raise ValueError(f"retries={self.retries}: must be 0 or more")
+        if self.backoff_s < 0 or self.max_backoff_s < 0:
+            raise ValueError(f"backoff_s={self.backoff_s}, max_backoff_s={self.max_backoff_s}: must be 0 or more")
+
+
+_MISSING_WORDS = ("not found", "does not exist", "no such key", "nosuchkey", "no such file")
+# Words of transient failures in the messages of pyarrow's S3/GCS/Azure/HDFS filesystems and of curl.
+_TRANSIENT = re.compile(
+    r"connection (reset|refused|aborted|closed)|broken pipe|timed? ?out|timeout|throttl|slow ?down|"
+    r"too many requests|service ?unavailable|internal ?(server )?error|internal_failure|network_connection|"
+    r"temporar(il)?y unavailable|try again|curl ?code|unexpected eof|(status|code)[ :=]*(429|5\d\d)\b",
+    re.IGNORECASE,
+)
+
+
+def is_missing(exc: BaseException) -> bool:
+    """The object does not exist (no retry can help)."""
+    if isinstance(exc, FileNotFoundError):
+        return True
+    return isinstance(exc, OSError) and any(w in str(exc).lower() for w in _MISSING_WORDS)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A failure that a later attempt may not meet: a network error, a timeout, throttling, a 5xx."""
+    if is_missing(exc) or isinstance(exc, (PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    return isinstance(exc, OSError) and _TRANSIENT.search(str(exc)) is not None
+
+
+def with_retries(fn: Callable[[], T], options: ReadOptions, *, sleep: Callable[[float], None] = time.sleep) -> T:
+    """``fn()``, again after a back-off while it fails transiently, at most ``options.retries`` more times;
+    the last failure (or any that is not transient) is raised as it is."""
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except OSError as exc:
+            if attempt >= options.retries or not is_transient(exc):
+                raise
+            cap = min(options.max_backoff_s, options.backoff_s * 2**attempt)
+            sleep(random.Random().uniform(0, cap))  # its own generator: never touches the global RNG
+            attempt += 1
+
+
+def read_skip(exc: OSError, what: str) -> SkipImage:
+    """The skip record of a failed read of ``what`` (after any retries)."""
+    return SkipImage(MISSING if is_missing(exc) else UNREADABLE, f"{what}: {exc}")
