@@ -106,9 +106,8 @@ def _per_op(args, photo: np.ndarray) -> None:
 
 
 def _on_pil(o, photo: np.ndarray) -> np.ndarray:
-    from raypipe.kernels import autoaug
 
-    out = o(autoaug._fast_affine_image(Image.fromarray(photo, "RGB")))
+    out = o(Image.fromarray(photo, "RGB"))
     return np.asarray(out.convert("RGB") if out.mode != "RGB" else out)
 
 

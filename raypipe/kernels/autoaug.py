@@ -8,11 +8,8 @@ RandAugment and AutoAugment policies whose ops all have array versions (timm's s
 :mod:`raypipe.kernels.aa_arrays`) run on the array itself: timm's policy object draws as always, the
 colour ops are Pillow's arithmetic in the ``_colorops`` extension and the geometric ops timm's own
 functions on an array image, so the bytes are timm's on Pillow without a single PIL image (a rand-m9
-policy 400-419 -> 165-176 µs per 224 px image, ``bench/autoaug_profile.py``). Other policies (AugMix,
-custom ops) and builds without ``_colorops`` run on PIL images; there the geometric ops'
-``Image.transform`` (rotate, shear, translate: ~1 ms per applied op at 224 px in Pillow, bilinear)
-still runs in the ``_warp`` extension with Pillow's own arithmetic, through a ``PIL.Image.Image``
-subclass.
+policy about 2.4x faster per 224 px image, ``bench/autoaug_profile.py``). Other policies (AugMix,
+custom ops) and builds without ``_colorops`` run on plain PIL images with Pillow's own ops.
 """
 
 from __future__ import annotations
@@ -147,43 +144,14 @@ def apply_auto_augment(op, img: np.ndarray, seed: int) -> np.ndarray:
             logger.warning("auto-augment ops fall back to PIL images (%s): same images, slower", e)
             random.seed(seed)
             np.random.seed(seed & 0xFFFFFFFF)
-    out = op(_fast_affine_image(Image.fromarray(img, "RGB")))
+    out = op(Image.fromarray(img, "RGB"))
     return np.asarray(out.convert("RGB") if out.mode != "RGB" else out)
-
-
-class _FastAffineImage(Image.Image):
-    """A PIL image whose AFFINE ``transform`` (RGB, bilinear/bicubic) runs in the ``_warp`` extension
-    (``aa_arrays._warp``; None when not built, and Pillow runs every warp); see the module
-    docstring. Everything else, and every other case of ``transform``, is Pillow's."""
-
-    def transform(self, size, method, data=None, resample=Image.Resampling.NEAREST, fill=1, fillcolor=None):
-        result = _affine_in_c(self, size, method, data, resample, fillcolor)
-        if result is None:
-            return super().transform(size, method, data, resample, fill, fillcolor)
-        return result
-
-
-def _fast_affine_image(img: Image.Image) -> Image.Image:
-    """``img`` itself, its class switched to ``_FastAffineImage`` (a plain RGB PIL image only)."""
-    if aa_arrays._warp is not None and type(img) is Image.Image and img.mode == "RGB":
-        img.__class__ = _FastAffineImage
-    return img
-
-
-def _affine_in_c(img: Image.Image, size, method, data, resample, fillcolor) -> Image.Image | None:
-    """Pillow's ``img.transform(size, AFFINE, data, resample, fillcolor=fillcolor)`` through ``_warp``,
-    or None when the call is not one it reproduces exactly (then Pillow runs it)."""
-    if img.mode != "RGB":
-        return None
-    out = aa_arrays.affine_array(np.asarray(img), size, method, data, resample, fillcolor)
-    return None if out is None else _fast_affine_image(Image.fromarray(out, "RGB"))
 
 
 def _patch_ops(op, timm_aa) -> None:
     """Give every op of ``op`` (RandAugment, AutoAugment, AugMix) a function that takes both image kinds:
-    an ``ArrayImage`` goes to the op's array version, a PIL image to timm's function as a
-    ``_FastAffineImage`` (a policy's second op gets the first one's output, which Pillow's colour ops
-    return as a plain image). ``op._raypipe_arrays`` says whether the whole policy can run on arrays."""
+    an ``ArrayImage`` goes to the op's array version, a PIL image to timm's function.
+    ``op._raypipe_arrays`` says whether the whole policy can run on arrays."""
     table = aa_arrays.array_ops(timm_aa, _posterize) if aa_arrays.available() else {}
     ready = type(op) in (getattr(timm_aa, "RandAugment", None), getattr(timm_aa, "AutoAugment", None))
     for o in _ops(op):
@@ -202,7 +170,7 @@ def _dual(fn, array_fn):
     def run(img, *args, **kwargs):
         if isinstance(img, aa_arrays.ArrayImage):
             return array_fn(img, *args, **kwargs)
-        return fn(_fast_affine_image(img), *args, **kwargs)
+        return fn(img, *args, **kwargs)
 
     run._raypipe_dual = True
     return run
