@@ -7,6 +7,7 @@ default to ``None`` so we can tell "not given" from "given the default".
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from raypipe.config import (
@@ -18,7 +19,7 @@ from raypipe.config import (
     load_yaml,
 )
 
-__all__ = ["add_augment_args", "add_pipeline_args", "add_source_args", "build_configs", "SECTIONS"]
+__all__ = ["add_augment_args", "add_config_arg", "add_pipeline_args", "add_source_args", "build_configs", "SECTIONS"]
 
 # flag dest -> (section, field)
 _AUG_FLAGS = {
@@ -53,6 +54,18 @@ _PIPE_FLAGS = {
 SECTIONS = {"augment": TrainAugment, "eval": EvalAugment, "pipeline": PipelineConfig, "decode": DecodeConfig}
 
 
+def _default(section: str, name: str) -> str:
+    """'(default: X)' for a flag that overrides a config field: the flag itself defaults to None ("not
+    given"), so the value shown is the field's own default."""
+    field = {f.name: f for f in dataclasses.fields(SECTIONS[section])}[name]
+    value = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == value[1] and name == "input_size":
+        value = value[0]
+    if isinstance(value, tuple):
+        value = " ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value)
+    return f"(default: {value})"
+
+
 def add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", help="image folder, Parquet file/folder, or CSV/JSONL manifest (local path or URI)")
     p.add_argument("--kind", choices=("folder", "parquet", "manifest"), help="dataset kind (detected if omitted)")
@@ -63,40 +76,63 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_augment_args(p: argparse.ArgumentParser) -> None:
+    d = _default
     g = p.add_argument_group("augmentation (timm train.py names)")
-    g.add_argument("--img-size", type=int, help="output image size (square)")
-    g.add_argument("--input-size", type=int, nargs=3, metavar=("C", "H", "W"), help="timm-style input size")
-    g.add_argument("--scale", type=float, nargs=2, help="RandomResizedCrop area range")
-    g.add_argument("--ratio", type=float, nargs=2, help="RandomResizedCrop aspect range")
-    g.add_argument("--hflip", type=float, help="horizontal flip probability")
-    g.add_argument("--vflip", type=float, help="vertical flip probability")
-    g.add_argument("--color-jitter", type=float, help="colour jitter strength (0 disables)")
-    g.add_argument("--color-jitter-prob", type=float, help="probability of applying colour jitter")
-    g.add_argument("--grayscale-prob", type=float, help="random grayscale probability")
-    g.add_argument("--gaussian-blur-prob", type=float, help="gaussian blur probability")
-    g.add_argument("--aa", help="timm auto-augment policy, e.g. rand-m9-mstd0.5-inc1")
-    g.add_argument("--interpolation", choices=("bilinear", "bicubic", "random"), help="crop interpolation")
-    g.add_argument("--crop-pct", type=float, help="eval: resize to size / crop_pct, then crop")
-    g.add_argument("--crop-mode", choices=("center", "squash", "border"), help="eval crop mode")
-    g.add_argument("--max-pixels", type=int, help="refuse images with more pixels (decompression bombs)")
+    g.add_argument("--img-size", type=int, help=f"output image size (square) {d('augment', 'input_size')}")
+    g.add_argument("--input-size", type=int, nargs=3, metavar=("C", "H", "W"),
+                   help="timm-style input size (overrides --img-size)")  # fmt: skip
+    g.add_argument("--scale", type=float, nargs=2, metavar=("MIN", "MAX"),
+                   help=f"RandomResizedCrop area range {d('augment', 'scale')}")  # fmt: skip
+    g.add_argument("--ratio", type=float, nargs=2, metavar=("MIN", "MAX"),
+                   help=f"RandomResizedCrop aspect range {d('augment', 'ratio')}")  # fmt: skip
+    g.add_argument("--hflip", type=float, help=f"horizontal flip probability {d('augment', 'hflip')}")
+    g.add_argument("--vflip", type=float, help=f"vertical flip probability {d('augment', 'vflip')}")
+    g.add_argument("--color-jitter", type=float,
+                   help=f"colour jitter strength, 0 disables {d('augment', 'color_jitter')}")  # fmt: skip
+    g.add_argument("--color-jitter-prob", type=float,
+                   help="probability of applying colour jitter (default: always, when it is on)")  # fmt: skip
+    g.add_argument("--grayscale-prob", type=float,
+                   help=f"random grayscale probability {d('augment', 'grayscale_prob')}")  # fmt: skip
+    g.add_argument("--gaussian-blur-prob", type=float,
+                   help=f"gaussian blur probability {d('augment', 'gaussian_blur_prob')}")  # fmt: skip
+    g.add_argument("--aa", help="timm auto-augment policy, e.g. rand-m9-mstd0.5-inc1 (default: none)")
+    g.add_argument("--interpolation", choices=("bilinear", "bicubic", "random"),
+                   help=f"crop interpolation {d('augment', 'interpolation')}")  # fmt: skip
+    g.add_argument("--crop-pct", type=float,
+                   help=f"eval: resize to size / crop_pct, then crop {d('eval', 'crop_pct')}")  # fmt: skip
+    g.add_argument("--crop-mode", choices=("center", "squash", "border"),
+                   help=f"eval crop mode {d('eval', 'crop_mode')}")  # fmt: skip
+    g.add_argument("--max-pixels", type=int,
+                   help=f"skip images with more pixels (bombs) {d('decode', 'max_pixels')}")  # fmt: skip
 
 
 def add_pipeline_args(p: argparse.ArgumentParser) -> None:
+    d = _default
     g = p.add_argument_group("pipeline")
-    g.add_argument("-b", "--batch-size", type=int, help="images per packed batch")
-    g.add_argument("--seed", type=int, help="augmentation and shuffle seed (fixed default: runs agree)")
+    g.add_argument("-b", "--batch-size", type=int, help=f"images per packed batch {d('pipeline', 'batch_size')}")
+    g.add_argument("--seed", type=int,
+                   help=f"augmentation and shuffle seed; fixed, so runs agree {d('pipeline', 'seed')}")  # fmt: skip
     g.add_argument("--drop-last", action="store_true", default=None, help="drop the last partial batch")
-    g.add_argument("--num-actors", type=int, help="concurrent augmentation workers (default: cluster CPUs)")
-    g.add_argument("--cpus-per-actor", type=float, help="CPUs reserved per augmentation worker")
-    g.add_argument("--compute", choices=("tasks", "actors"), help="Ray tasks (default) or an actor pool")
+    g.add_argument("--num-actors", type=int,
+                   help="concurrent augmentation workers (default: cluster CPUs / --cpus-per-actor)")  # fmt: skip
+    g.add_argument("--cpus-per-actor", type=float,
+                   help=f"CPUs reserved per augmentation worker {d('pipeline', 'cpus_per_actor')}")  # fmt: skip
+    g.add_argument("--compute", choices=("tasks", "actors"),
+                   help=f"Ray tasks or an actor pool {d('pipeline', 'compute')}")  # fmt: skip
     g.add_argument("--block-size", type=int, help="rows per Ray block (default: from the batch size)")
-    g.add_argument("--worker-nice", type=int, help="workers' niceness 0-19 (default 10: consumer first; 0: fair share)")
+    g.add_argument("--worker-nice", type=int,
+                   help=f"workers' niceness 0-19; 0: fair share {d('pipeline', 'worker_nice')}")  # fmt: skip
     g.add_argument("--worker-sched-idle", action=argparse.BooleanOptionalAction, default=None,
                    help="workers' stage thread under Linux SCHED_IDLE, CPU nothing else wants (default: "
                         "on when training on a GPU)")  # fmt: skip
-    g.add_argument("--max-skip-ratio", type=float, help="fail the epoch if more than this fraction is skipped")
-    g.add_argument("--max-skips", type=int, help="fail the epoch after this many skips")
-    g.add_argument("-c", "--config", help="YAML config with sections: " + ", ".join(SECTIONS))
+    g.add_argument("--max-skip-ratio", type=float,
+                   help="fail the epoch if more than this fraction is skipped (default: the pipeline's)")  # fmt: skip
+    g.add_argument("--max-skips", type=int, help="fail the epoch after this many skips (default: no count limit)")
+    add_config_arg(g)
+
+
+def add_config_arg(p) -> None:
+    p.add_argument("-c", "--config", help="YAML config with sections: " + ", ".join(SECTIONS))
 
 
 def build_configs(args: argparse.Namespace, yaml_sections: dict[str, Any] | None = None) -> dict[str, Any]:
