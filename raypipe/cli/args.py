@@ -8,16 +8,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
-from raypipe.config import (
-    DecodeConfig,
-    EvalAugment,
-    PipelineConfig,
-    TrainAugment,
-    config_from_dict,
-    load_yaml,
-)
+from raypipe.config import CONFIG_SECTIONS, TRAIN_SECTION, config_sections, load_yaml, resolve_sections
 
 __all__ = ["add_augment_args", "add_config_arg", "add_pipeline_args", "add_source_args", "build_configs", "SECTIONS"]
 
@@ -51,7 +45,7 @@ _PIPE_FLAGS = {
     "max_skip_ratio": ("pipeline", "max_skip_ratio"),
     "max_skips": ("pipeline", "max_skips"),
 }
-SECTIONS = {"augment": TrainAugment, "eval": EvalAugment, "pipeline": PipelineConfig, "decode": DecodeConfig}
+SECTIONS = CONFIG_SECTIONS
 
 
 def _default(section: str, name: str) -> str:
@@ -132,32 +126,37 @@ def add_pipeline_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_config_arg(p) -> None:
-    p.add_argument("-c", "--config", help="YAML config with sections: " + ", ".join(SECTIONS))
+    p.add_argument("-c", "--config",
+                   help=f"YAML config with sections {', '.join((*SECTIONS, TRAIN_SECTION))} (raypipe.config."
+                        f"load_config; only the training job reads {TRAIN_SECTION}); flags override it")  # fmt: skip
 
 
-def build_configs(args: argparse.Namespace, yaml_sections: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Merge YAML sections and flags into validated config objects keyed by section name."""
-    raw: dict[str, dict] = {name: {} for name in SECTIONS}
-    data = dict(yaml_sections or {})
-    if getattr(args, "config", None):
-        data.update(load_yaml(args.config))
-    for name, value in data.items():
-        if name not in SECTIONS:
-            raise ValueError(f"config: unknown section {name!r}; known: {sorted(SECTIONS)}")
-        if not isinstance(value, dict):
-            raise ValueError(f"config: section {name!r} must be a mapping")
-        raw[name].update(value)
+def _flags_into(raw: dict[str, dict], values: Mapping[str, Any]) -> None:
+    """Put flag values (by dest name; None = not given) into ``raw``'s sections."""
     for dest, (section, field) in {**_AUG_FLAGS, **_PIPE_FLAGS}.items():
-        value = getattr(args, dest, None)
+        value = values.get(dest)
         if value is not None:
             raw[section][field] = list(value) if isinstance(value, (list, tuple)) else value
-    if getattr(args, "input_size", None):
-        raw["augment"]["input_size"] = list(args.input_size)
-    if getattr(args, "color_jitter", None) == 0:
+    if values.get("input_size"):
+        raw["augment"]["input_size"] = list(values["input_size"])
+    if values.get("color_jitter") == 0:
         raw["augment"]["color_jitter"] = None
-    # One output size for train and eval unless the config sets eval's own.
-    if "input_size" in raw["augment"] and "input_size" not in raw["eval"]:
-        raw["eval"]["input_size"] = raw["augment"]["input_size"]
-    if raw["augment"].get("interpolation") in ("bilinear", "bicubic") and "interpolation" not in raw["eval"]:
-        raw["eval"]["interpolation"] = raw["augment"]["interpolation"]
-    return {name: config_from_dict(cls, raw[name], where=name) for name, cls in SECTIONS.items()}
+
+
+def build_configs(
+    args: argparse.Namespace, *, config: Mapping[str, Any] | None = None, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Validated config objects keyed by section name (``raypipe.config.CONFIG_SECTIONS``).
+
+    Precedence: the dataclasses' defaults < ``defaults`` (by flag dest name: a command's own defaults)
+    < the config file's sections (``config``, else ``args.config`` loaded) < flags given. The file's
+    ``train`` section is the training job's and is accepted without being read here."""
+    if config is None:
+        config = load_yaml(args.config) if getattr(args, "config", None) else {}
+    sections = config_sections(config, where=getattr(args, "config", None) or "config")
+    raw: dict[str, dict] = {name: {} for name in SECTIONS}
+    _flags_into(raw, defaults or {})
+    for name in SECTIONS:
+        raw[name].update(sections.get(name, {}))
+    _flags_into(raw, vars(args))
+    return resolve_sections(raw)
