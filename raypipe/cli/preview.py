@@ -82,6 +82,6 @@ def main(args: argparse.Namespace) -> int:
         f"{int(lbl)}:{names[int(lbl)] if names and 0 <= lbl < len(names) else ''} #{int(sid)}"
         for lbl, sid in zip(batch["label"], batch["sample_id"], strict=True)
     ]
-    make_grid(batch["image"], captions).save(args.out)
+    make_grid(batch["image"], captions).save(args.out, compress_level=1)  # PNG: fast beats small here
     print(f"raypipe preview: wrote {len(captions)} samples to {args.out}")
     return 0
