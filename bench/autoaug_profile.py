@@ -4,7 +4,7 @@ timm policies with and without it.
 
     python bench/autoaug_profile.py [--policy rand-m9-mstd0.5-inc1] [--seeds 400] [--per-op]
 
-The policy rows apply the policy to one photo (skimage's astronaut) under ``--seeds`` different seeds,
+The policy rows apply the policy to one photo (the shipped astronaut sample photo) under ``--seeds`` different seeds,
 so each op is drawn as often as in training: on arrays (raypipe's path with both extensions built), on PIL
 images with the C warps (policies with ops that have no array version), and Pillow alone. bench/NOTES.md
 (fifth and seventh sessions) has the figures.
@@ -29,11 +29,10 @@ def main() -> None:
     p.add_argument("--per-op", action="store_true", help="also each op of the policy, always applied")
     args = p.parse_args()
 
-    from skimage import data
-
     from raypipe.kernels import aa_arrays, autoaug
+    from raypipe.sample_data import load_photo
 
-    photo = np.asarray(Image.fromarray(data.astronaut()).resize((224, 224), Image.Resampling.BILINEAR))
+    photo = np.asarray(load_photo("astronaut").resize((224, 224), Image.Resampling.BILINEAR))
     warp = aa_arrays._warp
     angle = -math.radians(25)  # a rotation about the centre, as Image.rotate builds it
     a = [math.cos(angle), math.sin(angle), 0.0, -math.sin(angle), math.cos(angle), 0.0]

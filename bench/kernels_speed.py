@@ -1,6 +1,6 @@
 """Single-core images/s of raypipe's kernels vs Pillow + timm on ~200 ImageNet-like JPEGs.
 
-Run: ``PYTHONPATH=. python bench/kernels_speed.py [--n 200]``. The JPEGs are crops of scikit-image
+Run: ``PYTHONPATH=. python bench/kernels_speed.py [--n 200]``. The JPEGs are crops of the shipped sample
 photos resized to about 500x375 and saved at quality 90 (no downloads).
 """
 
@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import simplejpeg
-import skimage.data
 import torch
 from PIL import Image
 from timm.data.transforms_factory import transforms_imagenet_eval, transforms_imagenet_train
@@ -24,11 +23,12 @@ from timm.data.transforms_factory import transforms_imagenet_eval, transforms_im
 from raypipe.config import EvalAugment, TrainAugment
 from raypipe.kernels import build_transform, sample_rng
 from raypipe.kernels.autoaug import _patch_posterize
+from raypipe.sample_data import load_photo
 
 
 def make_jpegs(folder: Path, n: int) -> list[Path]:
     rng = np.random.default_rng(0)
-    photos = [skimage.data.astronaut(), skimage.data.chelsea(), skimage.data.coffee()]
+    photos = [np.asarray(load_photo(name)) for name in ("astronaut", "chelsea", "coffee")]
     paths = []
     for i in range(n):
         src = photos[i % len(photos)]

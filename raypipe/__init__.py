@@ -11,6 +11,7 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "Config": "raypipe.config",
     "IMAGENET_MEAN": "raypipe.config",
     "IMAGENET_STD": "raypipe.config",
     "DecodeConfig": "raypipe.config",
@@ -18,6 +19,7 @@ _EXPORTS = {
     "EvalAugment": "raypipe.config",
     "PipelineConfig": "raypipe.config",
     "TrainAugment": "raypipe.config",
+    "load_config": "raypipe.config",
     "load_yaml": "raypipe.config",
     "DeviceLoader": "raypipe.device",
     "EpochReport": "raypipe.pipeline",

@@ -29,6 +29,12 @@ __all__ = [
     "auto_chunk_rows",
     "config_from_dict",
     "load_yaml",
+    "CONFIG_SECTIONS",
+    "TRAIN_SECTION",
+    "Config",
+    "config_sections",
+    "resolve_sections",
+    "load_config",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -345,3 +351,80 @@ def config_from_dict(cls: type, data: Mapping[str, Any], *, where: str = "") -> 
             value = tuple(value)
         kwargs[key] = value
     return cls(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------------
+# The one config schema: `raypipe run -c`, `jobs/train.py -c` and ``load_config`` read the same file.
+
+CONFIG_SECTIONS = {
+    "augment": TrainAugment,
+    "eval": EvalAugment,
+    "pipeline": PipelineConfig,
+    "execution": ExecutionConfig,
+    "decode": DecodeConfig,
+}
+# The training job's own settings (``raypipe.train.TrainJobConfig``'s fields: model, epochs, lr, data …).
+# Only jobs/train.py reads and checks them; `raypipe run`, `raypipe preview` and ``load_config`` accept the
+# section and leave it alone, so one file serves the job and the dry run of its pipeline.
+TRAIN_SECTION = "train"
+
+
+def config_sections(data: Mapping[str, Any], *, where: str = "config") -> dict[str, dict]:
+    """The sections of a raypipe config mapping, each a dict. Any other top-level key is an error."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}: expected a mapping of sections, got {type(data).__name__}")
+    known = (*CONFIG_SECTIONS, TRAIN_SECTION)
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"{where}: unknown section(s) {unknown}; sections are {', '.join(known)}")
+    out = {}
+    for name, value in data.items():
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where}: section {name!r} must be a mapping, got {type(value).__name__}")
+        out[name] = dict(value)
+    return out
+
+
+def resolve_sections(raw: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Validated config objects for ``CONFIG_SECTIONS`` from their raw fields. Eval takes training's
+    output size (and bilinear/bicubic interpolation) unless its own section sets one."""
+    raw = {name: dict(raw.get(name) or {}) for name in CONFIG_SECTIONS}
+    if "input_size" in raw["augment"] and "input_size" not in raw["eval"]:
+        raw["eval"]["input_size"] = raw["augment"]["input_size"]
+    if raw["augment"].get("interpolation") in ("bilinear", "bicubic") and "interpolation" not in raw["eval"]:
+        raw["eval"]["interpolation"] = raw["augment"]["interpolation"]
+    return {name: config_from_dict(cls, raw[name], where=name) for name, cls in CONFIG_SECTIONS.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """A whole raypipe config file: ``augment``, ``eval``, ``pipeline`` and ``decode`` validated, and the
+    training job's ``train`` section kept as it was written (``jobs/train.py`` checks it)."""
+
+    augment: TrainAugment = field(default_factory=TrainAugment)
+    eval: EvalAugment = field(default_factory=EvalAugment)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    train: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _set(self, "train", types.MappingProxyType(dict(self.train)))
+
+
+def load_config(source: str | Path | Mapping[str, Any]) -> Config:
+    """Load a config file (or mapping) in the schema `raypipe run -c` and `jobs/train.py -c` read::
+
+        augment:  {input_size: 160, auto_augment: rand-m9-mstd0.5-inc1}   # TrainAugment
+        eval:     {crop_pct: 0.95}                                        # EvalAugment
+        pipeline: {batch_size: 256}                                       # PipelineConfig
+        decode:   {max_pixels: 89478485}                                  # DecodeConfig
+        train:    {model: resnet50, epochs: 100}                          # the training job only
+
+    Every section is optional; unknown sections or keys and duplicated keys are errors (the ``train``
+    section's keys are checked by the training job)."""
+    where = "config" if isinstance(source, Mapping) else str(source)
+    data = source if isinstance(source, Mapping) else load_yaml(source)
+    sections = config_sections(data, where=where)
+    return Config(**resolve_sections(sections), train=sections.get(TRAIN_SECTION, {}))

@@ -1,4 +1,5 @@
-"""Generate the embedded sample dataset: ImageNet-like JPEGs from real photos shipped by scikit-image.
+"""Generate the embedded sample dataset: ImageNet-like JPEGs from the real photos shipped in
+``raypipe/sample_photos`` (public domain or CC0; sources and licences in its ``LICENSES.md``).
 
 One class per source photo; each image is a random crop of it (scale, aspect, position), flipped
 or not, colour-shifted, resized to about 500×375 (some portrait) and saved as a JPEG of quality
@@ -17,37 +18,33 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageEnhance
 
-__all__ = ["PHOTOS", "write_sample_data"]
+__all__ = ["PHOTOS", "PHOTO_DIR", "load_photo", "write_sample_data"]
 
 # Colour photos first, then greyscale ones (stored as RGB JPEGs like many ImageNet images).
 PHOTOS = (
-    "astronaut.png",
-    "chelsea.png",
-    "coffee.png",
+    "astronaut.jpg",
+    "chelsea.jpg",
+    "coffee.jpg",
     "rocket.jpg",
-    "motorcycle_left.png",
     "hubble_deep_field.jpg",
-    "ihc.png",
     "retina.jpg",
-    "camera.png",
-    "coins.png",
-    "moon.png",
-    "brick.png",
-    "grass.png",
-    "gravel.png",
-    "cell.png",
-    "clock_motion.png",
+    "camera.jpg",
+    "brick.jpg",
+    "grass.jpg",
+    "gravel.jpg",
+    "cell.jpg",
+    "clock_motion.jpg",
 )
+PHOTO_DIR = Path(__file__).parent / "sample_photos"
 
 
-def _photo_dir() -> Path:
-    import skimage
-
-    return Path(skimage.__file__).parent / "data"
-
-
-def _load(name: str) -> Image.Image:
-    with Image.open(_photo_dir() / name) as im:
+def load_photo(name: str) -> Image.Image:
+    """One of the shipped photos (``PHOTOS``; the extension may be left out) as an RGB image."""
+    if "." not in name:
+        name += ".jpg"
+    if name not in PHOTOS:
+        raise ValueError(f"photo {name!r}: expected one of {PHOTOS}")
+    with Image.open(PHOTO_DIR / name) as im:
         return im.convert("RGB")
 
 
@@ -78,7 +75,7 @@ def _write_chunk(out: Path, seed: int, chunk: tuple[int, int, int]) -> list[Path
     name = PHOTOS[c]
     label = f"{c:02d}_{name.split('.')[0]}"
     (out / label).mkdir(parents=True, exist_ok=True)
-    src = _load(name)
+    src = load_photo(name)
     written = []
     for i in range(start, stop):
         rng = np.random.default_rng([seed, c, i])

@@ -1,4 +1,4 @@
-"""Small encoded images for tests: real photos (from scikit-image), odd modes and formats, bad data.
+"""Small encoded images for tests: real photos (raypipe's shipped sample photos), odd modes and formats, bad data.
 
 Every function returns ``bytes``; nothing is downloaded. Reused by the kernel and pipeline tests.
 """
@@ -18,13 +18,11 @@ PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
 
 @cache
 def photo(name: str = "astronaut", size: tuple[int, int] = (500, 375)) -> np.ndarray:
-    """A real photo from scikit-image, resized to ``size`` (W, H), as HxWx3 uint8."""
-    import skimage.data
+    """A real photo shipped with raypipe (``raypipe.sample_data.PHOTOS``), resized to ``size`` (W, H),
+    as HxWx3 uint8."""
+    from raypipe.sample_data import load_photo
 
-    arr = getattr(skimage.data, name)()
-    if arr.ndim == 2:
-        arr = np.repeat(arr[:, :, None], 3, axis=2)
-    return np.asarray(Image.fromarray(arr[:, :, :3]).resize(size, Image.BICUBIC))
+    return np.asarray(load_photo(name).resize(size, Image.BICUBIC))
 
 
 def encode(img: Image.Image | np.ndarray, fmt: str = "JPEG", **kwargs) -> bytes:

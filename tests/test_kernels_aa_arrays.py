@@ -189,7 +189,7 @@ def test_extension_rejects_bad_arguments():
 
 @pytest.fixture(scope="module")
 def sample_photo() -> np.ndarray:
-    from skimage import data
+    from raypipe.sample_data import load_photo
 
-    photo = Image.fromarray(data.astronaut()).resize((224, 224), Image.Resampling.BILINEAR)
+    photo = load_photo("astronaut").resize((224, 224), Image.Resampling.BILINEAR)
     return np.ascontiguousarray(np.asarray(photo.convert("RGB")))

@@ -25,7 +25,8 @@ def test_defaults_are_the_embedded_job():
 
 
 def test_flags_override_yaml_override_defaults(tmp_path):
-    cfg = _yaml(tmp_path, "model: resnet18\nepochs: 7\nbatch_size: 48\nimg_size: 96\nlr: 0.5\nscale: [0.5, 1.0]\n")
+    cfg = _yaml(tmp_path, "train: {model: resnet18, epochs: 7, lr: 0.5}\npipeline: {batch_size: 48}\n"
+                          "augment: {input_size: 96, scale: [0.5, 1.0]}\n")  # fmt: skip
     job = parse_job(["-c", cfg, "--epochs", "3", "-b", "8", "--amp", "--preprocess-resource", "preprocess"])
     assert job.model == "resnet18"  # YAML over default
     assert job.lr == 0.5
@@ -54,14 +55,22 @@ def test_timm_flag_names(tmp_path):
 
 
 def test_unknown_yaml_key_is_an_error(tmp_path, capsys):
-    cfg = _yaml(tmp_path, "epochs: 2\nbatch_sise: 8\n")
+    cfg = _yaml(tmp_path, "train:\n  epochs: 2\n  batch_sise: 8\n")
     with pytest.raises(SystemExit):
         parse_job(["-c", cfg])
     assert "unknown key(s) ['batch_sise']" in capsys.readouterr().err
+    cfg = _yaml(tmp_path, "pipeline:\n  batch_sise: 8\n")
+    with pytest.raises(SystemExit):
+        parse_job(["-c", cfg])
+    assert "unknown key(s) ['batch_sise']" in capsys.readouterr().err
+    cfg = _yaml(tmp_path, "epochs: 2\n")  # a key outside any section
+    with pytest.raises(SystemExit):
+        parse_job(["-c", cfg])
+    assert "unknown section(s) ['epochs']" in capsys.readouterr().err
 
 
 def test_duplicated_yaml_key_is_an_error(tmp_path, capsys):
-    cfg = _yaml(tmp_path, "epochs: 2\nepochs: 3\n")
+    cfg = _yaml(tmp_path, "train:\n  epochs: 2\n  epochs: 3\n")
     with pytest.raises(SystemExit):
         parse_job(["-c", cfg])
     assert "duplicated key 'epochs'" in capsys.readouterr().err
@@ -100,14 +109,14 @@ def test_feeder_and_pipeline_speed_knobs(tmp_path):
     job = parse_job([])
     assert job.feeder == "process" and job.execution.worker_nice == 10  # the consumer first
     assert job.execution.chunk_rows_for(job.pipeline.batch_size) == 128  # auto: a multiple of the batch of 32
-    job = parse_job(["-c", _yaml(tmp_path, "feeder: thread\nworker_nice: 0\n"), "-b", "256"])
+    job = parse_job(["-c", _yaml(tmp_path, "train: {feeder: thread}\nexecution: {worker_nice: 0}\n"), "-b", "256"])
     assert job.feeder == "thread" and job.execution.worker_nice == 0
     assert job.execution.chunk_rows_for(job.pipeline.batch_size) == 256
     assert parse_job(["--feeder", "process", "--chunk-rows", "64"]).execution.chunk_rows == 64
     assert job.execution.worker_sched_idle is None  # decided by the trainer's device (see resolved_for)
     assert parse_job(["--worker-sched-idle"]).execution.worker_sched_idle is True
     assert parse_job(["--no-worker-sched-idle"]).execution.worker_sched_idle is False
-    assert parse_job(["-c", _yaml(tmp_path, "worker_sched_idle: true\n")]).execution.worker_sched_idle is True
+    assert parse_job(["-c", _yaml(tmp_path, "execution: {worker_sched_idle: true}\n")]).execution.worker_sched_idle
     with pytest.raises(ValueError, match="feeder"):
         TrainJobConfig(feeder="actor")
 
@@ -169,3 +178,41 @@ def test_train_script_reports_a_bad_dataset_in_one_line(ray_local, tmp_path, mon
     assert script.main(["--data", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("train.py: error: ") and "does not exist" in err and "Traceback" not in err
+
+
+def test_one_config_file_for_the_job_raypipe_run_and_the_python_api(tmp_path):
+    """The same YAML file: jobs/train.py reads every section, `raypipe run` and ``load_config`` the
+    pipeline's (the train section is accepted and not used), and all three agree on those. (What the
+    file leaves out, the job takes from its embedded default job, ``DEFAULTS``; this file sets those.)"""
+    from raypipe.cli.args import build_configs
+    from raypipe.cli.main import build_parser
+    from raypipe.config import load_config
+
+    path = _yaml(
+        tmp_path,
+        "augment: {input_size: 48, auto_augment: rand-m9-mstd0.5-inc1, hflip: 0.25, scale: [0.3, 1]}\n"
+        "eval: {crop_pct: 0.9}\npipeline: {batch_size: 12, seed: 4, cpus_per_task: 1}\n"
+        "decode: {max_pixels: 1000000}\n"
+        "train: {model: resnet18, epochs: 2, mixup: 0.2}\n",
+    )
+    job = parse_job(["-c", path])
+    run = build_configs(build_parser().parse_args(["run", "data", "-c", path]))
+    api = load_config(path)
+    for section in ("augment", "eval", "pipeline", "decode"):
+        assert getattr(job, section) == run[section] == getattr(api, section), section
+    assert job.augment.input_size == job.eval.input_size == (48, 48) and job.eval.crop_pct == 0.9
+    assert (job.model, job.epochs, job.mixup) == ("resnet18", 2, 0.2)
+    assert dict(api.train) == {"model": "resnet18", "epochs": 2, "mixup": 0.2}
+
+
+@pytest.mark.parametrize("name", ["resnet50_imagenet.yaml", "tiny_cpu.yaml"])
+def test_shipped_configs_load_in_raypipe_run_too(name):
+    from pathlib import Path
+
+    from raypipe.cli.args import build_configs
+    from raypipe.cli.main import build_parser
+
+    path = str(Path(__file__).parent.parent / "jobs" / "configs" / name)
+    run = build_configs(build_parser().parse_args(["run", "data", "-c", path]))
+    job = parse_job(["-c", path])
+    assert run["augment"] == job.augment and run["pipeline"] == job.pipeline

@@ -7,19 +7,13 @@ default to ``None`` so we can tell "not given" from "given the default".
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
-from raypipe.config import (
-    DecodeConfig,
-    EvalAugment,
-    ExecutionConfig,
-    PipelineConfig,
-    TrainAugment,
-    config_from_dict,
-    load_yaml,
-)
+from raypipe.config import CONFIG_SECTIONS, TRAIN_SECTION, config_sections, load_yaml, resolve_sections
 
-__all__ = ["add_augment_args", "add_pipeline_args", "add_source_args", "build_configs", "SECTIONS"]
+__all__ = ["add_augment_args", "add_config_arg", "add_pipeline_args", "add_source_args", "build_configs", "SECTIONS"]
 
 # flag dest -> (section, field)
 _AUG_FLAGS = {
@@ -52,13 +46,19 @@ _PIPE_FLAGS = {
     "max_skip_ratio": ("pipeline", "max_skip_ratio"),
     "max_skips": ("pipeline", "max_skips"),
 }
-SECTIONS = {
-    "augment": TrainAugment,
-    "eval": EvalAugment,
-    "pipeline": PipelineConfig,
-    "execution": ExecutionConfig,
-    "decode": DecodeConfig,
-}
+SECTIONS = CONFIG_SECTIONS
+
+
+def _default(section: str, name: str) -> str:
+    """'(default: X)' for a flag that overrides a config field: the flag itself defaults to None ("not
+    given"), so the value shown is the field's own default."""
+    field = {f.name: f for f in dataclasses.fields(SECTIONS[section])}[name]
+    value = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == value[1] and name == "input_size":
+        value = value[0]
+    if isinstance(value, tuple):
+        value = " ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value)
+    return f"(default: {value})"
 
 
 def add_source_args(p: argparse.ArgumentParser) -> None:
@@ -72,67 +72,95 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_augment_args(p: argparse.ArgumentParser) -> None:
+    d = _default
     g = p.add_argument_group("augmentation (timm train.py names)")
-    g.add_argument("--img-size", type=int, help="output image size (square)")
-    g.add_argument("--input-size", type=int, nargs=3, metavar=("C", "H", "W"), help="timm-style input size")
-    g.add_argument("--scale", type=float, nargs=2, help="RandomResizedCrop area range")
-    g.add_argument("--ratio", type=float, nargs=2, help="RandomResizedCrop aspect range")
-    g.add_argument("--hflip", type=float, help="horizontal flip probability")
-    g.add_argument("--vflip", type=float, help="vertical flip probability")
-    g.add_argument("--color-jitter", type=float, help="colour jitter strength (0 disables)")
-    g.add_argument("--color-jitter-prob", type=float, help="probability of applying colour jitter")
-    g.add_argument("--grayscale-prob", type=float, help="random grayscale probability")
-    g.add_argument("--gaussian-blur-prob", type=float, help="gaussian blur probability")
-    g.add_argument("--aa", help="timm auto-augment policy, e.g. rand-m9-mstd0.5-inc1")
-    g.add_argument("--interpolation", choices=("bilinear", "bicubic", "random"), help="crop interpolation")
-    g.add_argument("--crop-pct", type=float, help="eval: resize to size / crop_pct, then crop")
-    g.add_argument("--crop-mode", choices=("center", "squash", "border"), help="eval crop mode")
-    g.add_argument("--max-pixels", type=int, help="refuse images with more pixels (decompression bombs)")
+    g.add_argument("--img-size", type=int, help=f"output image size (square) {d('augment', 'input_size')}")
+    g.add_argument("--input-size", type=int, nargs=3, metavar=("C", "H", "W"),
+                   help="timm-style input size (overrides --img-size)")  # fmt: skip
+    g.add_argument("--scale", type=float, nargs=2, metavar=("MIN", "MAX"),
+                   help=f"RandomResizedCrop area range {d('augment', 'scale')}")  # fmt: skip
+    g.add_argument("--ratio", type=float, nargs=2, metavar=("MIN", "MAX"),
+                   help=f"RandomResizedCrop aspect range {d('augment', 'ratio')}")  # fmt: skip
+    g.add_argument("--hflip", type=float, help=f"horizontal flip probability {d('augment', 'hflip')}")
+    g.add_argument("--vflip", type=float, help=f"vertical flip probability {d('augment', 'vflip')}")
+    g.add_argument("--color-jitter", type=float,
+                   help=f"colour jitter strength, 0 disables {d('augment', 'color_jitter')}")  # fmt: skip
+    g.add_argument("--color-jitter-prob", type=float,
+                   help="probability of applying colour jitter (default: always, when it is on)")  # fmt: skip
+    g.add_argument("--grayscale-prob", type=float,
+                   help=f"random grayscale probability {d('augment', 'grayscale_prob')}")  # fmt: skip
+    g.add_argument("--gaussian-blur-prob", type=float,
+                   help=f"gaussian blur probability {d('augment', 'gaussian_blur_prob')}")  # fmt: skip
+    g.add_argument("--aa", help="timm auto-augment policy, e.g. rand-m9-mstd0.5-inc1 (default: none)")
+    g.add_argument("--interpolation", choices=("bilinear", "bicubic", "random"),
+                   help=f"crop interpolation {d('augment', 'interpolation')}")  # fmt: skip
+    g.add_argument("--crop-pct", type=float,
+                   help=f"eval: resize to size / crop_pct, then crop {d('eval', 'crop_pct')}")  # fmt: skip
+    g.add_argument("--crop-mode", choices=("center", "squash", "border"),
+                   help=f"eval crop mode {d('eval', 'crop_mode')}")  # fmt: skip
+    g.add_argument("--max-pixels", type=int,
+                   help=f"skip images with more pixels (bombs) {d('decode', 'max_pixels')}")  # fmt: skip
 
 
 def add_pipeline_args(p: argparse.ArgumentParser) -> None:
+    d = _default
     g = p.add_argument_group("pipeline")
-    g.add_argument("-b", "--batch-size", type=int, help="images per packed batch")
-    g.add_argument("--seed", type=int, help="augmentation and shuffle seed (fixed default: runs agree)")
+    g.add_argument("-b", "--batch-size", type=int, help=f"images per packed batch {d('pipeline', 'batch_size')}")
+    g.add_argument("--seed", type=int,
+                   help=f"augmentation and shuffle seed; fixed, so runs agree {d('pipeline', 'seed')}")  # fmt: skip
     g.add_argument("--drop-last", action="store_true", default=None, help="drop the last partial batch")
-    g.add_argument("--shuffle-window", type=int, help="sharded sources: rows shuffled together (whole shards)")
+    g.add_argument("--shuffle-window", type=int,
+                   help=f"sharded sources: rows shuffled together, whole shards {d('pipeline', 'shuffle_window')}")
     g = p.add_argument_group("execution")
     g.add_argument("--num-tasks", type=int, help="augmentation tasks at once (default: this rank's share of the CPUs)")
-    g.add_argument("--cpus-per-task", type=float, help="CPUs each augmentation task asks Ray for (default 0.5)")
+    g.add_argument("--cpus-per-task", type=float,
+                   help=f"CPUs each augmentation task asks Ray for {d('execution', 'cpus_per_task')}")
     g.add_argument("--chunk-rows", type=int, help="rows per augmentation task (default: from the batch size)")
-    g.add_argument("--prefetch-chunks", type=int, help="finished chunks held ahead of the consumer (default 2)")
-    g.add_argument("--worker-nice", type=int, help="workers' niceness 0-19 (default 10: consumer first; 0: fair share)")
+    g.add_argument("--prefetch-chunks", type=int,
+                   help=f"finished chunks held ahead of the consumer {d('execution', 'prefetch_chunks')}")
+    g.add_argument("--worker-nice", type=int,
+                   help=f"workers' niceness 0-19; 0: fair share {d('execution', 'worker_nice')}")  # fmt: skip
     g.add_argument("--worker-sched-idle", action=argparse.BooleanOptionalAction, default=None,
                    help="workers' stage thread under Linux SCHED_IDLE, CPU nothing else wants (default: "
                         "on when training on a GPU)")  # fmt: skip
-    g.add_argument("--max-skip-ratio", type=float, help="fail the epoch if more than this fraction is skipped")
-    g.add_argument("--max-skips", type=int, help="fail the epoch after this many skips")
-    g.add_argument("-c", "--config", help="YAML config with sections: " + ", ".join(SECTIONS))
+    g.add_argument("--max-skip-ratio", type=float,
+                   help="fail the epoch if more than this fraction is skipped (default: the pipeline's)")  # fmt: skip
+    g.add_argument("--max-skips", type=int, help="fail the epoch after this many skips (default: no count limit)")
+    add_config_arg(g)
 
 
-def build_configs(args: argparse.Namespace, yaml_sections: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Merge YAML sections and flags into validated config objects keyed by section name."""
-    raw: dict[str, dict] = {name: {} for name in SECTIONS}
-    data = dict(yaml_sections or {})
-    if getattr(args, "config", None):
-        data.update(load_yaml(args.config))
-    for name, value in data.items():
-        if name not in SECTIONS:
-            raise ValueError(f"config: unknown section {name!r}; known: {sorted(SECTIONS)}")
-        if not isinstance(value, dict):
-            raise ValueError(f"config: section {name!r} must be a mapping")
-        raw[name].update(value)
+def add_config_arg(p) -> None:
+    p.add_argument("-c", "--config",
+                   help=f"YAML config with sections {', '.join((*SECTIONS, TRAIN_SECTION))} (raypipe.config."
+                        f"load_config; only the training job reads {TRAIN_SECTION}); flags override it")  # fmt: skip
+
+
+def _flags_into(raw: dict[str, dict], values: Mapping[str, Any]) -> None:
+    """Put flag values (by dest name; None = not given) into ``raw``'s sections."""
     for dest, (section, field) in {**_AUG_FLAGS, **_PIPE_FLAGS}.items():
-        value = getattr(args, dest, None)
+        value = values.get(dest)
         if value is not None:
             raw[section][field] = list(value) if isinstance(value, (list, tuple)) else value
-    if getattr(args, "input_size", None):
-        raw["augment"]["input_size"] = list(args.input_size)
-    if getattr(args, "color_jitter", None) == 0:
+    if values.get("input_size"):
+        raw["augment"]["input_size"] = list(values["input_size"])
+    if values.get("color_jitter") == 0:
         raw["augment"]["color_jitter"] = None
-    # One output size for train and eval unless the config sets eval's own.
-    if "input_size" in raw["augment"] and "input_size" not in raw["eval"]:
-        raw["eval"]["input_size"] = raw["augment"]["input_size"]
-    if raw["augment"].get("interpolation") in ("bilinear", "bicubic") and "interpolation" not in raw["eval"]:
-        raw["eval"]["interpolation"] = raw["augment"]["interpolation"]
-    return {name: config_from_dict(cls, raw[name], where=name) for name, cls in SECTIONS.items()}
+
+
+def build_configs(
+    args: argparse.Namespace, *, config: Mapping[str, Any] | None = None, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Validated config objects keyed by section name (``raypipe.config.CONFIG_SECTIONS``).
+
+    Precedence: the dataclasses' defaults < ``defaults`` (by flag dest name: a command's own defaults)
+    < the config file's sections (``config``, else ``args.config`` loaded) < flags given. The file's
+    ``train`` section is the training job's and is accepted without being read here."""
+    if config is None:
+        config = load_yaml(args.config) if getattr(args, "config", None) else {}
+    sections = config_sections(config, where=getattr(args, "config", None) or "config")
+    raw: dict[str, dict] = {name: {} for name in SECTIONS}
+    _flags_into(raw, defaults or {})
+    for name in SECTIONS:
+        raw[name].update(sections.get(name, {}))
+    _flags_into(raw, vars(args))
+    return resolve_sections(raw)

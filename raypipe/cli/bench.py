@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import multiprocessing
 import os
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from raypipe.benchmark import contenders
-from raypipe.benchmark.report import format_table, plot, ratios
-from raypipe.cli.common import write_json
+from raypipe.cli.common import check_json_path, quiet_ray_startup, write_json
 from raypipe.config import TrainAugment
-from raypipe.runtime import connect
 
 SUITES = {
     "RRC224 + hflip": dict(color_jitter=None),
@@ -30,21 +28,51 @@ def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="compare raypipe with timm's loader and naive Ray Data on the same images")
     p.add_argument("data", help="an image folder of JPEGs (e.g. from `raypipe sample-data`)")
     p.add_argument("--epochs", type=int, default=3, help="epochs per loader; the first is a warm-up")
-    p.add_argument("-b", "--batch-size", type=int, default=128)
-    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("-b", "--batch-size", type=int, default=128,
+                   help="images per batch; the data must hold at least one batch")  # fmt: skip
+    p.add_argument("--img-size", type=int, default=224, help="output image size (square)")
     p.add_argument("--only", nargs="+", choices=LOADERS, default=list(LOADERS), help="run only these loaders")
-    p.add_argument("--suites", nargs="+", choices=("plain", "aa"), default=["plain", "aa"])
+    p.add_argument("--suites", nargs="+", choices=("plain", "aa"), default=["plain", "aa"],
+                   help="plain: RandomResizedCrop + flip; aa: also rand-m9-mstd0.5-inc1")  # fmt: skip
     p.add_argument("--json", help="write the figures here")
-    p.add_argument("--plot", help="write a PNG bar chart here")
+    p.add_argument("--plot", help="write a PNG bar chart here (needs matplotlib: pip install raypipe[bench])")
     p.set_defaults(func=main)
 
 
+def _jpeg_paths(root: str) -> list[Path]:
+    if not Path(root).is_dir():
+        raise ValueError(f"{root}: not a folder (bench reads an image folder of JPEGs)")
+    return sorted(p for p in Path(root).rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
+
+
+def check_args(args: argparse.Namespace) -> int:
+    """Reject what cannot give a figure, before anything runs; the number of JPEGs in the data."""
+    for name in ("epochs", "batch_size", "img_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected >= 1")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError("--plot needs matplotlib: pip install 'raypipe[bench]'")
+    n = len(_jpeg_paths(args.data))
+    if n == 0:
+        raise ValueError(f"{args.data}: no JPEG files found")
+    batched = {"raypipe", "packed", "timm", "naive"} & set(args.only)
+    if batched and n < args.batch_size:
+        # timm's training loader drops the last partial batch: with fewer images than one batch it
+        # delivers none and would be shown at 0 img/s.
+        raise ValueError(
+            f"{args.data} has {n} JPEGs, fewer than one batch of {args.batch_size} (-b): the loaders "
+            f"({', '.join(sorted(batched))}) need at least one full batch; use -b {n} or less, or more images"
+        )
+    return n
+
+
 def _files(root: str, limit: int = 400) -> list[bytes]:
-    paths = sorted(p for p in Path(root).rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
-    return [p.read_bytes() for p in paths[:limit]]
+    return [p.read_bytes() for p in _jpeg_paths(root)[:limit]]
 
 
 def _run_one(name: str, aug: TrainAugment, args: argparse.Namespace, files: list[bytes], cores: int):
+    from raypipe.benchmark import contenders
+
     b, e = args.batch_size, args.epochs
     if name == "decode":
         return contenders.decode_limit(files, cores)
@@ -64,27 +92,38 @@ def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
     import ray
 
     if name != "timm":
-        connect()
+        from raypipe.runtime import connect
+
+        with quiet_ray_startup(settings.get("verbose", False)):
+            connect(quiet=not settings.get("verbose", False))
     try:
         return _run_one(name, aug, argparse.Namespace(**settings), [], cores)
     except Exception as e:  # Ray's exception classes do not pickle back to the parent: send the text
-        raise RuntimeError(f"{name} failed in its bench process:\n{traceback.format_exc()}") from e
+        inner = e.cause if isinstance(e, ray.exceptions.RayTaskError) and e.cause is not None else e
+        first = (str(inner).splitlines() or [""])[0]
+        raise RuntimeError(
+            f"{name} failed in its bench process: {type(inner).__name__}: {first}\n{traceback.format_exc()}"
+        ) from None
     finally:
         if ray.is_initialized():
             ray.shutdown()
 
 
 def _run_in_child(name: str, aug: TrainAugment, args: argparse.Namespace, cores: int):
-    settings = {"data": args.data, "batch_size": args.batch_size, "epochs": args.epochs}
+    settings = {"data": args.data, "batch_size": args.batch_size, "epochs": args.epochs,
+                "verbose": bool(getattr(args, "verbose", False))}  # fmt: skip
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(_run_isolated, name, aug, settings, cores).result()
 
 
 def main(args: argparse.Namespace) -> int:
+    check_args(args)
+    check_json_path(args.json)
+    check_json_path(args.plot)
+    from raypipe.benchmark.report import format_table, plot, ratios
+
     cores = os.cpu_count() or 1
     files = _files(args.data)
-    if not files:
-        raise ValueError(f"{args.data}: no JPEG files found")
     chosen = {"plain": list(SUITES)[0], "aa": list(SUITES)[1]}
     suites = {}
     for key in args.suites:
@@ -99,7 +138,10 @@ def main(args: argparse.Namespace) -> int:
                 else:
                     res = _run_one(name, aug, args, files, cores)
                 results[res.name] = res
-                print(f"  {res.name:<16} {res.images_per_s:8.0f} img/s", flush=True)
+                if res.images_per_s > 0:
+                    print(f"  {res.name:<16} {res.images_per_s:8.0f} img/s", flush=True)
+                else:
+                    print(f"  {res.name:<16}        - (no batch came out: nothing to time)", flush=True)
         suites[title] = results
         print(format_table(title, results), flush=True)
     write_json(

@@ -1,32 +1,87 @@
-"""Small helpers shared by the CLI commands."""
+"""Small helpers shared by the CLI commands.
+
+Nothing heavy is imported at module level: ``raypipe --help`` must not pay for Ray, torch or pyarrow.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import sys
+import time
 from pathlib import Path
 
-from tqdm import tqdm
+__all__ = [
+    "PROGRESS_INTERVAL_S",
+    "progress",
+    "write_json",
+    "check_json_path",
+    "rows_from_args",
+    "print_skips",
+    "quiet_ray_startup",
+    "connect_quietly",
+]
 
-from raypipe.sources import open_source
+# How often a progress line is written when stderr is not a terminal (a job log, CI, a file).
+PROGRESS_INTERVAL_S = 5.0
 
-__all__ = ["progress", "write_json", "rows_from_args", "print_skips"]
+
+class _LineProgress:
+    """tqdm's ``update``/context-manager surface, written as plain lines: a job log shows no ``\\r``
+    updates, so it gets one line every ``interval`` seconds and one at the end."""
+
+    def __init__(self, total: int | None, desc: str, unit: str, interval: float, stream, disabled: bool):
+        self.total, self.desc, self.unit, self.interval = total, desc, unit, interval
+        self.stream, self.disabled = stream, disabled
+        self.n = 0
+        self._t0 = self._last = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.monotonic()
+        if now - self._last >= self.interval:
+            self._last = now
+            self._write(now)
+
+    def _write(self, now: float) -> None:
+        if self.disabled:
+            return
+        elapsed = now - self._t0
+        rate = f", {self.n / elapsed:.0f} {self.unit}/s" if elapsed > 0 else ""
+        done = f"{self.n}/{self.total} {self.unit}" if self.total else f"{self.n} {self.unit}"
+        share = f" ({100 * self.n / self.total:.0f} %)" if self.total else ""
+        print(f"{self.desc}: {done}{share}{rate}, {elapsed:.0f} s", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        self._write(time.monotonic())
+
+    def __enter__(self) -> _LineProgress:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:  # an error's own message follows; a last progress line would bury it
+            self.close()
 
 
 def progress(total: int | None, desc: str, unit: str = "img"):
-    """A tqdm bar on a terminal; plain periodic lines under a job or CI (not a TTY)."""
-    tty = sys.stderr.isatty()
-    return tqdm(
-        total=total,
-        desc=desc,
-        unit=unit,
-        dynamic_ncols=True,
-        mininterval=0.5 if tty else 10.0,
-        disable=os.environ.get("RAYPIPE_NO_PROGRESS") == "1",
-        file=sys.stderr,
-        ascii=not tty,
-    )
+    """A progress bar on stderr: tqdm on a terminal; plain lines every ``PROGRESS_INTERVAL_S`` seconds
+    when stderr is not one (a job log or CI, where ``\\r`` updates show as nothing). Off with
+    ``RAYPIPE_NO_PROGRESS=1``."""
+    disabled = os.environ.get("RAYPIPE_NO_PROGRESS") == "1"
+    if not sys.stderr.isatty():
+        return _LineProgress(total, desc, unit, PROGRESS_INTERVAL_S, sys.stderr, disabled)
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, mininterval=0.5, disable=disabled,
+                file=sys.stderr)  # fmt: skip
+
+
+def check_json_path(path: str | None) -> None:
+    """Make the folder of a report path now, so an unwritable one fails before any work starts."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
 
 
 def write_json(path: str | None, payload: dict) -> None:
@@ -36,6 +91,8 @@ def write_json(path: str | None, payload: dict) -> None:
 
 
 def rows_from_args(args):
+    from raypipe.sources import open_source
+
     return open_source(
         args.data,
         kind=args.kind,
@@ -55,3 +112,42 @@ def print_skips(skipped: dict[str, int], paths: list[dict], limit: int = 20) -> 
         print(f"    {s['reason']:<13} {s['path']}  {s['detail']}".rstrip())
     if len(paths) > limit:
         print(f"    … {len(paths) - limit} more (see --json)")
+
+
+class _BelowError(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
+@contextlib.contextmanager
+def quiet_ray_startup(verbose: bool = False):
+    """Hide what Ray logs below ERROR while it starts, unless ``verbose``.
+
+    Starting a local Ray logs warnings meant for whoever administers it (that token authentication
+    is on, Ray's default for a local cluster, and how to opt out); in a raypipe command's output they
+    read as if something were wrong. The filter sits on the handlers of Ray's public ``ray`` logger
+    (set up by ``import ray``) only while this block runs, so Ray's warnings after start-up still show.
+    """
+    if verbose:
+        yield
+        return
+    import ray  # noqa: F401 - sets up the "ray" logger's handlers
+
+    handlers = list(logging.getLogger("ray").handlers)
+    quiet = _BelowError()
+    for handler in handlers:
+        handler.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(quiet)
+
+
+def connect_quietly(args, **kwargs) -> None:
+    """``raypipe.runtime.connect`` with Ray's start-up messages hidden unless ``--verbose``."""
+    from raypipe.runtime import connect
+
+    verbose = bool(getattr(args, "verbose", False))
+    with quiet_ray_startup(verbose):
+        connect(quiet=not verbose, **kwargs)

@@ -1,34 +1,42 @@
-"""``raypipe preview``: a PNG grid of augmented samples with their labels."""
+"""``raypipe preview``: a PNG grid of augmented samples with their labels.
+
+The grid's few images are augmented in this process (``raypipe.cli.inprocess``): no Ray starts, and
+the pixels are those a Ray run of the same epoch and seed gives them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
-import numpy as np
-from PIL import Image, ImageDraw
+from raypipe.cli.args import add_augment_args, add_config_arg, add_source_args, build_configs
+from raypipe.cli.common import check_json_path, rows_from_args
 
-from raypipe.cli.args import add_augment_args, add_pipeline_args, add_source_args, build_configs
-from raypipe.cli.common import rows_from_args
-from raypipe.pipeline.pipeline import Pipeline
-from raypipe.runtime import connect
+# A grid of more images than this is too large to look at; the cap also keeps preview in-process.
+MAX_COUNT = 256
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("preview", help="write a grid of augmented samples with labels to a PNG")
+    p = sub.add_parser("preview", help="write a grid of augmented samples with labels to a PNG",
+                       description="Write a grid of the first --count augmented images of an epoch, with their "
+                                   "labels, to a PNG. Runs in this process: no Ray starts.")  # fmt: skip
     add_source_args(p)
     add_augment_args(p)
-    add_pipeline_args(p)
+    p.add_argument("--seed", type=int, help="augmentation and shuffle seed (default: 0, as in raypipe run)")
+    add_config_arg(p)
     p.add_argument("--out", required=True, help="output PNG path")
-    p.add_argument("--count", type=int, default=16, help="number of samples in the grid")
-    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--count", type=int, default=16, help=f"number of samples in the grid (1..{MAX_COUNT})")
+    p.add_argument("--epoch", type=int, default=0, help="epoch whose order and augmentation are shown")
     p.add_argument("--eval", action="store_true", help="show the eval transform")
     p.set_defaults(func=main)
 
 
-def make_grid(images: np.ndarray, captions: list[str], cols: int | None = None) -> Image.Image:
-    """Tile (N, H, W, 3) uint8 images with a caption strip under each."""
+def make_grid(images, captions: list[str], cols: int | None = None):
+    """Tile (N, H, W, 3) uint8 images with a caption strip under each; a PIL image."""
+    from PIL import Image, ImageDraw
+
     n, h, w, _ = images.shape
     cols = cols or max(1, math.ceil(math.sqrt(n)))
     rows = math.ceil(n / cols)
@@ -43,25 +51,37 @@ def make_grid(images: np.ndarray, captions: list[str], cols: int | None = None) 
 
 
 def main(args: argparse.Namespace) -> int:
-    from dataclasses import replace
+    if not 1 <= args.count <= MAX_COUNT:
+        raise ValueError(f"--count {args.count}: expected 1..{MAX_COUNT}")
+    if args.epoch < 0:
+        raise ValueError(f"--epoch {args.epoch}: expected >= 0")
+    from PIL import Image
 
+    if Path(args.out).suffix.lower() not in Image.registered_extensions():
+        raise ValueError(f"--out {args.out}: expected an image file name, e.g. grid.png")
     cfg = build_configs(args)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # before the pipeline runs, as --json does
-    rows = rows_from_args(args)  # a bad dataset is reported before a Ray starts
-    connect()
-    augment = cfg["eval"] if args.eval else cfg["augment"]
-    pipe_cfg = replace(cfg["pipeline"], batch_size=args.count, drop_last=False)
-    pipe = Pipeline(rows, augment, config=pipe_cfg, execution=cfg["execution"], decode=cfg["decode"])
-    run = pipe.epoch(args.epoch)
-    batch = next(iter(run), None)
+    check_json_path(args.out)
+    rows = rows_from_args(args)
+    from raypipe.cli.inprocess import first_images
+
+    pipe = cfg["pipeline"]
+    batch = first_images(
+        rows,
+        cfg["eval"] if args.eval else cfg["augment"],
+        cfg["decode"],
+        count=args.count,
+        seed=pipe.seed,
+        epoch=args.epoch,
+        shuffle=pipe.shuffle,
+    )
     if batch is None:
-        print("raypipe preview: no image could be read")
+        print("raypipe preview: no image could be read", file=sys.stderr)
         return 1
     names = rows.classes
     captions = [
         f"{int(lbl)}:{names[int(lbl)] if names and 0 <= lbl < len(names) else ''} #{int(sid)}"
         for lbl, sid in zip(batch["label"], batch["sample_id"], strict=True)
     ]
-    make_grid(np.asarray(batch["image"]), captions).save(args.out)
+    make_grid(batch["image"], captions).save(args.out, compress_level=1)  # PNG: fast beats small here
     print(f"raypipe preview: wrote {len(captions)} samples to {args.out}")
     return 0

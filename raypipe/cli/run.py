@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 
 from raypipe.cli.args import add_augment_args, add_pipeline_args, add_source_args, build_configs
-from raypipe.cli.common import print_skips, progress, rows_from_args, write_json
-from raypipe.pipeline.pipeline import EpochSource, Pipeline
-from raypipe.runtime import connect, process_memory_mb, tune_consumer_process
+from raypipe.cli.common import check_json_path, connect_quietly, print_skips, progress, rows_from_args, write_json
 
 
 def add_parser(sub) -> None:
@@ -15,28 +13,56 @@ def add_parser(sub) -> None:
     add_source_args(p)
     add_augment_args(p)
     add_pipeline_args(p)
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=1, help="epochs to run")
     p.add_argument("--eval", action="store_true", help="use the eval transform instead of training augmentation")
-    p.add_argument("--no-shuffle", action="store_true")
-    p.add_argument("--device", default="cpu", help="trainer-side device for the DeviceLoader (cpu, cuda)")
-    p.add_argument("--object-store-mb", type=int, help="cap the local Ray object store (ignored with RAY_ADDRESS)")
+    p.add_argument("--no-shuffle", action="store_true", help="read the dataset in its listing order every epoch")
+    p.add_argument("--device", default="cpu", help="trainer-side device for the DeviceLoader: cpu, cuda or cuda:N")
+    p.add_argument("--object-store-mb", type=int,
+                   help="cap the local Ray object store (ignored with RAY_ADDRESS; default: Ray's)")  # fmt: skip
     p.add_argument("--json", help="write a machine-readable report here")
     p.set_defaults(func=main)
 
 
+def check_device(device: str) -> None:
+    """A device the DeviceLoader can use on this machine, checked before Ray starts."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"--device {device!r}: {e}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device!r}: expected cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device!r}: CUDA is not available on this machine")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
 def main(args: argparse.Namespace) -> int:
+    # Every argument is checked before Ray starts.
+    if args.epochs < 1:
+        raise ValueError(f"--epochs {args.epochs}: expected >= 1")
+    if args.object_store_mb is not None and args.object_store_mb < 1:
+        raise ValueError(f"--object-store-mb {args.object_store_mb}: expected >= 1")
     cfg = build_configs(args)
     if args.no_shuffle:
         from dataclasses import replace
 
         cfg["pipeline"] = replace(cfg["pipeline"], shuffle=False)
-    rows = rows_from_args(args)  # a bad dataset is reported before a Ray starts
-    connect(object_store_memory=args.object_store_mb * 2**20 if args.object_store_mb else None)
+    check_device(args.device)
+    check_json_path(args.json)
+    rows = rows_from_args(args)
+    from raypipe.device import DeviceLoader
+    from raypipe.pipeline.pipeline import EpochSource, Pipeline
+    from raypipe.runtime import process_memory_mb, tune_consumer_process
+
+    connect_quietly(args, object_store_memory=args.object_store_mb * 2**20 if args.object_store_mb else None)
     tune_consumer_process()
     augment = cfg["eval"] if args.eval else cfg["augment"]
     pipe = Pipeline(rows, augment, config=cfg["pipeline"], execution=cfg["execution"], decode=cfg["decode"],
                     content_digest=True)  # fmt: skip
-    from raypipe.device import DeviceLoader
 
     print(f"raypipe run: {len(rows)} samples ({rows.kind}) from {args.data}, batch {cfg['pipeline'].batch_size}")
     epochs = []

@@ -1,51 +1,84 @@
-"""``raypipe scan``: decode every image across Ray and classify it ok / skipped(reason)."""
+"""``raypipe scan``: decode every image and classify it ok / skipped(reason); exit 1 if any is bad.
+
+Datasets of at most ``SCAN_IN_PROCESS_MAX`` images are decoded in this process (no Ray starts);
+larger ones, or any with ``--ray``, across Ray.
+"""
 
 from __future__ import annotations
 
 import argparse
 
 from raypipe.cli.args import add_source_args
-from raypipe.cli.common import print_skips, progress, rows_from_args, write_json
-from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineConfig
-from raypipe.pipeline.pipeline import Pipeline
-from raypipe.runtime import connect
+from raypipe.cli.common import check_json_path, connect_quietly, print_skips, progress, rows_from_args, write_json
+from raypipe.config import DEFAULT_MAX_PIXELS
+
+# Mirrors raypipe.cli.inprocess.SCAN_IN_PROCESS_MAX (not imported here: it pulls in pyarrow and the
+# kernels, which --help must not pay for); a test checks they agree.
+_IN_PROCESS_MAX = 1000
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("scan", help="decode every image and report ok / skipped by reason, with paths")
+    p = sub.add_parser(
+        "scan",
+        help="decode every image and report ok / skipped by reason, with paths",
+        description="Decode every image fully and report ok / skipped by reason, with paths. Exit status 1 "
+        f"when any image is bad. Up to {_IN_PROCESS_MAX} images are decoded in this process; more run on Ray.",
+    )
     add_source_args(p)
-    p.add_argument("--max-pixels", type=int, default=DecodeConfig().max_pixels)
-    p.add_argument("--num-tasks", type=int, help="augmentation tasks at once (default: the cluster's CPUs / 0.5)")
+    p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                   help="images with more pixels are skipped as decompression bombs")  # fmt: skip
+    p.add_argument("--num-tasks", type=int, help="decode tasks at once on Ray (default: the cluster's CPUs / 0.5)")
+    p.add_argument("--ray", action="store_true",
+                   help=f"decode on Ray even when there are at most {_IN_PROCESS_MAX} images")  # fmt: skip
     p.add_argument("--json", help="write a machine-readable report here")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    rows = rows_from_args(args)  # a bad dataset is reported before a Ray starts
-    connect()
+    from raypipe.config import DecodeConfig, EvalAugment
+
+    if args.num_tasks is not None and args.num_tasks < 1:
+        raise ValueError(f"--num-tasks {args.num_tasks}: expected >= 1")
     # A full decode (no DCT scaling) so truncation anywhere in the file is found; tiny output.
-    pipe = Pipeline(
-        rows,
-        EvalAugment(input_size=16, crop_mode="squash"),
-        config=PipelineConfig(batch_size=1024, shuffle=False),
-        execution=ExecutionConfig(num_tasks=args.num_tasks),
-        decode=DecodeConfig(max_pixels=args.max_pixels, dct_scaling=False),
+    augment = EvalAugment(input_size=16, crop_mode="squash")
+    decode = DecodeConfig(max_pixels=args.max_pixels, dct_scaling=False)
+    check_json_path(args.json)
+    rows = rows_from_args(args)  # a bad dataset is reported before anything runs
+    if args.ray or len(rows) > _IN_PROCESS_MAX:
+        total, ok, skipped, skipped_paths = _scan_on_ray(args, rows, augment, decode)
+    else:
+        total, ok, skipped, skipped_paths = _scan_here(rows, augment, decode)
+    print(f"raypipe scan: {total} files: ok {ok}, skipped {len(skipped_paths)}")
+    print_skips(skipped, skipped_paths)
+    write_json(
+        args.json,
+        {"data": args.data, "total": total, "ok": ok, "skipped": skipped, "skipped_paths": skipped_paths},
     )
-    run = pipe.epoch(0)
+    return 1 if skipped_paths else 0
+
+
+def _scan_here(rows, augment, decode):
+    from raypipe.cli.inprocess import ScanTally, scan_blocks
+
+    tally = ScanTally()
+    with progress(len(rows), "scan") as bar:
+        for block in scan_blocks(rows, augment, decode):
+            tally.add(block)
+            bar.update(len(block["ok"]))
+    return tally.total, tally.ok, dict(tally.skipped), tally.skipped_paths
+
+
+def _scan_on_ray(args, rows, augment, decode):
+    from raypipe.config import ExecutionConfig, PipelineConfig
+    from raypipe.pipeline.pipeline import Pipeline
+
+    # Every image is reported, however many are bad: no skip limit.
+    config = PipelineConfig(batch_size=1024, shuffle=False, max_skip_ratio=1.0)
+    connect_quietly(args)
+    run = Pipeline(rows, augment, config=config, execution=ExecutionConfig(num_tasks=args.num_tasks),
+                   decode=decode).epoch(0)  # fmt: skip
     with progress(len(rows), "scan") as bar:
         for batch in run:
             bar.update(len(batch["sample_id"]))
     rep = run.report
-    print(f"raypipe scan: {rep.expected} files: ok {rep.emitted}, skipped {rep.num_skipped}")
-    print_skips(rep.skipped, rep.skipped_paths)
-    write_json(
-        args.json,
-        {
-            "data": args.data,
-            "total": rep.expected,
-            "ok": rep.emitted,
-            "skipped": rep.skipped,
-            "skipped_paths": rep.skipped_paths,
-        },
-    )
-    return 0
+    return rep.expected, rep.emitted, dict(rep.skipped), list(rep.skipped_paths)

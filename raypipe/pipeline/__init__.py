@@ -1,24 +1,40 @@
-"""The execution layer: a rank's epoch order, its chunks run as Ray tasks, exact packing, accounting."""
+"""The execution layer: a rank's epoch order, its chunks run as Ray tasks, exact packing, accounting.
 
-from raypipe.pipeline.accounting import EpochReport, SkipLimitError
-from raypipe.pipeline.budget import RankBudget, rank_budget
-from raypipe.pipeline.feeder import FeederDiedError, FeederSource
-from raypipe.pipeline.order import RankPlan, epoch_order
-from raypipe.pipeline.pack import BatchSpec, Packer
-from raypipe.pipeline.pipeline import EpochRun, EpochSource, Pipeline
+Names are imported lazily (PEP 562): the epoch order (``raypipe.pipeline.order``) is plain NumPy, and
+importing it must not import Ray.
+"""
 
-__all__ = [
-    "BatchSpec",
-    "EpochReport",
-    "EpochRun",
-    "EpochSource",
-    "FeederDiedError",
-    "FeederSource",
-    "Packer",
-    "Pipeline",
-    "RankBudget",
-    "RankPlan",
-    "SkipLimitError",
-    "epoch_order",
-    "rank_budget",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "EpochReport": "raypipe.pipeline.accounting",
+    "SkipLimitError": "raypipe.pipeline.accounting",
+    "RankBudget": "raypipe.pipeline.budget",
+    "rank_budget": "raypipe.pipeline.budget",
+    "FeederDiedError": "raypipe.pipeline.feeder",
+    "FeederSource": "raypipe.pipeline.feeder",
+    "RankPlan": "raypipe.pipeline.order",
+    "epoch_order": "raypipe.pipeline.order",
+    "BatchSpec": "raypipe.pipeline.pack",
+    "Packer": "raypipe.pipeline.pack",
+    "EpochRun": "raypipe.pipeline.pipeline",
+    "EpochSource": "raypipe.pipeline.pipeline",
+    "Pipeline": "raypipe.pipeline.pipeline",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'raypipe.pipeline' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -26,7 +26,11 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["epoch_order", "rank_slice", "chunk_bounds", "RankPlan"]
+__all__ = ["epoch_order", "rank_slice", "chunk_bounds", "RankPlan", "SHARDED_KINDS"]
+
+# Sources whose rows live in shards read as a whole: Parquet row groups, tar shards. A folder or
+# manifest row is a file of its own, read alone, and is shuffled globally.
+SHARDED_KINDS = ("parquet", "webdataset")
 
 
 def _rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
@@ -100,6 +104,17 @@ class RankPlan:
         self.shards, self.window_rows = shards, window_rows
         self._span = rank_slice(n, rank, world_size)
         self.sharded = shards is not None and n > 0 and bool((shards >= 0).any())
+
+    @classmethod
+    def for_rows(cls, rows, *, seed: int, shuffle: bool, chunk_rows: int, window_rows: int, rank: int = 0,
+                 world_size: int = 1) -> RankPlan:  # fmt: skip
+        """The plan for a listing (``raypipe.sources.SourceRows``): shard windows for sharded kinds."""
+        table = rows.table
+        sharded = rows.kind in SHARDED_KINDS and "shard" in table.column_names
+        return cls(
+            len(rows), seed=seed, shuffle=shuffle, chunk_rows=chunk_rows, rank=rank, world_size=world_size,
+            shards=table.column("shard").to_numpy() if sharded else None, window_rows=window_rows,
+        )  # fmt: skip
 
     @property
     def max_chunk_rows(self) -> int:

@@ -25,10 +25,7 @@ from raypipe.pipeline.stream import ChunkStream
 from raypipe.sources import SourceRows, open_source
 from raypipe.stages.augment import StageSpec
 
-__all__ = ["Pipeline", "EpochSource", "EpochRun", "SHARDED_KINDS"]
-
-# Sources whose rows live in shards that are read as a whole: Parquet row groups, tar shards.
-SHARDED_KINDS = ("parquet", "webdataset")
+__all__ = ["Pipeline", "EpochSource", "EpochRun"]
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +65,9 @@ class Pipeline:
 
     def plan(self, rank: int = 0, world_size: int = 1) -> RankPlan:
         cfg = self.config
-        # Only rows that live in shards read as a whole are shuffled by shard windows (order.py); a folder
-        # or manifest row is a file of its own, read alone, and is shuffled globally.
-        sharded = self.rows.kind in SHARDED_KINDS and "shard" in self.rows.table.column_names
-        shards = self.rows.table.column("shard").to_numpy() if sharded else None
-        return RankPlan(
-            len(self.rows), seed=cfg.seed, shuffle=cfg.shuffle, rank=rank, world_size=world_size,
-            chunk_rows=self.execution.chunk_rows_for(cfg.batch_size), shards=shards,
-            window_rows=cfg.shuffle_window,
+        return RankPlan.for_rows(
+            self.rows, seed=cfg.seed, shuffle=cfg.shuffle, rank=rank, world_size=world_size,
+            chunk_rows=self.execution.chunk_rows_for(cfg.batch_size), window_rows=cfg.shuffle_window,
         )  # fmt: skip
 
     def stage_spec(self, epoch: int) -> StageSpec:

@@ -1,10 +1,14 @@
 """The training job's flags (timm train.py names) and strict YAML, merged into a frozen ``TrainJobConfig``.
 
-Precedence: ``TrainJobConfig`` defaults (the embedded default job) < ``-c/--config`` YAML < flags
-given on the command line. The YAML is flat and uses the flags' dest names (``batch_size``,
-``img_size``, ``num_workers`` …); an unknown or duplicated key is an error. The augmentation and
-pipeline flags are raypipe's shared ones (``raypipe.cli.args``), so their names and checks match
-``raypipe run``.
+Precedence: the embedded default job (``TrainJobConfig``'s defaults and ``DEFAULTS``) < ``-c/--config``
+YAML < flags given on the command line. The YAML is raypipe's one config schema (``raypipe.config.
+load_config``): sections ``augment``, ``eval``, ``pipeline`` and ``decode``, which `raypipe run -c` reads
+too, and ``train``, this job's own settings (``TrainJobConfig``'s fields: ``model``, ``epochs``, ``lr`` …),
+which `raypipe run` accepts and ignores. What the file leaves out the job takes from its embedded
+default job (``DEFAULTS``, e.g. 64 px images), `raypipe run` from the library's defaults: a file meant
+for both sets those keys. An unknown section or key, or a duplicated key, is an error.
+The augmentation and pipeline flags are raypipe's shared ones (``raypipe.cli.args``), so their names and
+checks match ``raypipe run``.
 """
 
 from __future__ import annotations
@@ -12,15 +16,26 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from raypipe.cli.args import add_augment_args, add_pipeline_args, build_configs
-from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineConfig, TrainAugment, load_yaml
+from raypipe.config import (
+    TRAIN_SECTION,
+    DecodeConfig,
+    EvalAugment,
+    ExecutionConfig,
+    PipelineConfig,
+    TrainAugment,
+    config_sections,
+    load_yaml,
+)
 
 __all__ = ["TrainJobConfig", "build_parser", "parse_job", "job_from_namespace", "DEFAULTS"]
 
-# The embedded default job: sample data, a small model, a few minutes on 2 CPU cores.
+# The embedded default job: sample data, a small model, a few minutes on 2 CPU cores. Keyed by flag
+# dest name; below the config file and the flags.
 DEFAULTS: dict[str, Any] = {
     "img_size": 64,
     "batch_size": 32,
@@ -185,31 +200,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where each rank's batch consumer runs: a process beside it, or a thread")  # fmt: skip
     add_augment_args(p)
     add_pipeline_args(p)  # also -b/--batch-size, --seed and -c/--config
+    for action in p._actions:  # the shared flags' help shows the library's defaults: show this job's
+        if action.dest in DEFAULTS and action.help:
+            value = DEFAULTS[action.dest]
+            shown = " ".join(map(str, value)) if isinstance(value, (tuple, list)) else value
+            action.help = re.sub(r"\(default: [^)]*\)", f"(default: {shown})", action.help)
     return p
 
 
-def _known_keys(parser: argparse.ArgumentParser) -> set[str]:
-    return {a.dest for a in parser._actions if a.dest not in ("help", "config")}
-
-
 def job_from_namespace(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> TrainJobConfig:
-    """Merge defaults < YAML (``args.config``) < given flags into a validated ``TrainJobConfig``."""
-    parser = parser or build_parser()
-    known = _known_keys(parser)
-    merged: dict[str, Any] = dict(DEFAULTS)
-    if getattr(args, "config", None):
-        data = load_yaml(args.config)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{args.config}: unknown key(s) {unknown}; keys are the flags' dest names")
-        merged.update(data)
-    for dest in known:
-        value = getattr(args, dest, None)
-        if value is not None:
-            merged[dest] = value
-    ns = argparse.Namespace(**{dest: merged.get(dest) for dest in known})
-    sections = build_configs(ns)
-    job = {k: merged[k] for k in _JOB_FIELDS if merged.get(k) is not None}
+    """Merge defaults < YAML (``args.config``) < given flags into a validated ``TrainJobConfig``.
+
+    ``parser`` is accepted for callers that pass theirs; the merge needs only ``args``."""
+    config = load_yaml(args.config) if getattr(args, "config", None) else {}
+    where = getattr(args, "config", None) or "config"
+    train = config_sections(config, where=where).get(TRAIN_SECTION, {})
+    unknown = sorted(set(train) - set(_JOB_FIELDS))
+    if unknown:
+        raise ValueError(f"{where}: {TRAIN_SECTION}: unknown key(s) {unknown}; known: {sorted(_JOB_FIELDS)}")
+    sections = build_configs(args, config=config, defaults=DEFAULTS)
+    job = {k: v for k, v in train.items() if v is not None}
+    job |= {k: getattr(args, k) for k in _JOB_FIELDS if getattr(args, k, None) is not None}
     execution = sections["execution"]
     if job.get("preprocess_resource"):
         execution = dataclasses.replace(execution, resources={job["preprocess_resource"]: 0.001})

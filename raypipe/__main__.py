@@ -1,0 +1,7 @@
+"""``python -m raypipe``: the ``raypipe`` console script."""
+
+import sys
+
+from raypipe.cli.main import main
+
+sys.exit(main())
