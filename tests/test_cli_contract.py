@@ -64,7 +64,7 @@ USER_ERRORS = [
     (["sample-data", "{tmp}/s", "--per-class", "0"], "per_class"),
     (["sample-data", "{tmp}/s", "--classes", "many"], "invalid int value"),
     (["scan", "{tmp}/nope"], "does not exist"),
-    (["scan", "{data}", "--num-actors", "0"], "--num-actors"),
+    (["scan", "{data}", "--num-tasks", "0"], "--num-tasks"),
     (["run", "{data}", "--epochs", "0"], "--epochs"),
     (["run", "{data}", "-b", "-4"], "batch_size"),
     (["run", "{data}", "--hflip", "2"], "hflip"),
@@ -269,10 +269,19 @@ def _commands():
 
 def test_every_command_is_covered_and_every_flag_has_help():
     parser, commands = _commands()
-    assert set(commands) == {"sample-data", "scan", "run", "preview", "bench"} and len(COMMANDS) == len(commands)
+    assert set(commands) == {"sample-data", "scan", "run", "preview", "convert", "bench"}
+    assert len(COMMANDS) == len(commands)
     for name, command in [("raypipe", parser), *commands.items()]:
         for action in command._actions:
             assert action.help and action.help.strip(), f"{name}: {action.option_strings or action.dest} has no help"
+
+
+def test_convert_restates_the_kinds_and_formats_it_offers():
+    from raypipe.cli import convert
+    from raypipe.sources import KINDS
+    from raypipe.sources.convert import FORMATS
+
+    assert convert.KINDS == KINDS and convert.FORMATS == FORMATS
 
 
 def test_help_shows_defaults():
@@ -368,7 +377,7 @@ def test_a_fresh_ray_start_prints_no_warnings(bad_dir, tmp_path):
     """End to end in a child process with its own new Ray: no token-auth warning, no traceback."""
     env = dict(os.environ, PYTHONPATH=str(REPO), RAY_ADDRESS="")
     env.pop("RAY_AUTH_MODE", None)
-    cmd = [sys.executable, "-m", "raypipe", "scan", str(bad_dir), "--ray", "--num-actors", "1"]
+    cmd = [sys.executable, "-m", "raypipe", "scan", str(bad_dir), "--ray", "--num-tasks", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=200, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert "Token authentication" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

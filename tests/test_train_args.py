@@ -191,14 +191,14 @@ def test_one_config_file_for_the_job_raypipe_run_and_the_python_api(tmp_path):
     path = _yaml(
         tmp_path,
         "augment: {input_size: 48, auto_augment: rand-m9-mstd0.5-inc1, hflip: 0.25, scale: [0.3, 1]}\n"
-        "eval: {crop_pct: 0.9}\npipeline: {batch_size: 12, seed: 4, cpus_per_task: 1}\n"
+        "eval: {crop_pct: 0.9}\npipeline: {batch_size: 12, seed: 4}\nexecution: {cpus_per_task: 1}\n"
         "decode: {max_pixels: 1000000}\n"
         "train: {model: resnet18, epochs: 2, mixup: 0.2}\n",
     )
     job = parse_job(["-c", path])
     run = build_configs(build_parser().parse_args(["run", "data", "-c", path]))
     api = load_config(path)
-    for section in ("augment", "eval", "pipeline", "decode"):
+    for section in ("augment", "eval", "pipeline", "execution", "decode"):
         assert getattr(job, section) == run[section] == getattr(api, section), section
     assert job.augment.input_size == job.eval.input_size == (48, 48) and job.eval.crop_pct == 0.9
     assert (job.model, job.epochs, job.mixup) == ("resnet18", 2, 0.2)

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-from raypipe.cli.common import progress, write_json
-from raypipe.sources import KINDS
-from raypipe.sources.convert import FORMATS, convert
+from raypipe.cli.common import check_json_path, connect_quietly, progress, write_json
+
+# Restated here (not imported) so that `raypipe --help` imports no pyarrow; tests check they agree with
+# raypipe.sources.KINDS and raypipe.sources.convert.FORMATS.
+KINDS = ("folder", "parquet", "manifest", "webdataset")
+FORMATS = ("webdataset", "parquet")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("convert", help="write any dataset raypipe reads as WebDataset shards or Parquet files")
     p.add_argument("src", help="image folder, Parquet, manifest or WebDataset shards (local path or URI)")
     p.add_argument("dst", help="output folder (local path or URI); must hold no shards yet")
-    p.add_argument("--format", choices=FORMATS, required=True)
+    p.add_argument("--format", choices=FORMATS, required=True, help="what to write")
     p.add_argument("--kind", choices=KINDS, help="source kind (detected if omitted)")
     p.add_argument("--shard-size", default="256MB", help="target bytes per output shard (e.g. 256MB, 1GiB)")
     p.add_argument("--max-side", type=int, help="re-encode (JPEG q90) images whose longer side exceeds this")
@@ -26,6 +29,12 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from raypipe.sources.convert import convert
+
+    if args.max_side is not None and args.max_side < 1:
+        raise ValueError(f"--max-side {args.max_side}: expected >= 1")
+    check_json_path(args.json)
+    connect_quietly(args)
     options = dict(kind=args.kind, image_column=args.image_column, label_column=args.label_column,
                    path_column=args.path_column, root=args.root)  # fmt: skip
     bar = None
