@@ -46,6 +46,7 @@ Result = bytes | SkipImage
 # latency costs in bandwidth (20 ms at 100 MB/s is 2 MB).
 _MAX_GAP = 256 * 1024
 _MAX_RANGE = 16 * 1024 * 1024
+_FETCH_READ = 16 * 1024 * 1024  # bytes per request when a whole object is fetched into the cache
 
 
 class BlockReader:
@@ -292,8 +293,10 @@ def _store_name(fs: pafs.FileSystem) -> str:
 
 
 def _copy_object(fs: pafs.FileSystem, where: str, out) -> None:
+    # Each read of a remote stream is one request: large reads keep the requests per object few (a
+    # 256 MB shard in 16), while the memory a fetch holds stays bounded.
     with fs.open_input_stream(where) as f:
-        shutil.copyfileobj(f, out, 1 << 20)
+        shutil.copyfileobj(f, out, _FETCH_READ)
 
 
 def _read_stream(root: DatasetRoot, where: str) -> bytes:
