@@ -137,7 +137,8 @@ def shuffled_entropy(labels: np.ndarray, epochs: int, batch_size: int, classes: 
 
 
 def connect_again(tries: int = 3) -> None:
-    """Start the local Ray again: on a loaded machine a restart right after a shutdown can time out."""
+    """Start the local Ray (again): on a loaded machine its start, or a restart right after a shutdown, can
+    time out."""
     import raypipe.runtime
 
     for attempt in range(tries):
@@ -177,7 +178,6 @@ def main() -> None:
 
     import ray
 
-    import raypipe.runtime
     from raypipe.sources import open_source
 
     work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="raypipe-cloud-"))
@@ -186,7 +186,7 @@ def main() -> None:
     server = None
     results: dict[str, dict] = {}
     try:
-        raypipe.runtime.connect()
+        connect_again()
         data = make_data(work, a.images, classes)
         server = S3Process(work / "buckets", a.latency_ms)
         fs = server.filesystem()

@@ -31,4 +31,5 @@ def test_cloud_input_smoke(tmp_path):
     assert 0 < figures["entropy"]["ratio"] <= 1.5
     assert proc.stdout.rstrip().splitlines()[-1].startswith("| s3 (20 ms) folder + cache |")
     cache = tmp_path / "work" / "cache"
-    assert sum(len(files) for _, _, files in os.walk(cache)) >= 200  # the cache contender filled it
+    entries = [f for d in cache.iterdir() if len(d.name) == 2 for f in d.iterdir()]
+    assert len(entries) == 200  # the cache contender filled it, one entry per image
