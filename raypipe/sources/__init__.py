@@ -7,6 +7,7 @@ import os
 
 import pyarrow.fs as pafs
 
+from raypipe.sources.cache import CacheConfig
 from raypipe.sources.folder import IMG_EXTENSIONS, list_image_folder
 from raypipe.sources.manifest import list_manifest
 from raypipe.sources.parquet import list_parquet
@@ -21,6 +22,7 @@ __all__ = [
     "KINDS",
     "ROW_SCHEMA",
     "BlockReader",
+    "CacheConfig",
     "DatasetRoot",
     "ReadOptions",
     "SourceRows",

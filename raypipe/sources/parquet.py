@@ -97,11 +97,12 @@ class ParquetGroups:
 
     File footers are read once per process (``metadata``); each thread opens its own ``ParquetFile``
     over them, as a ``ParquetFile`` must not be read from two threads at once while remote row groups
-    are fetched concurrently.
+    are fetched concurrently. ``opener`` (given a remote file's full path, returns what
+    ``pq.ParquetFile`` reads) replaces the filesystem's ``open_input_file``: the reader's cache.
     """
 
-    def __init__(self, root: DatasetRoot, column: str):
-        self.root, self.column = root, column
+    def __init__(self, root: DatasetRoot, column: str, *, opener=None):
+        self.root, self.column, self._opener = root, column, opener
         self._meta: dict[str, tuple[pq.FileMetaData, np.ndarray]] = {}
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -117,7 +118,9 @@ class ParquetGroups:
 
     def _source(self, rel: str):
         path = self._path(rel)
-        return path if self.root.is_local else self.root.filesystem.open_input_file(path)
+        if self.root.is_local:
+            return path
+        return self._opener(path) if self._opener is not None else self.root.filesystem.open_input_file(path)
 
     def group_starts(self, rel: str) -> np.ndarray:
         """First row of each row group of file ``rel``, plus its row count at the end (footer read once)."""

@@ -14,19 +14,25 @@ How a block is read depends on where it lies:
   for why, and for the retries), holding one block's bytes at a time;
 - Parquet rows are grouped by (file, row group): each row group a block touches is read once;
 - tar members are grouped by shard: a local shard is opened once per block and its members read with
-  ``pread``; remote members that lie close together in a shard are fetched with one ranged request.
+  ``pread``; remote members that lie close together in a shard are fetched with one ranged request;
+- with a cache (``ReadOptions.cache``, see ``raypipe.sources.cache``) a remote object, tar shard or
+  Parquet file is fetched whole the first time it is read and read from local disk afterwards.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from raypipe.kernels.errors import TRUNCATED, UNREADABLE, SkipImage
+from raypipe.sources.cache import LocalCache, local_cache
 from raypipe.sources.parquet import ParquetGroups
 from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.remote import ReadOptions, read_skip, with_retries
@@ -40,6 +46,7 @@ Result = bytes | SkipImage
 # latency costs in bandwidth (20 ms at 100 MB/s is 2 MB).
 _MAX_GAP = 256 * 1024
 _MAX_RANGE = 16 * 1024 * 1024
+_FETCH_READ = 16 * 1024 * 1024  # bytes per request when a whole object is fetched into the cache
 
 
 class BlockReader:
@@ -50,7 +57,10 @@ class BlockReader:
             raise ValueError(f"kind={kind!r}: expected folder, manifest, parquet or webdataset")
         self.root, self.kind, self.image_column = root, kind, image_column
         self.options = options or ReadOptions()
-        self._parquet = ParquetGroups(root, image_column) if kind == "parquet" else None
+        cached = self.options.cache is not None and not root.is_local
+        self._parquet = ParquetGroups(root, image_column, opener=self._open_cached if cached else None) \
+            if kind == "parquet" else None  # fmt: skip
+        self._cache: LocalCache | None = None  # made on first use: the folder is the reading node's
         self._pool: ThreadPoolExecutor | None = None
         self._handles: dict[str, object] = {}
 
@@ -73,6 +83,33 @@ class BlockReader:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.options.in_flight, thread_name_prefix="raypipe-read")
         return list(self._pool.map(fn, items))
+
+    @property
+    def cached(self) -> bool:
+        """Whether remote objects are read through the local cache."""
+        return self.options.cache is not None and not self.root.is_local
+
+    def _cached_fd(self, where: str) -> int:
+        """A descriptor of the whole object ``where`` (inside the root) in the local cache, fetched
+        first if it is not there or changed (its size or time); retried as any remote read."""
+        if self._cache is None:
+            self._cache = local_cache(self.options.cache)  # type: ignore[arg-type]
+        fs = self.root.filesystem
+        cache = self._cache
+
+        def fetch() -> int:
+            info = fs.get_file_info(where)
+            if info.type == pafs.FileType.NotFound:
+                raise FileNotFoundError(errno.ENOENT, f"{where}: not found")
+            if info.type != pafs.FileType.File:
+                raise IsADirectoryError(errno.EISDIR, f"{where}: not a file")
+            key = LocalCache.key(_store_name(fs), where, info.size, info.mtime_ns)
+            return cache.get(key, info.size, lambda f: _copy_object(fs, where, f))
+
+        return with_retries(fetch, self.options)
+
+    def _open_cached(self, where: str):
+        return os.fdopen(self._cached_fd(where), "rb")
 
     def read_block(self, rows: Mapping[str, np.ndarray]) -> list[Result]:
         """Bytes (or the skip) of each row of a block: ``rows`` has the block's ``path`` column, and
@@ -119,6 +156,9 @@ class BlockReader:
         except SkipImage as e:
             return e
         try:
+            if self.cached:
+                with self._open_cached(where) as f:
+                    return f.read()
             return with_retries(lambda: _read_stream(self.root, where), self.options)
         except OSError as e:
             return read_skip(e, path)
@@ -173,10 +213,12 @@ class BlockReader:
         by_shard: dict[str, list[int]] = {}
         for i in todo:
             by_shard.setdefault(str(paths[i]), []).append(i)
-        if self.root.is_local:
-            for rel, idx in by_shard.items():
-                for i, data in zip(idx, self._pread_local(rel, [(int(offsets[i]), int(sizes[i])) for i in idx]),
-                                   strict=True):  # fmt: skip
+        if self.root.is_local or self.cached:
+            # a local shard, or a remote one cached whole: one descriptor per shard, members by pread
+            spans = {rel: [(int(offsets[i]), int(sizes[i])) for i in idx] for rel, idx in by_shard.items()}
+            items = list(by_shard)
+            for rel, results in zip(items, self._map(lambda rel: self._pread(rel, spans[rel]), items), strict=True):
+                for i, data in zip(by_shard[rel], results, strict=True):
                     out[i] = data
             return
         ranges = []  # (shard, [row indices]) fetched with one request each
@@ -209,9 +251,10 @@ class BlockReader:
             for i, data in zip(run, results, strict=True):
                 out[i] = data
 
-    def _pread_local(self, rel: str, spans: list[tuple[int, int]]) -> list[Result]:
+    def _pread(self, rel: str, spans: list[tuple[int, int]]) -> list[Result]:
         try:
-            fd = os.open(self.root.resolve(rel), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            where = self.root.resolve(rel)
+            fd = self._cached_fd(where) if self.cached else os.open(where, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except SkipImage as e:
             return [e] * len(spans)
         except OSError as e:
@@ -236,6 +279,24 @@ class BlockReader:
                 self._handles.clear()
             handle = self._handles[where] = self.root.filesystem.open_input_file(where)
         return handle.read_at(length, start)
+
+
+def _store_name(fs: pafs.FileSystem) -> str:
+    """The store a filesystem reads (its type and endpoint), for cache keys: the same bucket and key on
+    two endpoints are two objects."""
+    try:
+        opts = fs.__reduce__()[1][0]
+    except Exception:  # noqa: BLE001 - a filesystem without picklable options: its type alone
+        opts = {}
+    opts = opts if isinstance(opts, dict) else {}
+    return f"{fs.type_name}|{opts.get('endpoint_override', '')}|{opts.get('scheme', '')}"
+
+
+def _copy_object(fs: pafs.FileSystem, where: str, out) -> None:
+    # Each read of a remote stream is one request: large reads keep the requests per object few (a
+    # 256 MB shard in 16), while the memory a fetch holds stays bounded.
+    with fs.open_input_stream(where) as f:
+        shutil.copyfileobj(f, out, _FETCH_READ)
 
 
 def _read_stream(root: DatasetRoot, where: str) -> bytes:

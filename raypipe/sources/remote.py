@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from raypipe.kernels.errors import MISSING, UNREADABLE, SkipImage
+from raypipe.sources.cache import CacheConfig
 
 __all__ = ["ReadOptions", "is_missing", "is_transient", "read_skip", "with_retries"]
 
@@ -58,6 +59,9 @@ class ReadOptions:
     # that many workers throttled at once do not retry in step.
     backoff_s: float = field(default_factory=lambda: _env_float("RAYPIPE_READ_BACKOFF_S", 0.1))
     max_backoff_s: float = 5.0
+    # A node-local cache of whole remote objects (``raypipe.sources.cache``); None: every read goes to the
+    # store. By default from ``RAYPIPE_CACHE_DIR`` / ``RAYPIPE_CACHE_MAX_BYTES`` where the reader is made.
+    cache: CacheConfig | None = field(default_factory=CacheConfig.from_env)
 
     def __post_init__(self) -> None:
         if self.in_flight < 1:

@@ -1,0 +1,242 @@
+"""Cloud-scale input side by side: the same photo-like JPEGs as a local folder, one Parquet file with
+100-row row groups, WebDataset shards, and over S3 with first-byte latency (folder, shards, folder
+with the local cache), each run as ``raypipe run`` runs them, in one process::
+
+    python bench/cloud_input.py --images 3000 --epochs 4            # the figures
+    python bench/cloud_input.py --images 200 --epochs 2             # a smoke run
+
+Each contender is ``Pipeline`` + ``EpochSource`` (RandomResizedCrop 224 + flip, no colour jitter, batch
+128) over ``--epochs`` epochs; its rate is the images of epochs 2..N over their seconds (the first
+epoch pays the start and, for the cache, the downloads), and its ratio is that rate over the local
+folder's. The S3 server is ``raypipe.testing.s3server`` in a process of its own (so its threads do not
+share the consumer's interpreter lock), adding ``--latency-ms`` before every response's first byte.
+The cache contender runs on a Ray started again with ``RAYPIPE_CACHE_DIR`` set (workers read it where
+they start), from an empty cache. The Parquet file is sorted by class (4 classes), as a file written
+class by class is; the per-batch label entropy of its epochs, through the pipeline's real order, is
+printed against a global shuffle's. The markdown table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+TARGETS = {"parquet": 0.9, "webdataset": 0.9, "s3 folder": 0.8, "s3 shards": 0.9, "s3 folder + cache": 0.95}
+
+
+def make_data(work: Path, images: int, classes: int) -> dict[str, Path]:
+    """The folder (photo-like JPEGs), the class-sorted Parquet file and the shards, under ``work/buckets/bench``
+    so the S3 server serves the very same files."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from photolike import write_photolike
+
+    from raypipe.sources import open_source
+    from raypipe.sources.convert import convert
+
+    base = work / "buckets" / "bench"
+    folder, parquet, shards = base / "folder", base / "parquet" / "train.parquet", base / "shards"
+    if not folder.exists():
+        write_photolike(str(folder), classes=classes, per_class=images // classes, sizes=[(500, 375), (640, 480)],
+                        quality=(80, 95), workers=os.cpu_count() or 1)  # fmt: skip
+    if not parquet.exists():
+        rows = open_source(str(folder))  # listing order: class by class
+        cells = [(folder / str(p)).read_bytes() for p in rows.table.column("path").to_pylist()]
+        parquet.parent.mkdir(parents=True, exist_ok=True)
+        table = pa.table({"image": pa.array(cells, pa.binary()), "label": rows.table.column("label")})
+        pq.write_table(table, parquet, row_group_size=100, compression="none")
+    if not shards.exists():
+        convert(str(folder), str(shards), format="webdataset", samples_per_shard=100)
+    return {"folder": folder, "parquet": parquet, "shards": shards}
+
+
+class S3Process:
+    """``raypipe.testing.s3server`` in a child process serving ``root``; stopped on exit."""
+
+    def __init__(self, root: Path, latency_ms: float):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "raypipe.testing.s3server", str(root), "--latency-ms", str(latency_ms)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        line = self.proc.stdout.readline()
+        if " at http://" not in line:
+            self.stop()
+            raise RuntimeError(f"the S3 server did not start: {line!r}")
+        self.host_port = line.split(" at http://", 1)[1].split()[0]
+
+    def filesystem(self):
+        import pyarrow.fs as pafs
+
+        return pafs.S3FileSystem(anonymous=True, endpoint_override=self.host_port, scheme="http", region="us-east-1")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def run_epochs(name: str, source, epochs: int, batch_size: int) -> dict:
+    """One contender: each epoch's images and seconds, and each full batch's labels."""
+    from raypipe import Pipeline, PipelineConfig, TrainAugment
+    from raypipe.pipeline import EpochSource
+
+    pipe = Pipeline(source, TrainAugment(input_size=224, color_jitter=None),
+                    config=PipelineConfig(batch_size=batch_size, seed=0))  # fmt: skip
+    src = EpochSource(pipe, end_epoch=epochs)
+    images, seconds, labels = [], [], []
+    try:
+        for epoch in range(epochs):
+            t0, n = time.perf_counter(), 0
+            for batch in src:
+                n += len(batch["label"])
+                if len(batch["label"]) == batch_size:
+                    labels.append(np.asarray(batch["label"]).copy())
+            seconds.append(time.perf_counter() - t0)
+            images.append(n)
+            print(f"{name}: epoch {epoch}: {n} images in {seconds[-1]:.2f} s = {n / seconds[-1]:.0f} img/s", flush=True)
+    finally:
+        src.close()
+    later = slice(1, None) if epochs > 1 else slice(None)
+    rate = sum(images[later]) / sum(seconds[later])
+    return {"images": images, "seconds": seconds, "rate": rate, "first": images[0] / seconds[0], "labels": labels}
+
+
+def mean_entropy(batches: list[np.ndarray], classes: int) -> float:
+    """Mean over batches of the label distribution's entropy (bits), as tests/test_order.py computes it."""
+    ent = []
+    for labels in batches:
+        p = np.bincount(labels, minlength=classes) / len(labels)
+        p = p[p > 0]
+        ent.append(float(-(p * np.log2(p)).sum()))
+    return float(np.mean(ent)) if ent else float("nan")
+
+
+def shuffled_entropy(labels: np.ndarray, epochs: int, batch_size: int, classes: int) -> float:
+    """The same mean for a global shuffle of the same labels (the order a folder gets)."""
+    from raypipe.pipeline.order import epoch_order
+
+    batches = []
+    for e in range(epochs):
+        order = epoch_order(len(labels), seed=0, epoch=e, shuffle=True)[0]
+        batches += [labels[order[s:s + batch_size]] for s in range(0, len(order) - batch_size + 1, batch_size)]
+    return mean_entropy(batches, classes)
+
+
+def connect_again(tries: int = 3) -> None:
+    """Start the local Ray (again): on a loaded machine its start, or a restart right after a shutdown, can
+    time out."""
+    import raypipe.runtime
+
+    for attempt in range(tries):
+        try:
+            raypipe.runtime.connect()
+            return
+        except Exception as e:  # noqa: BLE001 - Ray's start-up timeout is a bare Exception
+            if attempt == tries - 1:
+                raise
+            print(f"Ray did not start ({e}); again in 10 s", flush=True)
+            time.sleep(10)
+
+
+def table(results: dict[str, dict], latency_ms: float) -> str:
+    local = results["folder"]["rate"]
+    lines = ["| source | img/s, epochs 2..N | × local folder | target | img/s, epoch 1 |", "|---|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        shown = name.replace("s3 ", f"s3 ({latency_ms:g} ms) ")
+        target = f"≥ {TARGETS[name]:.2f}" if name in TARGETS else ""
+        lines.append(f"| {shown} | {r['rate']:.0f} | {r['rate'] / local:.2f} | {target} | {r['first']:.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--images", type=int, default=3000, help="photo-like JPEGs (4 classes)")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("-b", "--batch-size", type=int, default=128)
+    p.add_argument("--latency-ms", type=float, default=20.0, help="added before every S3 response's first byte")
+    p.add_argument("--workdir", help="where the data are made (kept, and reused by a later run); default: a "
+                                     "temporary folder, removed at the end")  # fmt: skip
+    p.add_argument("--json", help="write the figures here")
+    a = p.parse_args()
+    classes = 4
+    if a.images < classes * 2 or a.epochs < 1:
+        p.error("--images must be at least 8 and --epochs at least 1")
+
+    import ray
+
+    from raypipe.sources import open_source
+
+    work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="raypipe-cloud-"))
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.pop("RAYPIPE_CACHE_DIR", None)  # the contenders without a cache run without one
+    server = None
+    results: dict[str, dict] = {}
+    try:
+        connect_again()
+        data = make_data(work, a.images, classes)
+        server = S3Process(work / "buckets", a.latency_ms)
+        fs = server.filesystem()
+        contenders = {
+            "folder": lambda: str(data["folder"]),
+            "parquet": lambda: str(data["parquet"]),
+            "webdataset": lambda: str(data["shards"]),
+            "s3 folder": lambda: open_source("s3://bench/folder", filesystem=fs),
+            "s3 shards": lambda: open_source("s3://bench/shards", filesystem=fs),
+        }
+        for name, make in contenders.items():
+            results[name] = run_epochs(name, make(), a.epochs, a.batch_size)
+        # The cache is read by the workers where they start: a Ray started again with it set.
+        ray.shutdown()
+        cache_dir = work / "cache"
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        os.environ["RAYPIPE_CACHE_DIR"] = str(cache_dir)
+        os.environ["RAYPIPE_CACHE_MAX_BYTES"] = "64GiB"
+        try:
+            connect_again()
+            cached = open_source("s3://bench/folder", filesystem=fs)
+            results["s3 folder + cache"] = run_epochs("s3 folder + cache", cached, a.epochs, a.batch_size)
+        finally:
+            os.environ.pop("RAYPIPE_CACHE_DIR", None)
+            os.environ.pop("RAYPIPE_CACHE_MAX_BYTES", None)
+    finally:
+        if server is not None:
+            server.stop()
+        if ray.is_initialized():
+            ray.shutdown()
+        if not a.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+    import pyarrow.parquet as pq
+
+    labels = pq.read_table(data["parquet"], columns=["label"]).column("label").to_numpy()
+    got = mean_entropy(results["parquet"]["labels"], classes)
+    full = shuffled_entropy(labels, a.epochs, a.batch_size, classes)
+    print(f"\nclass-sorted Parquet ({classes} classes, 100-row groups): mean per-batch label entropy {got:.3f} bits "
+          f"through the pipeline, {full:.3f} for a global shuffle: {got / full:.3f}x (target >= 0.95)")  # fmt: skip
+    report = table(results, a.latency_ms)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"images": a.images, "epochs": a.epochs, "latency_ms": a.latency_ms,
+                       "entropy": {"pipeline": got, "global": full, "ratio": got / full},
+                       "results": {k: {kk: vv for kk, vv in v.items() if kk != "labels"} for k, v in results.items()}},
+                      fh, indent=1)  # fmt: skip
+    print()
+    print(report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+"""Helpers for testing raypipe, and your own setup, without a cloud: nothing here runs on import."""
+
+__all__ = ["S3Server"]
+
+
+def __getattr__(name: str):
+    # Imported on first use, so ``python -m raypipe.testing.s3server`` does not import the module twice.
+    if name == "S3Server":
+        from raypipe.testing.s3server import S3Server
+
+        return S3Server
+    raise AttributeError(f"module 'raypipe.testing' has no attribute {name!r}")

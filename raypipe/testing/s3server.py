@@ -1,0 +1,551 @@
+"""A small S3-compatible HTTP server over a local directory, with first-byte latency on demand.
+
+Object stores answer each request after tens of milliseconds; a reader that waits for each answer
+in turn is bound by that latency, not by its CPUs. This server reproduces exactly that on one
+machine: every response waits ``latency_ms`` before its first byte, then streams the file at local
+speed. It costs little CPU itself (a thread per connection, files sent with ``sendfile``), so a
+benchmark measures the reader rather than the server (moto, which models all of S3, spends enough CPU
+per request to cap a 2-core machine well below what raypipe reads).
+
+Each top-level folder of ``root`` is a bucket; ``root/bucket/a/b.jpg`` is object ``a/b.jpg``. What
+pyarrow's ``S3FileSystem`` sends to list, stat, read and write is implemented: ListBuckets,
+HeadBucket, ListObjectsV2 (prefix, delimiter, max-keys, continuation), HeadObject, GetObject
+(with ``Range``), PutObject (and CopyObject), DeleteObject, and multipart uploads (which pyarrow uses
+for objects past its part size). Requests are not authenticated (use anonymous or any credentials).
+A key that would leave the bucket's folder (``..``, a symlink out of ``root``) is answered as missing.
+
+    with S3Server("/data/buckets", latency_ms=20) as server:
+        fs = server.filesystem()                    # a pyarrow S3FileSystem pointing at it
+        open_source("s3://photos/train", filesystem=fs)
+
+Or from a shell (``python -m raypipe.testing.s3server /data/buckets --latency-ms 20``), then point any
+S3 client at the printed endpoint (``AWS_ENDPOINT_URL`` is honoured by pyarrow and boto3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import threading
+import time
+import urllib.parse
+import uuid
+from collections import Counter
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from xml.sax.saxutils import escape
+
+__all__ = ["S3Server"]
+
+_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
+_UPLOADS = ".s3server-uploads"  # per-bucket folder of multipart uploads in progress; never listed
+
+
+class S3Server:
+    """``ThreadingHTTPServer`` on 127.0.0.1 (a free port) serving ``root``'s folders as buckets.
+
+    ``latency_ms`` is added before the first byte of every response (changeable while running).
+    ``requests`` counts requests by ``(method, action)`` (``"GET", "GetObject"``…), ``log`` keeps the
+    last ones as ``(method, path, query, range)``, and ``max_active`` is the most requests that were
+    being answered at once (with latency, how many a client keeps in flight).
+    """
+
+    def __init__(self, root: str | os.PathLike, *, latency_ms: float = 0.0, port: int = 0, log_size: int = 10000):
+        self.root = os.path.realpath(root)
+        if not os.path.isdir(self.root):
+            raise ValueError(f"root={str(root)!r}: not a directory")
+        self.latency_ms = latency_ms
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.log: list[tuple[str, str, str, str]] = []
+        self.active = self.max_active = 0
+        self._log_size = log_size
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _make_handler(self))
+        self._httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> S3Server:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._httpd.serve_forever, name="s3server", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join()
+            self._thread = None
+        self._httpd.server_close()
+
+    def __enter__(self) -> S3Server:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def filesystem(self, **kwargs):
+        """A pyarrow ``S3FileSystem`` for this server (anonymous, plain http); ``kwargs`` override."""
+        import pyarrow.fs as pafs
+
+        opts = {"anonymous": True, "endpoint_override": f"127.0.0.1:{self.port}", "scheme": "http",
+                "region": "us-east-1", **kwargs}  # fmt: skip
+        return pafs.S3FileSystem(**opts)
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self.requests.clear()
+            self.log.clear()
+            self.max_active = self.active
+
+    def count(self, *actions: str) -> int:
+        """Requests answered so far whose action is one of ``actions`` (all when none given)."""
+        with self._lock:
+            return sum(n for (_, a), n in self.requests.items() if not actions or a in actions)
+
+    # -- called by the handler -------------------------------------------------------------------
+
+    def _enter(self, method: str, action: str, path: str, query: str, rng: str) -> None:
+        with self._lock:
+            self.requests[(method, action)] += 1
+            self.log.append((method, path, query, rng))
+            if len(self.log) > self._log_size:
+                del self.log[: len(self.log) - self._log_size]
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+
+    def _leave(self) -> None:
+        with self._lock:
+            self.active -= 1
+
+    def _locate(self, bucket: str, key: str = "") -> str | None:
+        """The local path of ``bucket``/``key``, or None when it would lie outside the bucket's folder."""
+        if not bucket or bucket in (".", "..") or "/" in bucket or bucket.startswith("."):
+            return None
+        base = os.path.join(self.root, bucket)
+        parts = [p for p in key.split("/") if p]
+        if any(p in (".", "..") or p == _UPLOADS for p in parts):
+            return None
+        path = os.path.join(base, *parts)
+        real = os.path.realpath(path)
+        if real != self.root and not real.startswith(self.root + os.sep):
+            return None
+        return path
+
+
+def _etag(st: os.stat_result) -> str:
+    # Cheap and changes with the content's size or time: hashing every object would cost the CPU this
+    # server exists to save.
+    return '"' + hashlib.md5(f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}".encode()).hexdigest() + '"'
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(ts))
+
+
+def _make_handler(server: S3Server):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections, as with a real store
+        server_version = "raypipe-s3server"
+
+        def log_message(self, format, *args):  # noqa: A002 - the base class's name
+            pass
+
+        # -- plumbing ---------------------------------------------------------------------------
+
+        def _parse(self):
+            url = urllib.parse.urlsplit(self.path)
+            path = urllib.parse.unquote(url.path)
+            bucket, _, key = path.lstrip("/").partition("/")
+            query = urllib.parse.parse_qs(url.query, keep_blank_values=True)
+            return bucket, key, {k: v[0] for k, v in query.items()}, url.query
+
+        def _wait(self) -> None:
+            if server.latency_ms > 0:
+                time.sleep(server.latency_ms / 1000.0)
+
+        def _body(self) -> bytes:
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                out = bytearray()
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                            pass
+                        break
+                    out += self.rfile.read(size)
+                    self.rfile.readline()
+                data = bytes(out)
+            else:
+                data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if "aws-chunked" in self.headers.get("Content-Encoding", ""):
+                data = _decode_aws_chunked(data)
+            return data
+
+        def _send(self, status: int, body: bytes = b"", headers: dict | None = None, *, head: bool = False) -> None:
+            self._wait()
+            self.send_response(status)
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            if body and "Content-Type" not in (headers or {}):
+                self.send_header("Content-Type", "application/xml")
+            if "Content-Length" not in (headers or {}):
+                self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if not head and body:
+                self.wfile.write(body)
+
+        def _error(self, status: int, code: str, message: str, *, head: bool = False) -> None:
+            body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{escape(message)}'
+                    f"</Message><RequestId>0</RequestId></Error>").encode()  # fmt: skip
+            self._send(status, body, head=head)
+
+        def _handle(self, method: str) -> None:
+            bucket, key, query, raw_query = self._parse()
+            action = _action(method, bucket, key, query, self.headers)
+            server._enter(method, action, f"/{bucket}/{key}", raw_query, self.headers.get("Range", ""))
+            try:
+                getattr(self, "_" + action)(bucket, key, query)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            finally:
+                server._leave()
+
+        def do_GET(self):
+            self._handle("GET")
+
+        def do_HEAD(self):
+            self._handle("HEAD")
+
+        def do_PUT(self):
+            self._handle("PUT")
+
+        def do_POST(self):
+            self._handle("POST")
+
+        def do_DELETE(self):
+            self._handle("DELETE")
+
+        # -- buckets ----------------------------------------------------------------------------
+
+        def _ListBuckets(self, bucket, key, query):
+            names = sorted(n for n in os.listdir(server.root)
+                           if not n.startswith(".") and os.path.isdir(os.path.join(server.root, n)))  # fmt: skip
+            items = "".join(f"<Bucket><Name>{escape(n)}</Name><CreationDate>{_iso(0)}</CreationDate></Bucket>"
+                            for n in names)  # fmt: skip
+            self._send(200, f'<?xml version="1.0" encoding="UTF-8"?><ListAllMyBucketsResult xmlns="{_NS}">'
+                            f"<Owner><ID>raypipe</ID></Owner><Buckets>{items}</Buckets></ListAllMyBucketsResult>"
+                            .encode())  # fmt: skip
+
+        def _HeadBucket(self, bucket, key, query):
+            base = server._locate(bucket)
+            if base is None or not os.path.isdir(base):
+                return self._error(404, "NoSuchBucket", bucket, head=True)
+            self._send(200, headers={"x-amz-bucket-region": "us-east-1"}, head=True)
+
+        def _ListObjectsV2(self, bucket, key, query):
+            base = server._locate(bucket)
+            if base is None or not os.path.isdir(base):
+                return self._error(404, "NoSuchBucket", bucket)
+            prefix, delimiter = query.get("prefix", ""), query.get("delimiter", "")
+            max_keys = max(1, min(1000, int(query.get("max-keys") or 1000)))
+            after = query.get("continuation-token") or query.get("start-after") or ""
+            entries = []  # (key or common prefix, stat or None), sorted, strictly after `after`
+            for name, st in _walk(base, prefix, delimiter):
+                if name > after:
+                    entries.append((name, st))
+            page = entries[:max_keys]
+            truncated = len(entries) > max_keys
+            contents = "".join(
+                f"<Contents><Key>{escape(n)}</Key><LastModified>{_iso(st.st_mtime)}</LastModified><ETag>"
+                f"{escape(_etag(st))}</ETag><Size>{st.st_size}</Size><StorageClass>STANDARD</StorageClass></Contents>"
+                for n, st in page if st is not None
+            )  # fmt: skip
+            prefixes = "".join(f"<CommonPrefixes><Prefix>{escape(n)}</Prefix></CommonPrefixes>"
+                               for n, st in page if st is None)  # fmt: skip
+            token = f"<NextContinuationToken>{escape(page[-1][0])}</NextContinuationToken>" if truncated else ""
+            body = (f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="{_NS}"><Name>{escape(bucket)}'
+                    f"</Name><Prefix>{escape(prefix)}</Prefix><Delimiter>{escape(delimiter)}</Delimiter>"
+                    f"<MaxKeys>{max_keys}</MaxKeys><KeyCount>{len(page)}</KeyCount>"
+                    f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>{token}{contents}{prefixes}"
+                    "</ListBucketResult>")  # fmt: skip
+            self._send(200, body.encode())
+
+        # -- objects ----------------------------------------------------------------------------
+
+        def _stat(self, bucket, key):
+            path = server._locate(bucket, key)
+            if path is None or key.endswith("/") or not key:
+                return None, None
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None, None
+            return (path, st) if os.path.isfile(path) else (None, None)
+
+        def _object_headers(self, st) -> dict:
+            return {"Last-Modified": formatdate(st.st_mtime, usegmt=True), "ETag": _etag(st),
+                    "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}  # fmt: skip
+
+        def _HeadObject(self, bucket, key, query):
+            path, st = self._stat(bucket, key)
+            if path is None:
+                return self._error(404, "NoSuchKey", key, head=True)
+            self._send(200, headers={**self._object_headers(st), "Content-Length": str(st.st_size)}, head=True)
+
+        def _GetObject(self, bucket, key, query):
+            path, st = self._stat(bucket, key)
+            if path is None:
+                return self._error(404, "NoSuchKey", key)
+            size = st.st_size
+            start, end, status = 0, size - 1, 200
+            headers = self._object_headers(st)
+            rng = self.headers.get("Range")
+            if rng:
+                parsed = _range(rng, size)
+                if parsed is None:
+                    return self._error(416, "InvalidRange", f"{rng} of {size} bytes")
+                start, end = parsed
+                status = 206
+                headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+            length = end - start + 1
+            headers["Content-Length"] = str(length)
+            try:
+                f = open(path, "rb")  # noqa: SIM115 - closed below, after the body is sent
+            except OSError:
+                return self._error(404, "NoSuchKey", key)
+            with f:
+                self._send(status, headers=headers)
+                if length > 0:
+                    self.wfile.flush()
+                    _send_range(self.connection, f, start, length)
+
+        def _PutObject(self, bucket, key, query):
+            base = server._locate(bucket)
+            path = server._locate(bucket, key)
+            if base is None or not os.path.isdir(base) or path is None:
+                return self._error(404, "NoSuchBucket", bucket)
+            data = self._body()
+            if key.endswith("/"):  # a "directory" marker
+                os.makedirs(path, exist_ok=True)
+                return self._send(200, headers={"ETag": '"d41d8cd98f00b204e9800998ecf8427e"'})
+            source = self.headers.get("x-amz-copy-source")
+            if source:
+                src_bucket, _, src_key = urllib.parse.unquote(source).lstrip("/").partition("/")
+                src, _ = self._stat(src_bucket, src_key)
+                if src is None:
+                    return self._error(404, "NoSuchKey", src_key)
+                _atomic_write(path, lambda f: shutil.copyfileobj(open(src, "rb"), f))
+                st = os.stat(path)
+                body = (f'<?xml version="1.0" encoding="UTF-8"?><CopyObjectResult><LastModified>{_iso(st.st_mtime)}'
+                        f"</LastModified><ETag>{escape(_etag(st))}</ETag></CopyObjectResult>")  # fmt: skip
+                return self._send(200, body.encode())
+            _atomic_write(path, lambda f: f.write(data))
+            self._send(200, headers={"ETag": _etag(os.stat(path))})
+
+        def _DeleteObject(self, bucket, key, query):
+            path = server._locate(bucket, key)
+            if path is not None:
+                try:
+                    if key.endswith("/"):
+                        os.rmdir(path)
+                    else:
+                        os.unlink(path)
+                except OSError:
+                    pass  # S3 answers 204 whether or not the key existed
+            self._send(204)
+
+        # -- multipart uploads ------------------------------------------------------------------
+
+        def _uploads(self, bucket, upload_id=""):
+            base = server._locate(bucket)
+            if base is None or not os.path.isdir(base) or "/" in upload_id or upload_id.startswith("."):
+                return None
+            return os.path.join(base, _UPLOADS, upload_id)
+
+        def _CreateMultipartUpload(self, bucket, key, query):
+            self._body()
+            upload_id = uuid.uuid4().hex
+            folder = self._uploads(bucket, upload_id)
+            if folder is None or server._locate(bucket, key) is None:
+                return self._error(404, "NoSuchBucket", bucket)
+            os.makedirs(folder)
+            body = (f'<?xml version="1.0" encoding="UTF-8"?><InitiateMultipartUploadResult xmlns="{_NS}"><Bucket>'
+                    f"{escape(bucket)}</Bucket><Key>{escape(key)}</Key><UploadId>{upload_id}</UploadId>"
+                    "</InitiateMultipartUploadResult>")  # fmt: skip
+            self._send(200, body.encode())
+
+        def _UploadPart(self, bucket, key, query):
+            folder = self._uploads(bucket, query.get("uploadId", ""))
+            data = self._body()
+            if folder is None or not os.path.isdir(folder):
+                return self._error(404, "NoSuchUpload", query.get("uploadId", ""))
+            number = int(query["partNumber"])
+            with open(os.path.join(folder, f"{number:05d}"), "wb") as f:
+                f.write(data)
+            self._send(200, headers={"ETag": '"' + hashlib.md5(data).hexdigest() + '"'})
+
+        def _CompleteMultipartUpload(self, bucket, key, query):
+            self._body()  # the part list: every uploaded part is used, in number order
+            folder = self._uploads(bucket, query.get("uploadId", ""))
+            path = server._locate(bucket, key)
+            if folder is None or path is None or not os.path.isdir(folder):
+                return self._error(404, "NoSuchUpload", query.get("uploadId", ""))
+
+            def join(f):
+                for part in sorted(os.listdir(folder)):
+                    with open(os.path.join(folder, part), "rb") as p:
+                        shutil.copyfileobj(p, f)
+
+            _atomic_write(path, join)
+            shutil.rmtree(folder, ignore_errors=True)
+            st = os.stat(path)
+            body = (f'<?xml version="1.0" encoding="UTF-8"?><CompleteMultipartUploadResult xmlns="{_NS}"><Bucket>'
+                    f"{escape(bucket)}</Bucket><Key>{escape(key)}</Key><ETag>{escape(_etag(st))}</ETag>"
+                    "</CompleteMultipartUploadResult>")  # fmt: skip
+            self._send(200, body.encode())
+
+        def _AbortMultipartUpload(self, bucket, key, query):
+            folder = self._uploads(bucket, query.get("uploadId", ""))
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+            self._send(204)
+
+        def _Unsupported(self, bucket, key, query):
+            if self.command in ("PUT", "POST"):
+                self._body()
+            self._error(501, "NotImplemented", f"{self.command} {self.path}", head=self.command == "HEAD")
+
+    return Handler
+
+
+def _action(method: str, bucket: str, key: str, query: dict, headers) -> str:
+    if not bucket:
+        return "ListBuckets" if method == "GET" else "Unsupported"
+    if not key:
+        if method == "HEAD":
+            return "HeadBucket"
+        if method == "GET" and query.get("list-type") == "2":
+            return "ListObjectsV2"
+        return "Unsupported"
+    if method == "POST":
+        return "CreateMultipartUpload" if "uploads" in query else "CompleteMultipartUpload" if "uploadId" in query \
+            else "Unsupported"  # fmt: skip
+    if method == "PUT":
+        return "UploadPart" if "uploadId" in query else "PutObject"
+    if method == "DELETE":
+        return "AbortMultipartUpload" if "uploadId" in query else "DeleteObject"
+    return {"HEAD": "HeadObject", "GET": "GetObject"}.get(method, "Unsupported")
+
+
+def _walk(base: str, prefix: str, delimiter: str):
+    """``(key, stat)`` of the objects under ``base`` whose keys start with ``prefix``, and ``(common
+    prefix, None)`` for each folder the delimiter rolls up, in key order (as S3 sorts them)."""
+    folder = prefix.rpartition("/")[0] if "/" in prefix else ""
+    if any(p in (".", "..") for p in folder.split("/")):
+        return []
+    start = os.path.join(base, *folder.split("/")) if folder else base
+    found: dict[str, os.stat_result | None] = {}
+
+    def visit(dirpath: str, keybase: str) -> None:
+        try:
+            it = list(os.scandir(dirpath))
+        except OSError:
+            return
+        for entry in it:
+            name = keybase + entry.name
+            if entry.name == _UPLOADS and not keybase:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                sub = name + "/"
+                if not (sub.startswith(prefix) or prefix.startswith(sub)):
+                    continue
+                if delimiter == "/" and sub.startswith(prefix) and len(sub) > len(prefix):
+                    found[sub] = None  # rolled up: S3 does not descend
+                else:
+                    visit(entry.path, sub)
+            elif entry.is_file(follow_symlinks=False) and name.startswith(prefix):
+                found[name] = entry.stat()
+
+    visit(start, folder + "/" if folder else "")
+    return sorted(found.items())
+
+
+def _range(header: str, size: int) -> tuple[int, int] | None:
+    """``bytes=a-b``, ``bytes=a-`` or ``bytes=-n`` as inclusive ``(start, end)``; None if unsatisfiable."""
+    unit, _, spec = header.partition("=")
+    if unit.strip() != "bytes" or "," in spec:
+        return None
+    first, _, last = spec.strip().partition("-")
+    if first == "":
+        n = int(last)
+        return (max(0, size - n), size - 1) if n > 0 and size > 0 else None
+    start = int(first)
+    end = min(int(last), size - 1) if last else size - 1
+    return (start, end) if start < size and start <= end else None
+
+
+def _send_range(sock, f, start: int, length: int) -> None:
+    try:
+        sent = 0
+        while sent < length:
+            n = os.sendfile(sock.fileno(), f.fileno(), start + sent, length - sent)
+            if n == 0:
+                break
+            sent += n
+    except (AttributeError, OSError):  # no sendfile here: copy through user space
+        f.seek(start)
+        sock.sendall(f.read(length))
+
+
+def _atomic_write(path: str, write) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.s3server-{uuid.uuid4().hex}"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _decode_aws_chunked(data: bytes) -> bytes:
+    """The payload of an ``aws-chunked`` body (``<hex size>[;ext]\\r\\n<data>\\r\\n`` …, trailers last)."""
+    out, pos = bytearray(), 0
+    while pos < len(data):
+        eol = data.index(b"\r\n", pos)
+        size = int(data[pos:eol].split(b";")[0], 16)
+        if size == 0:
+            break
+        out += data[eol + 2:eol + 2 + size]
+        pos = eol + 2 + size + 2
+    return bytes(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="Serve a folder's sub-folders as S3 buckets on 127.0.0.1.")
+    p.add_argument("root")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--latency-ms", type=float, default=0.0, help="added before the first byte of every response")
+    args = p.parse_args()
+    with S3Server(args.root, latency_ms=args.latency_ms, port=args.port) as server:
+        print(f"serving {server.root} at {server.endpoint} (AWS_ENDPOINT_URL={server.endpoint})", flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()

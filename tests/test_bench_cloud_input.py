@@ -1,0 +1,35 @@
+"""bench/cloud_input.py runs end to end at a small size and prints its table (figures not checked)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_cloud_input_smoke(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAYPIPE_NO_PROGRESS="1")
+    env.pop("RAYPIPE_CACHE_DIR", None)
+    env.pop("RAY_ADDRESS", None)
+    out = tmp_path / "figures.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "cloud_input.py"), "--images", "200", "--epochs", "2",
+         "--workdir", str(tmp_path / "work"), "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=880,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    figures = json.loads(out.read_text())
+    names = ["folder", "parquet", "webdataset", "s3 folder", "s3 shards", "s3 folder + cache"]
+    assert list(figures["results"]) == names
+    assert all(r["images"] == [200, 200] for r in figures["results"].values())
+    assert 0 < figures["entropy"]["ratio"] <= 1.5
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("| s3 (20 ms) folder + cache |")
+    cache = tmp_path / "work" / "cache"
+    entries = [f for d in cache.iterdir() if len(d.name) == 2 for f in d.iterdir()]
+    assert len(entries) == 200  # the cache contender filled it, one entry per image

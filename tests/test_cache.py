@@ -1,0 +1,192 @@
+"""The local cache of remote objects: later reads hit (no GetObject), eviction keeps the bound, two
+processes fill one entry once, a partial file is never served, a changed object is not served stale."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from raypipe.kernels.errors import OUTSIDE_ROOT
+from raypipe.sources import BlockReader, ReadOptions, open_source
+from raypipe.sources.cache import CacheConfig, LocalCache, parse_bytes
+from raypipe.testing import S3Server
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _batch(rows):
+    return {k: rows.table.column(k).to_numpy(zero_copy_only=False) for k in rows.table.column_names}
+
+
+def _fill(data: bytes):
+    return lambda f: f.write(data)
+
+
+def test_config_from_env(monkeypatch, tmp_path):
+    monkeypatch.delenv("RAYPIPE_CACHE_DIR", raising=False)
+    assert CacheConfig.from_env() is None and ReadOptions().cache is None
+    monkeypatch.setenv("RAYPIPE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("RAYPIPE_CACHE_MAX_BYTES", "2GB")
+    assert ReadOptions().cache == CacheConfig(dir=str(tmp_path), max_bytes=2 << 30)
+    assert parse_bytes("512MiB") == 512 << 20 and parse_bytes("1e6") == 10**6
+    monkeypatch.setenv("RAYPIPE_CACHE_MAX_BYTES", "lots")
+    with pytest.raises(ValueError, match="RAYPIPE_CACHE_MAX_BYTES"):
+        CacheConfig.from_env()
+    with pytest.raises(ValueError, match="max_bytes"):
+        CacheConfig(dir=str(tmp_path), max_bytes=0)
+
+
+def test_entries_are_keyed_by_size_and_time(tmp_path):
+    keys = {LocalCache.key("s3|h|http", "b/x.jpg", size, mtime) for size, mtime in ((10, 1), (11, 1), (10, 2))}
+    assert len(keys) == 3
+    assert LocalCache.key("s3|other|http", "b/x.jpg", 10, 1) not in keys
+
+
+def test_eviction_keeps_the_bound_least_recently_used_first(tmp_path):
+    cache = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=1000))
+    keys = [LocalCache.key("t", f"k{i}", 100, 0) for i in range(12)]
+    for i, key in enumerate(keys[:9]):
+        os.close(cache.get(key, 100, _fill(bytes([i]) * 100)))
+        os.utime(cache.path(key), (1000 + i, 1000 + i))  # filled in order, one second apart
+    os.close(cache.open(keys[0], 100))  # used again: now the most recent
+    for key in keys[9:]:
+        os.close(cache.get(key, 100, _fill(b"z" * 100)))
+    cache.evict()
+    present = [k for k in keys if os.path.exists(cache.path(k))]
+    assert cache.usage() <= 900
+    assert keys[0] in present and keys[1] not in present and keys[-1] in present
+
+
+def test_a_partial_file_is_never_served(tmp_path):
+    cache = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=10**6))
+    key = LocalCache.key("t", "obj", 100, 0)
+    # a writer killed part way leaves a temporary file: not an entry
+    with open(os.path.join(cache.dir, "tmp", f"{key}.999.dead"), "wb") as f:
+        f.write(b"a" * 40)
+    assert cache.open(key, 100) is None
+    # a fill that writes fewer bytes than the object has fails, and leaves nothing behind
+    with pytest.raises(OSError, match="40 bytes of an object of 100"):
+        cache.get(key, 100, _fill(b"a" * 40))
+    assert cache.open(key, 100) is None and not os.path.exists(cache.path(key))
+    # an entry cut short after the fact (a full disk, a hand edit) is dropped and filled again
+    os.close(cache.get(key, 100, _fill(b"b" * 100)))
+    with open(cache.path(key), "r+b") as f:
+        f.truncate(60)
+    assert cache.open(key, 100) is None
+    fd = cache.get(key, 100, _fill(b"c" * 100))
+    with os.fdopen(fd, "rb") as f:
+        assert f.read() == b"c" * 100
+
+
+_FILLER = textwrap.dedent("""
+    import os, sys, time
+    from raypipe.sources.cache import CacheConfig, LocalCache
+    cache = LocalCache(CacheConfig(dir=sys.argv[1], max_bytes=10**6))
+    key = LocalCache.key("t", "shared", 300_000, 0)
+    while time.time() < float(sys.argv[3]):  # start together
+        time.sleep(0.001)
+    def fill(f):
+        with open(sys.argv[2], "a") as log:
+            log.write(f"{os.getpid()}\\n")
+        for _ in range(30):  # a slow download
+            f.write(b"s" * 10_000)
+            time.sleep(0.01)
+    with os.fdopen(cache.get(key, 300_000, fill), "rb") as f:
+        assert f.read() == b"s" * 300_000
+""")
+
+
+def test_two_processes_fill_one_entry_once(tmp_path):
+    log = tmp_path / "fills.log"
+    start = time.time() + 2.0
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    procs = [subprocess.Popen([sys.executable, "-c", _FILLER, str(tmp_path / "cache"), str(log), str(start)],
+                              env=env) for _ in range(2)]  # fmt: skip
+    try:
+        assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert len(log.read_text().split()) == 1, "both processes downloaded the entry"
+    assert os.listdir(tmp_path / "cache" / "tmp") == []
+
+
+@pytest.fixture
+def served(sample_dir, tmp_path):
+    root = tmp_path / "buckets"
+    shutil.copytree(sample_dir, root / "bkt" / "folder")
+    with S3Server(root, latency_ms=5) as server:
+        yield server, root / "bkt"
+
+
+def test_second_read_hits_the_cache(served, tmp_path):
+    """A folder read twice: the second time no object is fetched, only checked (HeadObject)."""
+    server, bucket = served
+    rows = open_source("s3://bkt/folder", filesystem=server.filesystem())
+    options = ReadOptions(in_flight=8, cache=CacheConfig(dir=str(tmp_path / "cache"), max_bytes=10**8))
+    first = BlockReader(rows.root, rows.kind, options=options)
+    server.reset_counts()
+    got = first.read_block(_batch(rows))
+    assert server.count("GetObject") == len(rows)
+    first.close()
+    again = BlockReader(rows.root, rows.kind, options=options)  # a later epoch, or another worker
+    server.reset_counts()
+    assert again.read_block(_batch(rows)) == got
+    assert server.count("GetObject") == 0 and server.count("HeadObject") == len(rows)
+    local = open_source(str(bucket / "folder"))
+    assert got == BlockReader(local.root, local.kind).read_block(_batch(local))
+    # a changed object is a new entry: read again, not served stale
+    target = bucket / "folder" / str(rows.table.column("path")[0])
+    target.write_bytes(b"changed")
+    server.reset_counts()
+    assert again.read_block({k: v[:1] for k, v in _batch(rows).items()}) == [b"changed"]
+    assert server.count("GetObject") == 1
+    # the cache is no way out of the root
+    batch = {k: v[:1] for k, v in _batch(rows).items()}
+    batch["path"] = batch["path"].copy()
+    batch["path"][0] = "../../etc/passwd"
+    (skip,) = again.read_block(batch)
+    assert skip.reason == OUTSIDE_ROOT
+    again.close()
+
+
+def test_shards_and_parquet_are_cached_whole(served, tmp_path):
+    import io
+    import tarfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    server, bucket = served
+    files = sorted((bucket / "folder").rglob("*.jpg"))
+    (bucket / "pq").mkdir()
+    pq.write_table(pa.table({"image": [p.read_bytes() for p in files], "label": [i % 4 for i in range(len(files))]}),
+                   bucket / "pq" / "part.parquet", row_group_size=10)  # fmt: skip
+    (bucket / "wds").mkdir()
+    for s in range(3):
+        with tarfile.open(bucket / "wds" / f"shard-{s}.tar", "w") as tar:
+            for i, p in enumerate(files[s * 16:(s + 1) * 16]):
+                for name, data in ((f"k{s}{i:02d}.jpg", p.read_bytes()), (f"k{s}{i:02d}.cls", b"1")):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    options = ReadOptions(in_flight=8, cache=CacheConfig(dir=str(tmp_path / "cache"), max_bytes=10**8))
+    for where, objects in (("wds", 3), ("pq", 1)):
+        rows = open_source(f"s3://bkt/{where}", filesystem=server.filesystem())
+        local = open_source(str(bucket / where))
+        want = BlockReader(local.root, local.kind, local.image_column).read_block(_batch(local))
+        server.reset_counts()
+        first = BlockReader(rows.root, rows.kind, rows.image_column, options=options)
+        assert first.read_block(_batch(rows)) == want
+        assert server.count("GetObject") == objects, where  # each shard or file fetched whole, once
+        first.close()
+        server.reset_counts()
+        again = BlockReader(rows.root, rows.kind, rows.image_column, options=options)
+        assert again.read_block(_batch(rows)) == want
+        assert server.count("GetObject") == 0, where
+        again.close()

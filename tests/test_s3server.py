@@ -1,0 +1,148 @@
+"""raypipe.testing.S3Server: what pyarrow (and boto3) send is answered as S3 would, with latency, and
+raypipe reads an s3:// folder, Parquet file and shards through it exactly as it reads them locally."""
+
+import http.client
+import io
+import os
+import shutil
+import tarfile
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from raypipe.config import PipelineConfig, TrainAugment
+from raypipe.pipeline import Pipeline
+from raypipe.sources import BlockReader, ReadOptions, open_source
+from raypipe.testing import S3Server
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _tar(members) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def data(sample_dir, tmp_path_factory):
+    """``root/bkt`` holding ``folder/`` (the sample images), ``pq/part.parquet`` and ``wds/shard-*.tar``;
+    the same files are the local copies."""
+    root = tmp_path_factory.mktemp("buckets")
+    bucket = root / "bkt"
+    shutil.copytree(sample_dir, bucket / "folder")
+    files = sorted(sample_dir.rglob("*.jpg"))
+    (bucket / "pq").mkdir()
+    table = pa.table({"image": [p.read_bytes() for p in files[:20]], "label": [i % 4 for i in range(20)]})
+    pq.write_table(table, bucket / "pq" / "part.parquet", row_group_size=6)
+    (bucket / "wds").mkdir()
+    for s in range(2):
+        members = []
+        for i, p in enumerate(files[s * 10:(s + 1) * 10]):
+            members += [(f"k{s}{i:02d}.jpg", p.read_bytes()), (f"k{s}{i:02d}.cls", str(i % 4).encode())]
+        (bucket / "wds" / f"shard-{s}.tar").write_bytes(_tar(members))
+    return root
+
+
+@pytest.fixture
+def server(data):
+    with S3Server(data, latency_ms=20) as s:
+        yield s
+
+
+def _batch(rows):
+    return {k: rows.table.column(k).to_numpy(zero_copy_only=False) for k in rows.table.column_names}
+
+
+@pytest.mark.parametrize("where", ["folder", "pq", "wds"])
+def test_listing_and_reads_match_local_with_latency(server, data, where):
+    fs = server.filesystem()
+    remote, local = open_source(f"s3://bkt/{where}", filesystem=fs), open_source(str(data / "bkt" / where))
+    assert remote.kind == local.kind
+    if where == "folder":
+        assert remote.classes == local.classes
+        assert remote.table.equals(local.table)
+    else:
+        assert remote.table.drop_columns(["path"]).equals(local.table.drop_columns(["path"]))
+    server.reset_counts()
+    reader = BlockReader(remote.root, remote.kind, remote.image_column, options=ReadOptions(in_flight=8, cache=None))
+    got = reader.read_block(_batch(remote))
+    reader.close()
+    want = BlockReader(local.root, local.kind, local.image_column).read_block(_batch(local))
+    assert got == want and all(isinstance(g, bytes) for g in got)
+    if where != "pq":  # one file: its row groups are read one after another by one reader thread
+        assert server.max_active > 1, "requests did not overlap"
+
+
+def test_pipeline_epoch_from_s3_matches_local(ray_local, server, data):
+    fs = server.filesystem()
+    aug = TrainAugment(input_size=24)
+    for where in ("folder", "wds"):
+        digests = []
+        for rows in (open_source(f"s3://bkt/{where}", filesystem=fs), open_source(str(data / "bkt" / where))):
+            run = Pipeline(rows, aug, config=PipelineConfig(batch_size=8), content_digest=True).epoch(0)
+            for _ in run:
+                pass
+            assert run.report.num_skipped == 0
+            digests.append(run.report.content_sha256)
+        assert digests[0] == digests[1], where
+
+
+def test_pagination_and_delimiter(server):
+    boto3 = pytest.importorskip("boto3")
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
+                          config=Config(signature_version=UNSIGNED))  # fmt: skip
+    keys, token = [], None
+    while True:
+        kwargs = {"ContinuationToken": token} if token else {}
+        page = client.list_objects_v2(Bucket="bkt", Prefix="folder/", MaxKeys=5, **kwargs)
+        keys += [c["Key"] for c in page.get("Contents", [])]
+        if not page["IsTruncated"]:
+            break
+        token = page["NextContinuationToken"]
+    assert len(keys) == 48 and keys == sorted(keys)
+    top = client.list_objects_v2(Bucket="bkt", Delimiter="/")
+    assert [p["Prefix"] for p in top["CommonPrefixes"]] == ["folder/", "pq/", "wds/"] and "Contents" not in top
+    body = client.get_object(Bucket="bkt", Key=keys[0], Range="bytes=-10")["Body"].read()
+    assert len(body) == 10
+
+
+def test_writes_through_pyarrow(server, data):
+    fs = server.filesystem()
+    small, big = b"x" * 1000, os.urandom(11 * 1024 * 1024)  # big: pyarrow uploads it in parts
+    with fs.open_output_stream("bkt/out/small.bin") as f:
+        f.write(small)
+    with fs.open_output_stream("bkt/out/big.bin") as f:
+        f.write(big)
+    fs.move("bkt/out/small.bin", "bkt/out/moved.bin")
+    assert (data / "bkt" / "out" / "moved.bin").read_bytes() == small
+    assert (data / "bkt" / "out" / "big.bin").read_bytes() == big
+    assert fs.get_file_info("bkt/out/small.bin").type == pafs.FileType.NotFound
+    assert not (data / "bkt" / ".s3server-uploads").exists() or not os.listdir(data / "bkt" / ".s3server-uploads")
+    shutil.rmtree(data / "bkt" / "out")
+
+
+def test_never_serves_outside_its_root(server, data, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for you")
+    link = data / "bkt" / "link.txt"
+    link.symlink_to(secret)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        for path in ("/bkt/link.txt", "/bkt/../bkt/folder", "/bkt/%2E%2E/%2E%2E" + str(secret),
+                     "/bkt/folder/../../" + os.path.relpath(secret, data)):  # fmt: skip
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            assert resp.status == 404 and b"not for you" not in resp.read(), path
+        conn.close()
+    finally:
+        link.unlink()
