@@ -49,6 +49,16 @@ def test_a_huge_shard_is_cut_into_chunks():
     assert max(len(c) for c in plan.chunks(0)) == 1536
 
 
+def test_tar_like_shards_mix_by_window_but_run_in_ordinary_chunks():
+    shards = np.repeat(np.arange(4), 1000)  # four big tar shards: samples read one by one
+    plan = RankPlan(4000, seed=0, shuffle=True, chunk_rows=128, shards=shards, window_rows=2048,
+                    whole_windows=False)  # fmt: skip
+    chunks = plan.chunks(0)
+    assert max(len(c) for c in chunks) == 128 and len(chunks) >= 32  # every worker gets work
+    assert sorted(np.concatenate(chunks).tolist()) == list(range(4000))
+    assert len(np.unique(shards[chunks[0]])) >= 2  # a batch mixes the window's shards
+
+
 def test_rows_without_a_shard_shuffle_globally():
     shards = np.full(300, -1)
     plan = RankPlan(300, seed=0, shuffle=True, chunk_rows=50, shards=shards)

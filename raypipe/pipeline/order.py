@@ -10,10 +10,12 @@ Two shuffles, chosen by the rows' ``shard`` column (see ``raypipe.sources.table`
 - ``"shard-window"`` (rows that live in shards read as a whole: Parquet row groups, tar shards): the
   shards are permuted, consecutive shards are grouped into windows of about ``window_rows`` rows
   (a shard starting inside a window's span joins it), and the rows inside each window are permuted.
-  Each shard belongs to exactly one window and a window is one chunk of work, so the worker that runs
-  it reads each of its shards once per epoch. A larger window mixes more shards into each batch
-  (closer to a global shuffle) for more memory per chunk; a window longer than half again
-  ``window_rows`` (one huge shard) is cut, and its shard is then read once per piece. On a file
+  Each shard belongs to exactly one window. Where a shard must be read as a whole (a Parquet row
+  group), a window is one chunk of work, so the worker that runs it reads each of its row groups once
+  per epoch; a window longer than half again ``window_rows`` (one huge row group) is cut, and its row
+  group is then read once per piece. Where a sample can be read on its own (a tar member, one ranged
+  read), the window is cut into ordinary chunks, so a few large shards still keep every worker busy.
+  A larger window mixes more shards into each batch (closer to a global shuffle). On a file
   sorted by class (4 classes, 100-row groups, 2000-4000 rows), 2048-row windows give batches
   0.97-1.0x the label entropy of a global shuffle, 1024-row windows 0.91-0.97x
   (tests/test_order.py checks the 2048 default).
@@ -28,9 +30,11 @@ import numpy as np
 
 __all__ = ["epoch_order", "rank_slice", "chunk_bounds", "RankPlan", "SHARDED_KINDS"]
 
-# Sources whose rows live in shards read as a whole: Parquet row groups, tar shards. A folder or
-# manifest row is a file of its own, read alone, and is shuffled globally.
+# Sources whose rows live in shards (Parquet row groups, tar shards): shuffled by windows of whole
+# shards. A folder or manifest row is a file of its own, read alone, and is shuffled globally.
 SHARDED_KINDS = ("parquet", "webdataset")
+# Of those, the ones whose shard is read as a whole (a Parquet row group): one chunk per window.
+WHOLE_SHARD_KINDS = ("parquet",)
 
 
 def _rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
@@ -97,11 +101,13 @@ class RankPlan:
         world_size: int = 1,
         shards: np.ndarray | None = None,
         window_rows: int = 2048,
+        whole_windows: bool = True,
     ):
         self.n, self.seed, self.shuffle = n, seed, shuffle
         self.chunk_rows = chunk_rows
         self.rank, self.world_size = rank, world_size
         self.shards, self.window_rows = shards, window_rows
+        self.whole_windows = whole_windows
         self._span = rank_slice(n, rank, world_size)
         self.sharded = shards is not None and n > 0 and bool((shards >= 0).any())
 
@@ -114,13 +120,16 @@ class RankPlan:
         return cls(
             len(rows), seed=seed, shuffle=shuffle, chunk_rows=chunk_rows, rank=rank, world_size=world_size,
             shards=table.column("shard").to_numpy() if sharded else None, window_rows=window_rows,
+            whole_windows=rows.kind in WHOLE_SHARD_KINDS,
         )  # fmt: skip
 
     @property
     def max_chunk_rows(self) -> int:
-        """The most rows in one chunk: a sharded chunk is a whole window (its shards read once), cut only
-        when one shard alone makes it much longer than ``window_rows``."""
-        return max(self.chunk_rows, self.window_rows + self.window_rows // 2) if self.sharded else self.chunk_rows
+        """The most rows in one chunk: a whole window where shards are read whole (its row groups read
+        once), cut only when one shard alone makes it much longer than ``window_rows``."""
+        if self.sharded and self.whole_windows:
+            return max(self.chunk_rows, self.window_rows + self.window_rows // 2)
+        return self.chunk_rows
 
     def __len__(self) -> int:
         """Rows this rank reads per epoch."""
