@@ -241,8 +241,11 @@ class PipelineConfig:
     # It would starve the workers beside a CPU trainer or other busy jobs. None (the default): off in
     # the library, on in the training job when it trains on CUDA (``resolved_for``).
     worker_sched_idle: bool | None = None
-    max_skip_ratio: float | None = None
-    max_skips: int | None = None
+    # An epoch fails when more than this share of its rows is skipped (None: never). Real corruption is
+    # rarer than 1 %; a broken mount, a wrong column or a bad export is far worse and must not train on.
+    # Small epochs feel it first: 1 bad of 50 is 2 %. Raise it with --max-skip-ratio.
+    max_skip_ratio: float | None = 0.01
+    max_skips: int | None = None  # fail the epoch after this many skips (None: no count limit)
     # Extra Ray resources each augmentation worker asks for, to steer it to preprocessing nodes.
     resources: Mapping[str, float] = field(default_factory=dict)
 

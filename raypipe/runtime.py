@@ -10,6 +10,7 @@ import ray
 
 __all__ = [
     "connect",
+    "raise_original_errors",
     "quiet_ray_data_console",
     "worker_pool_config",
     "check_worker_priority",
@@ -30,6 +31,7 @@ def connect(
     accident (Ray's bare ``ray.init()`` would). Token auth is Ray's default in 2.60 and is left on."""
     if quiet:
         quiet_ray_data_console()
+    raise_original_errors()
     if ray.is_initialized():
         return
     kwargs: dict = {"logging_level": logging.WARNING if quiet else logging.INFO, "log_to_driver": True}
@@ -51,6 +53,16 @@ def connect(
 
 
 _PRIVATE_CLUSTER = False
+
+def raise_original_errors() -> None:
+    """Make the Ray Data executions this process starts from now on fail with the exception a stage
+    raised, not Ray Data's ``UserCodeException`` wrapper: the consumer then gets a ``RayTaskError``
+    that subclasses the original type (a ``TypeError`` stays a ``TypeError``) and carries the worker's
+    traceback, pid and node address. A bug in a stage must not look like a data-pipeline failure.
+    Datasets capture the current ``DataContext`` when they are created, so call this before."""
+    import ray.data
+
+    ray.data.DataContext.get_current().raise_original_map_exception = True
 
 
 def private_cluster() -> bool:

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from raypipe.cli import preview, run, sample, scan
+from raypipe.pipeline.accounting import SkipLimitError
 
 __all__ = ["main", "build_parser"]
 
@@ -32,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # configuration, dataset and file errors: a clear message, no traceback
         print(f"raypipe {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except SkipLimitError as e:  # the data is broken, not raypipe: its own short message says what to do
+        print(f"raypipe {args.command}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"raypipe {args.command}: interrupted", file=sys.stderr)
         return 130

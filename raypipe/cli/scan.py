@@ -27,7 +27,8 @@ def main(args: argparse.Namespace) -> int:
     pipe = Pipeline(
         rows,
         EvalAugment(input_size=16, crop_mode="squash"),
-        config=PipelineConfig(batch_size=1024, shuffle=False, num_actors=args.num_actors),
+        # no skip limit: listing every bad file is what scan is for
+        config=PipelineConfig(batch_size=1024, shuffle=False, num_actors=args.num_actors, max_skip_ratio=None),
         decode=DecodeConfig(max_pixels=args.max_pixels, dct_scaling=False),
     )
     run = pipe.epoch(0)

@@ -4,6 +4,10 @@
 augmented images. A row that cannot become an image comes back with ``ok=False`` and its skip
 reason instead of raising: one bad file never kills its block or drops its neighbours, and the
 skip travels to the consumer, which is where it is counted (so a retried task cannot count twice).
+
+Only a failure of the row's own data is a skip: the reads and the decoders raise ``SkipImage`` for
+that. Any other exception (a bug in a transform, a failed import, ``MemoryError``) leaves the stage
+as it is, fails the Ray task and so the epoch, with its own type, message and traceback.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import pyarrow.parquet as pq
 
 from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
 from raypipe.kernels import SkipImage, build_transform
-from raypipe.kernels.errors import DECODE_ERROR, NULL_IMAGE
+from raypipe.kernels.errors import MISSING, NULL_IMAGE, UNREADABLE
 from raypipe.kernels.seeding import BlockRngs
 from raypipe.sources.paths import DatasetRoot
 
@@ -147,9 +151,14 @@ class AugmentStage:
         self._parquet = _ParquetReader(spec.root, spec.image_column) if spec.kind == "parquet" else None
 
     def _read(self, path: str, row: int) -> bytes:
-        if self._parquet is not None:
+        if self._parquet is None:
+            return self.spec.root.read_bytes(path)  # raises SkipImage for its own I/O errors
+        try:
             return self._parquet.read(path, row)
-        return self.spec.root.read_bytes(path)
+        except FileNotFoundError as e:
+            raise SkipImage(MISSING, f"{path}: {e}") from None
+        except (OSError, pa.ArrowInvalid) as e:  # an I/O error, or a Parquet file that does not parse
+            raise SkipImage(UNREADABLE, f"{path}#row={row}: {type(e).__name__}: {e}") from None
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return call_at_niceness(self.spec.nice, self._augment, batch, sched_idle=self.spec.sched_idle)
@@ -172,10 +181,8 @@ class AugmentStage:
                 data = self._read(path, int(batch["row"][i]))
                 self.transform(data, rngs.get(i), out=images[i])
                 ok[i] = True
-            except SkipImage as e:
+            except SkipImage as e:  # this row's data is bad; anything else fails the epoch
                 reason[i], detail[i] = e.reason, e.detail
-            except Exception as e:  # noqa: BLE001 - a bad sample must never kill its block
-                reason[i], detail[i] = DECODE_ERROR, f"{type(e).__name__}: {e}"
             if not ok[i]:
                 shown[i] = self.spec.root.display(path) + (f"#row={int(batch['row'][i])}" if self._parquet else "")
         return {

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from raypipe.device import DeviceLoader
 from raypipe.pipeline import EpochSource, FeederSource, Pipeline
-from raypipe.runtime import quiet_ray_data_console
+from raypipe.runtime import quiet_ray_data_console, raise_original_errors
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.metrics import RankEpoch, RunDir, combine, format_line
 
@@ -204,6 +204,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     job: TrainJobConfig = config["job"]
     quiet_ray_data_console()  # this worker's own Ray Data executions (--feeder thread, eval)
+    raise_original_errors()  # a bug in a stage reaches this loop (and the driver) with its own type
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
