@@ -17,6 +17,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from raypipe.pipeline.accounting import SkipLimitError
+from raypipe.pipeline.identity import ListingMismatchError
 from raypipe.sources import SourceRows
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.data import job_rows
@@ -70,7 +71,7 @@ def _check_batches(job: TrainJobConfig, train_samples: int) -> None:
 
 
 # Failures that are about the data, not the code: the user needs their message, not a traceback.
-_DATA_ERRORS = (SkipLimitError,)
+_DATA_ERRORS = (SkipLimitError, ListingMismatchError)
 
 
 def data_failure(error: ray.train.WorkerGroupError) -> Exception | None:
