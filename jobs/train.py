@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     except SkipLimitError as e:  # the data is mostly broken: its own short message says what to do
         print(f"train.py: error: {e}", file=sys.stderr)
         return 1
-    except ValueError as e:  # the job's configuration or data (checked before training): a clear message
-        print(f"train.py: error: {e}", file=sys.stderr)
+    except (ValueError, ConnectionError, TimeoutError) as e:  # configuration, data, an unreachable cluster
+        print(f"train.py: error: {e}", file=sys.stderr)  # or store: a clear message, no traceback
         return 2
     except KeyboardInterrupt:  # Ray Train's own "aborting" line is below the console's WARNING level
         print("train.py: interrupted (the checkpoints written so far are kept)", file=sys.stderr)
