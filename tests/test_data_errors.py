@@ -170,3 +170,32 @@ def test_max_skip_ratio_half_emits_exactly_the_seventy(ray_local, seventy_thirty
     epoch = json.loads(out.read_text())["epochs"][0]
     assert epoch["emitted"] == 70 and sum(epoch["skipped"].values()) == 30 and epoch["expected"] == 100
     assert all(os.path.basename(p["path"]).startswith("bad_") for p in epoch["skipped_paths"])
+
+
+def test_training_reports_a_ranks_skip_limit_without_a_traceback(monkeypatch, capsys):
+    import importlib.util
+
+    import ray.train
+
+    import raypipe.runtime
+    import raypipe.train
+    from raypipe.pipeline import SkipLimitError
+    from raypipe.train.run import data_failure
+
+    failures = {0: RuntimeError("something else"), 1: SkipLimitError("epoch 0: 9 of 10 samples skipped")}
+    got = data_failure(ray.train.WorkerGroupError("workers failed", failures))
+    assert isinstance(got, SkipLimitError) and str(got) == "rank 1: epoch 0: 9 of 10 samples skipped"
+    assert data_failure(ray.train.WorkerGroupError("workers failed", {0: TypeError("bug")})) is None
+
+    spec = importlib.util.spec_from_file_location("train_job", REPO / "jobs" / "train.py")
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+
+    def fail(_job):
+        raise got
+
+    monkeypatch.setattr(raypipe.runtime, "connect", lambda **kw: None)
+    monkeypatch.setattr(raypipe.train, "run_training", fail)
+    assert job.main(["--epochs", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == "train.py: error: rank 1: epoch 0: 9 of 10 samples skipped"
