@@ -19,6 +19,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYT
 
 
 def main(argv: list[str] | None = None) -> int:
+    from raypipe.pipeline.accounting import SkipLimitError
     from raypipe.runtime import connect
     from raypipe.train import parse_job, run_training
 
@@ -26,8 +27,11 @@ def main(argv: list[str] | None = None) -> int:
         job = parse_job(argv)
         connect(dashboard=True)  # Ray Train's placement-group cleaner asks the dashboard's State API
         run_training(job)
-    except ValueError as e:  # the job's configuration or data (checked before training): a clear message
+    except SkipLimitError as e:  # the data is mostly broken: its own short message says what to do
         print(f"train.py: error: {e}", file=sys.stderr)
+        return 1
+    except (ValueError, ConnectionError, TimeoutError) as e:  # configuration, data, an unreachable cluster
+        print(f"train.py: error: {e}", file=sys.stderr)  # or store: a clear message, no traceback
         return 2
     except KeyboardInterrupt:  # Ray Train's own "aborting" line is below the console's WARNING level
         print("train.py: interrupted (the checkpoints written so far are kept)", file=sys.stderr)

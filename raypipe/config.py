@@ -214,8 +214,11 @@ class PipelineConfig:
     # many rows (whole shards), so each shard is read once per epoch; 2048 mixes a class-sorted file's
     # batches 0.97-1.0x as well as a global shuffle (raypipe.pipeline.order).
     shuffle_window: int = 2048
-    max_skip_ratio: float | None = None
-    max_skips: int | None = None
+    # An epoch fails when more than this share of its rows is skipped (None: never). Real corruption is
+    # rarer than 1 %; a broken mount, a wrong column or a bad export is far worse and must not train on.
+    # Small epochs feel it first: 1 bad of 50 is 2 %. Raise it with --max-skip-ratio.
+    max_skip_ratio: float | None = 0.01
+    max_skips: int | None = None  # fail the epoch after this many skips (None: no count limit)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "shuffle_window"):

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import warnings
 
 import ray
+
+from raypipe import timeouts
 
 __all__ = [
     "connect",
     "tune_consumer_process",
     "worker_pool_env",
+    "check_ray_address",
     "check_worker_priority",
     "pin_mmap_threshold",
     "private_cluster",
@@ -32,6 +36,7 @@ def connect(
         return
     kwargs: dict = {"logging_level": logging.WARNING if quiet else logging.INFO, "log_to_driver": True}
     if os.environ.get("RAY_ADDRESS"):
+        check_ray_address(os.environ["RAY_ADDRESS"])
         ray.init(**kwargs)
         check_worker_priority()
         return
@@ -51,6 +56,43 @@ def connect(
 
 
 _PRIVATE_CLUSTER = False
+
+# RAY_ADDRESS scheme -> the port Ray uses when the address names none
+_DEFAULT_PORTS = {"": 6379, "ray": 10001, "http": 80, "https": 443}
+
+
+def check_ray_address(address: str, timeout_s: float | None = None) -> None:
+    """Raise a one-line ``ConnectionError`` when nothing accepts a TCP connection at ``address`` (a
+    ``RAY_ADDRESS``: ``host:port``, ``ray://host:port`` or a dashboard's ``http(s)://host:port``) within
+    ``timeout_s`` (``timeouts.RAY_CONNECT_S``). ``ray.init`` would retry such an address for ~20 s and
+    print a page of gRPC warnings first. ``auto``, ``local`` and unknown schemes are left to Ray."""
+    address = address.strip()
+    if address.lower() in ("", "auto", "local"):
+        return
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        scheme, rest = "", address
+    port_default = _DEFAULT_PORTS.get(scheme.lower())
+    if port_default is None:
+        return
+    hostport = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+    host, port = hostport, port_default
+    if hostport.startswith("["):  # [IPv6]:port
+        host, _, tail = hostport[1:].partition("]")
+        port = int(tail[1:]) if tail.startswith(":") and tail[1:].isdigit() else port_default
+    elif hostport.count(":") == 1:
+        name, _, number = hostport.partition(":")
+        if number.isdigit():
+            host, port = name, int(number)
+    timeout_s = timeouts.RAY_CONNECT_S if timeout_s is None else timeout_s
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        why = f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+        raise ConnectionError(
+            f"RAY_ADDRESS={address!r}: no Ray cluster at {host}:{port} ({why}): start one "
+            "there (`ray start --head`), correct RAY_ADDRESS, or unset it to run on a private local Ray"
+        ) from None
 
 
 def private_cluster() -> bool:

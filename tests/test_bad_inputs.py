@@ -77,7 +77,7 @@ def test_corpus_through_the_pipeline(ray_local, corpus):
     rows = open_source(str(root))  # listing happens before deletion, as in a real race
     (root / "cls" / "deleted.jpg").unlink()
     try:
-        pipe = Pipeline(rows, TrainAugment(input_size=40), config=PipelineConfig(batch_size=4),
+        pipe = Pipeline(rows, TrainAugment(input_size=40), config=PipelineConfig(batch_size=4, max_skip_ratio=None),
                         execution=ExecutionConfig(chunk_rows=32),
                         decode=DecodeConfig(max_pixels=50_000_000))
         run = pipe.epoch(0)
@@ -125,12 +125,13 @@ def test_manifest_and_parquet_bad_rows(ray_local, tmp_path):
         '{"path": "a.jpg", "label": 1}\n{"path": "a.jpg"}\n{"path": "a.jpg", "label": "x"}\n'
         '{"path": "../a.jpg", "label": 0}\n'
     )
-    run = Pipeline(str(man), TrainAugment(input_size=32), config=PipelineConfig(batch_size=2)).epoch(0)
+    cfg = PipelineConfig(batch_size=2, max_skip_ratio=None)  # bad rows on purpose
+    run = Pipeline(str(man), TrainAugment(input_size=32), config=cfg).epoch(0)
     list(run)
     assert run.report.emitted == 1 and run.report.skipped == {"bad_label": 2, "outside_root": 1}
     table = pa.table({"image": pa.array([img.read_bytes(), None, b"junk"], pa.binary()), "label": [0, 1, None]})
     pq.write_table(table, tmp_path / "d.parquet")
-    pipe = Pipeline(str(tmp_path / "d.parquet"), TrainAugment(input_size=32), config=PipelineConfig(batch_size=2))
+    pipe = Pipeline(str(tmp_path / "d.parquet"), TrainAugment(input_size=32), config=cfg)
     run = pipe.epoch(0)
     list(run)
     assert run.report.emitted == 1 and run.report.skipped == {"bad_label": 1, "null_image": 1}

@@ -134,11 +134,37 @@ def test_content_digest_is_order_independent_and_content_sensitive():
 def test_skip_limits_list_paths():
     led = EpochLedger(epoch=3, expected=4, max_skip_ratio=0.25)
     blk = block([0, 1, 2, 3], ok=[0, 0, 1, 1])
-    led.record_block(blk)
-    led.record_batch({"sample_id": np.array([2, 3]), "image": None})
     with pytest.raises(SkipLimitError, match="p0") as e:
-        led.finish(1, 1)
-    assert "p1" in str(e.value) and "epoch 3" in str(e.value)
+        led.record_block(blk)  # 2 of 4 can only grow: the epoch fails at once, not at its end
+    assert "p1" in str(e.value) and "epoch 3" in str(e.value) and "--max-skip-ratio" in str(e.value)
     led = EpochLedger(epoch=0, expected=4, max_skips=1)
     with pytest.raises(SkipLimitError, match="max_skips=1"):
         led.record_block(blk)
+
+
+def test_skip_ratio_of_exactly_the_limit_passes():
+    led = EpochLedger(epoch=0, expected=100, max_skip_ratio=0.01)
+    led.record_block(block(np.arange(100), ok=[0] + [1] * 99))  # 1 of 100 = 1 %: at the limit, not over
+    led.record_batch({"sample_id": np.arange(1, 100), "image": None})
+    assert led.finish(1, 1).skipped == {"truncated": 1}
+    led = EpochLedger(epoch=0, expected=50, max_skip_ratio=0.01)  # a small epoch: 1 of 50 is 2 %
+    with pytest.raises(SkipLimitError):
+        led.record_block(block(np.arange(50), ok=[0] + [1] * 49))
+
+
+def test_skip_limit_message_is_short():
+    led = EpochLedger(epoch=2, expected=100, max_skip_ratio=0.01)
+    ok = [0] * 30 + [1] * 70
+    blk = block(np.arange(100), ok=ok)
+    blk["reason"][:10] = "not_an_image"
+    with pytest.raises(SkipLimitError) as e:
+        led.record_block(blk)
+    msg = str(e.value)
+    lines = msg.splitlines()
+    assert lines[0].startswith("epoch 2: 30 of 100 samples skipped") and "30.0 %" in lines[0]
+    assert "max_skip_ratio=0.01" in lines[0]
+    assert lines[1] == "  top reasons: truncated 20, not_an_image 10"
+    assert sum(1 for line in lines if "/p" in line or line.strip().startswith(("truncated:", "not_an_image:"))) == 5
+    assert "… and 25 more" in msg
+    assert "--max-skip-ratio" in lines[-1] and "max_skip_ratio" in lines[-1]
+    assert len(lines) <= 9

@@ -88,7 +88,8 @@ def test_ranks_are_disjoint_and_cover(ray_local, sample_dir):
 
 
 def test_bad_files_are_skipped_with_reasons_neighbours_survive(ray_local, bad_dir):
-    pipe = Pipeline(str(bad_dir), AUG, config=PipelineConfig(batch_size=16), execution=ExecutionConfig(chunk_rows=64))
+    pipe = Pipeline(str(bad_dir), AUG, config=PipelineConfig(batch_size=16, max_skip_ratio=0.1),
+                    execution=ExecutionConfig(chunk_rows=64))  # fmt: skip
     batches, rep = run_epoch(pipe)
     assert rep.expected == 52
     assert rep.emitted == 48  # all good images, including the ones sharing a block with bad ones
@@ -115,7 +116,7 @@ def test_parquet_pipeline_with_null_cell(ray_local, sample_dir, tmp_path):
     pipe = Pipeline(
         __import__("raypipe.sources", fromlist=["x"]).open_source(str(tmp_path), image_column="img", label_column="y"),
         EvalAugment(input_size=24),
-        config=PipelineConfig(batch_size=4, shuffle=False),
+        config=PipelineConfig(batch_size=4, shuffle=False, max_skip_ratio=0.1),
     )
     batches, rep = run_epoch(pipe)
     assert rep.emitted == 9 and rep.skipped == {"null_image": 1}
@@ -133,7 +134,7 @@ def test_manifest_escape_and_bad_label_counted(ray_local, sample_dir, tmp_path):
     man = sample_dir / "m.csv"
     man.write_text("\n".join(lines) + "\n")
     try:
-        pipe = Pipeline(str(man), AUG, config=PipelineConfig(batch_size=4))
+        pipe = Pipeline(str(man), AUG, config=PipelineConfig(batch_size=4, max_skip_ratio=0.5))
         _, rep = run_epoch(pipe)
     finally:
         man.unlink()
@@ -142,7 +143,7 @@ def test_manifest_escape_and_bad_label_counted(ray_local, sample_dir, tmp_path):
 
 
 def test_a_task_no_node_can_hold_is_an_error_on_a_private_cluster(ray_local, sample_dir, monkeypatch, caplog):
-    """cpus_per_actor above every node's CPUs (or a resource no node has) left the epoch waiting without a
+    """cpus_per_task above every node's CPUs (or a resource no node has) left the epoch waiting without a
     word. raypipe's own local cluster never grows: an error; another cluster may autoscale: a warning."""
     import logging
 

@@ -73,7 +73,7 @@ def _scan_on_ray(args, rows, augment, decode):
     from raypipe.pipeline.pipeline import Pipeline
 
     # Every image is reported, however many are bad: no skip limit.
-    config = PipelineConfig(batch_size=1024, shuffle=False, max_skip_ratio=1.0)
+    config = PipelineConfig(batch_size=1024, shuffle=False, max_skip_ratio=None)
     connect_quietly(args)
     run = Pipeline(rows, augment, config=config, execution=ExecutionConfig(num_tasks=args.num_tasks),
                    decode=decode).epoch(0)  # fmt: skip

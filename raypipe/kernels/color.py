@@ -4,8 +4,9 @@
 torchvision runs them on PIL images: brightness, contrast and saturation are Pillow's ``ImageEnhance``
 blends, the grey image is ``convert("L")``. With the ``_colorops`` extension built those are Pillow's
 own arithmetic (the auto-augment ops' blends and luma, :mod:`raypipe.kernels.aa_arrays`): the same
-bytes as torchvision. Without it, and for the hue shift and the blur always, OpenCV mirrors them to
-within 1–2 levels (the hue shift wraps a uint8 HSV hue); the tests measure both.
+bytes as torchvision. Without it Pillow's ``ImageEnhance`` runs them: the same bytes again, so a node
+without the extension gives the same samples. The hue shift and the blur are OpenCV's on every node
+(within 1–2 levels of torchvision; the hue shift wraps a uint8 HSV hue); the tests measure both.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import NamedTuple
 
 import cv2
 import numpy as np
+from PIL import Image, ImageEnhance
 
 from raypipe.kernels import aa_arrays
 
@@ -36,7 +38,6 @@ cv2.setNumThreads(1)
 
 BLUR_KERNEL = 23  # timm 1.0.31 transforms_imagenet_train: GaussianBlur(kernel_size=23), "hardcoded for now"
 BLUR_SIGMA = (0.1, 2.0)  # torchvision GaussianBlur's default sigma range
-_TRUNC = -0.4999  # added before OpenCV's round-to-nearest so blends truncate like Pillow's
 
 
 class JitterParams(NamedTuple):
@@ -77,39 +78,27 @@ def apply_jitter(img: np.ndarray, p: JitterParams) -> np.ndarray:
     return img
 
 
-def _gray(img: np.ndarray) -> np.ndarray:
-    return cv2.cvtColor(img, cv2.COLOR_RGB2GRAY)
-
-
-def _exact(op, img: np.ndarray, f: float) -> np.ndarray | None:
-    """``op`` (an ``aa_arrays`` blend, Pillow's arithmetic) on ``img``; None when ``_colorops`` is not built."""
-    if not aa_arrays.available():
-        return None
-    return op(aa_arrays.ArrayImage(np.ascontiguousarray(img)), f).array
+def _blend(op, enhancer, img: np.ndarray, f: float) -> np.ndarray:
+    """``op`` (an ``aa_arrays`` blend: Pillow's arithmetic in the ``_colorops`` extension) on ``img``, or,
+    without the extension, the ``ImageEnhance`` class it reproduces: the same bytes either way."""
+    if aa_arrays.available():
+        return op(aa_arrays.ArrayImage(np.ascontiguousarray(img)), f).array
+    return np.array(enhancer(Image.fromarray(np.ascontiguousarray(img), "RGB")).enhance(f))
 
 
 def adjust_brightness(img: np.ndarray, f: float) -> np.ndarray:
     """Blend with black (``ImageEnhance.Brightness``)."""
-    out = _exact(aa_arrays.brightness, img, f)
-    return out if out is not None else cv2.addWeighted(img, f, img, 0.0, _TRUNC)
+    return _blend(aa_arrays.brightness, ImageEnhance.Brightness, img, f)
 
 
 def adjust_contrast(img: np.ndarray, f: float) -> np.ndarray:
     """Blend with the mean grey level (``ImageEnhance.Contrast``: mean rounded to an int)."""
-    out = _exact(aa_arrays.contrast, img, f)
-    if out is not None:
-        return out
-    mean = int(float(_gray(img).mean()) + 0.5)
-    return cv2.addWeighted(img, f, img, 0.0, (1.0 - f) * mean + _TRUNC)
+    return _blend(aa_arrays.contrast, ImageEnhance.Contrast, img, f)
 
 
 def adjust_saturation(img: np.ndarray, f: float) -> np.ndarray:
     """Blend with the grey image (``ImageEnhance.Color``)."""
-    out = _exact(aa_arrays.color, img, f)
-    if out is not None:
-        return out
-    g = cv2.cvtColor(_gray(img), cv2.COLOR_GRAY2RGB)
-    return cv2.addWeighted(img, f, g, 1.0 - f, _TRUNC)
+    return _blend(aa_arrays.color, ImageEnhance.Color, img, f)
 
 
 def adjust_hue(img: np.ndarray, f: float) -> np.ndarray:
@@ -122,8 +111,7 @@ def adjust_hue(img: np.ndarray, f: float) -> np.ndarray:
 def to_grayscale(img: np.ndarray) -> np.ndarray:
     """3-channel grey (``RandomGrayscale`` keeps the channel count): ``convert("L")``'s luma, which is
     ``ImageEnhance.Color`` at factor 0."""
-    out = _exact(aa_arrays.color, img, 0.0)
-    return out if out is not None else cv2.cvtColor(_gray(img), cv2.COLOR_GRAY2RGB)
+    return _blend(aa_arrays.color, ImageEnhance.Color, img, 0.0)
 
 
 def blur_sigma(rng: np.random.Generator) -> float:

@@ -12,7 +12,10 @@ only the rows and columns the crop reads (plus a margin), into a buffer laid out
 image: the same pixels as a full decode where the crop reads them (tested bit for bit), for a fraction of
 the IDCT and colour-conversion work, and no entropy decoding at all below the crop.
 
-Every failure leaves this module as :class:`~raypipe.kernels.errors.SkipImage`.
+A failure of the data leaves this module as :class:`~raypipe.kernels.errors.SkipImage`: only the calls
+into the decoders are guarded, and only against the errors the decoders raise for bad input
+(``_DECODER_ERRORS``). Any other exception (a bug here, a failed import, ``MemoryError``) propagates
+with its own type, so it fails the epoch instead of passing for a corrupt image.
 """
 
 from __future__ import annotations
@@ -157,8 +160,15 @@ def orient(arr: np.ndarray, orientation: int) -> np.ndarray:
 # Opening (header only)
 
 
+# What Pillow and simplejpeg raise for bad input, and only that: Pillow reports unknown formats as
+# UnidentifiedImageError (an OSError), truncated or corrupt data as OSError, SyntaxError, ValueError,
+# EOFError or struct.error from its plugins, and bombs as DecompressionBombError; simplejpeg raises
+# ValueError. TypeError, MemoryError, ImportError and the like are not data errors and pass through.
+_DECODER_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, Image.DecompressionBombError)
+
+
 def _classify(exc: BaseException) -> SkipImage:
-    """Map a decoder exception to a SkipImage reason."""
+    """The skip reason for a decoder's error (one of ``_DECODER_ERRORS``, raised by a decoder call)."""
     if isinstance(exc, SkipImage):
         return exc
     msg = f"{type(exc).__name__}: {exc}"
@@ -209,7 +219,7 @@ def _pil_open(data: bytes) -> Image.Image:
     Image.MAX_IMAGE_PIXELS = None
     try:
         return Image.open(io.BytesIO(data))
-    except Exception as exc:  # noqa: BLE001 - every decoder failure becomes a SkipImage
+    except _DECODER_ERRORS as exc:
         raise _classify(exc) from None
     finally:
         Image.MAX_IMAGE_PIXELS = limit
@@ -248,8 +258,8 @@ def _pil_to_rgb(im: Image.Image) -> np.ndarray:
 def _decode_pil(src: Source) -> np.ndarray:
     try:
         src.pil.load()
-        arr = _pil_to_rgb(src.pil)
-    except Exception as exc:  # noqa: BLE001 - every decoder failure becomes a SkipImage
+        arr = _pil_to_rgb(src.pil)  # Pillow's convert() decodes too (palette, CMYK, …)
+    except _DECODER_ERRORS as exc:
         raise _classify(exc) from None
     return arr
 

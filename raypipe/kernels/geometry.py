@@ -1,6 +1,7 @@
 """Geometry: RandomResizedCrop parameters (timm's draw, from our generator), eval crop geometry
 (timm's ``transforms_imagenet_eval``) and one fused crop+resize(+flip): Pillow's own resize in C
-(``_resample``, the same bytes as timm's Pillow path) or, without that extension, OpenCV.
+(``_resample``, the same bytes as timm's Pillow path) or, without that extension, Pillow itself: the same
+bytes again, so a node without the extension augments exactly like one with it, only slower.
 
 Parameters are drawn once (``rrc_params``/``eval_geometry``), then applied deterministically
 (``crop_resize``), torchvision-v2 style, so the apply step is testable against Pillow with fixed boxes.
@@ -14,6 +15,7 @@ from typing import NamedTuple
 
 import cv2
 import numpy as np
+from PIL import Image
 
 from raypipe._native import load_native
 
@@ -141,9 +143,16 @@ def resize_window(
 ) -> bool:
     """``out`` = the ``out``-sized window at ``start`` (row, col) of Pillow's resize of the whole ``img``
     to ``resized`` (H, W): timm's eval resize + centre crop, byte for byte, without computing the
-    pixels the crop drops. False (``out`` untouched) without the ``_resample`` extension."""
-    if _resample is None or interpolation not in _PIL_FILTER or not _packed(out) or img.shape[2:] != (3,):
+    pixels the crop drops (without the ``_resample`` extension: Pillow's resize of the whole image, then
+    the window). False (``out`` untouched) for what Pillow's resize does not cover here."""
+    if interpolation not in _PIL_FILTER or not _packed(out) or img.shape[2:] != (3,) or img.dtype != np.uint8:
         return False
+    if _resample is None:
+        (rh, rw), (sy, sx) = resized, start
+        oh, ow = out.shape[:2]
+        full = Image.fromarray(np.ascontiguousarray(img), "RGB").resize((rw, rh), _PIL_FILTER[interpolation])
+        out[...] = np.asarray(full)[sy : sy + oh, sx : sx + ow]
+        return True
     if not _packed(img):
         img = np.ascontiguousarray(img, np.uint8)
     H, W = img.shape[:2]
@@ -200,13 +209,14 @@ def crop_resize(
     Pixel-centre mapping (Pillow's convention). A box on whole pixels (every RandomResizedCrop box of
     a full-size decode) is cropped, then resized, as torchvision's ``resized_crop`` (timm's RRC) does;
     a fractional box (eval, DCT-scaled decodes) is Pillow's ``resize(size, box=box)`` of the image.
-    With the ``_resample`` extension both are Pillow's own arithmetic, i.e. the same bytes. Without it
-    OpenCV approximates Pillow's antialiasing: up to 2.5x per axis by a 3-tap prefilter (see
-    :func:`_prefilter_taps`), beyond by an exact integer INTER_AREA reduction first. Flips are applied
-    in place on the result (exact mirror images).
+    RGB uint8 images are resized with Pillow's arithmetic: the ``_resample`` extension, or Pillow itself
+    without it (the same bytes, so whether a node has the extension never changes a sample). Other
+    inputs (grey, other dtypes) go through OpenCV, which approximates Pillow's antialiasing: up to 2.5x
+    per axis by a 3-tap prefilter (see :func:`_prefilter_taps`), beyond by an exact integer INTER_AREA
+    reduction first. Flips are applied in place on the result (exact mirror images).
     """
     rgb = img.ndim == 3 and img.shape[2] == 3 and img.dtype == np.uint8
-    if _resample is not None and interpolation in _PIL_FILTER and rgb:
+    if interpolation in _PIL_FILTER and rgb:
         res = _pillow_resize(img, box, size, interpolation, out)
     else:
         res = _opencv_resize(img, box, size, interpolation, out)
@@ -244,6 +254,9 @@ def _pillow_resize(img: np.ndarray, box: Box, size: tuple[int, int], interpolati
         H, W = img.shape[:2]
         src = img
         b = (min(max(box[0], 0.0), W), min(max(box[1], 0.0), H), min(max(box[2], 0.0), W), min(max(box[3], 0.0), H))
+    if _resample is None:  # Pillow itself: the bytes the extension reproduces
+        pil = Image.fromarray(np.ascontiguousarray(src), "RGB")
+        return np.array(pil.resize((ow, oh), _PIL_FILTER[interpolation], box=b))  # a writable copy: flips
     dst = out if out is not None and out.shape == (oh, ow, 3) and _packed(out) else np.empty((oh, ow, 3), np.uint8)
     _resample.resample(src, dst, *b, _PIL_FILTER[interpolation], _pillow_vertical_first())
     return dst

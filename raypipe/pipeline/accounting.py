@@ -16,7 +16,8 @@ __all__ = ["EpochReport", "EpochLedger", "SkipLimitError", "Skip"]
 
 
 class SkipLimitError(RuntimeError):
-    """Too many samples were skipped; the message lists their paths and reasons."""
+    """Too many samples were skipped. The message is meant for a user as it is (no traceback needed):
+    how many of how many, the top reasons, a few paths, and the setting that raises the limit."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,9 @@ class EpochLedger:
             sid, path = int(block["sample_id"][i]), str(block["path"][i])
             self._skips.append(Skip(sid, path, str(block["reason"][i]), str(block["detail"][i])))
         if self.max_skips is not None and len(self._skips) > self.max_skips:
-            raise SkipLimitError(self._limit_message(f"more than max_skips={self.max_skips}"))
+            raise SkipLimitError(self._limit_message(f"more than max_skips={self.max_skips}", "--max-skips"))
+        # Skips only accumulate: once over the ratio the epoch cannot pass, so stop now, not at its end.
+        self._check_ratio()
 
     def record_batch(self, batch: dict[str, np.ndarray]) -> None:
         ids = batch["sample_id"]
@@ -107,11 +110,28 @@ class EpochLedger:
     def record_dropped(self, ids: np.ndarray) -> None:
         self._dropped.append(np.asarray(ids, dtype=np.int64))
 
-    def _limit_message(self, why: str) -> str:
-        lines = [f"epoch {self.epoch}: {len(self._skips)} of {self.expected} samples skipped ({why}):"]
-        lines += [f"  {s.path}: {s.reason} {s.detail}".rstrip() for s in self._skips[:200]]
-        if len(self._skips) > 200:
-            lines.append(f"  … and {len(self._skips) - 200} more")
+    def _check_ratio(self, final: bool = False) -> None:
+        n, total, limit = len(self._skips), self.expected, self.max_skip_ratio
+        if limit is not None and total and n / total > limit:  # exactly the limit passes
+            why = f"more than max_skip_ratio={limit:g} allows"
+            raise SkipLimitError(self._limit_message(why, "--max-skip-ratio", final=final))
+
+    def _limit_message(self, why: str, flag: str, examples: int = 5, final: bool = False) -> str:
+        """A few lines: the count, the top reasons, up to ``examples`` paths, and how to raise the limit."""
+        n, total = len(self._skips), self.expected
+        share = f" ({100 * n / total:.1f} %)" if total else ""
+        reasons = Counter(s.reason for s in self._skips).most_common(3)
+        field = flag.lstrip("-").replace("-", "_")
+        lines = [
+            f"epoch {self.epoch}: {n} of {total} samples skipped{'' if final else ' so far'}{share}, {why}",
+            "  top reasons: " + ", ".join(f"{reason} {count}" for reason, count in reasons),
+        ]
+        for skip in self._skips[:examples]:
+            detail = f" ({skip.detail[:120]})" if skip.detail else ""
+            lines.append(f"  {skip.reason}: {skip.path}{detail}")
+        if n > examples:
+            lines.append(f"  … and {n - examples} more (raypipe scan DATA lists them all)")
+        lines.append(f"  fix the data, or raise the limit: {flag} (PipelineConfig.{field})")
         return "\n".join(lines)
 
     def finish(self, seconds: float, first_batch_s: float) -> EpochReport:
@@ -125,9 +145,7 @@ class EpochLedger:
             raise RuntimeError(
                 f"epoch {self.epoch}: {len(seen)} samples accounted for, {self.expected} expected (samples lost)"
             )
-        n_skip = len(self._skips)
-        if self.max_skip_ratio is not None and self.expected and n_skip / self.expected > self.max_skip_ratio:
-            raise SkipLimitError(self._limit_message(f"ratio {n_skip / self.expected:.4f} > {self.max_skip_ratio}"))
+        self._check_ratio(final=True)
         content = None
         if self.with_content:
             content = hashlib.sha256(b"".join(sorted(self._digests))).hexdigest()

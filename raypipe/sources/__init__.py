@@ -7,11 +7,12 @@ import os
 
 import pyarrow.fs as pafs
 
+from raypipe import timeouts
 from raypipe.sources.cache import CacheConfig
 from raypipe.sources.folder import IMG_EXTENSIONS, list_image_folder
 from raypipe.sources.manifest import list_manifest
 from raypipe.sources.parquet import list_parquet
-from raypipe.sources.paths import DatasetRoot, open_root
+from raypipe.sources.paths import DatasetRoot, _is_uri, open_root
 from raypipe.sources.reader import BlockReader
 from raypipe.sources.remote import ReadOptions
 from raypipe.sources.table import ROW_SCHEMA, SourceRows
@@ -98,6 +99,62 @@ def open_source(
     """
     if isinstance(data, SourceRows):
         return data
+    args = dict(kind=kind, image_column=image_column, label_column=label_column, path_column=path_column,
+                root=root, filesystem=filesystem)  # fmt: skip
+    if filesystem is None and not _is_uri(data):
+        return _list(data, **args)
+    # Remote: a missing credential or a silent endpoint must end in seconds (raypipe.timeouts)
+    _first_answer(data, filesystem)
+    return timeouts.call_with_deadline(
+        lambda: _list(data, **args),
+        timeouts.LISTING_S,
+        lambda: f"listing {data} did not finish in {timeouts.LISTING_S:g} s: {_what_to_check(data)}; for a "
+        "very large dataset raise RAYPIPE_LISTING_S",
+    )
+
+
+def _what_to_check(data: str) -> str:
+    scheme = data.partition("://")[0].lower() if "://" in data else ""
+    if scheme in ("s3", "s3a"):
+        return ("check the credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE), the endpoint (AWS_ENDPOINT_URL) and "
+                "access to the bucket")
+    if scheme in ("gs", "gcs"):
+        return ("check the credentials (GOOGLE_APPLICATION_CREDENTIALS, or `gcloud auth application-default "
+                "login`) and access to the bucket")
+    return "check the credentials, the endpoint and access to the data"
+
+
+def _first_answer(data: str, filesystem: pafs.FileSystem | None) -> None:
+    """Ask the store about the dataset's root once, within ``timeouts.FIRST_ANSWER_S``: the cheapest
+    request that proves the credentials and the endpoint work, and the one error message for when they
+    do not."""
+
+    def ask() -> None:
+        root = open_root(data, filesystem=filesystem)
+        root.filesystem.get_file_info(root.root)
+
+    try:
+        timeouts.call_with_deadline(
+            ask, timeouts.FIRST_ANSWER_S,
+            lambda: f"listing {data} did not answer in {timeouts.FIRST_ANSWER_S:g} s: {_what_to_check(data)}",
+        )  # fmt: skip
+    except TimeoutError:
+        raise
+    except OSError as e:  # the store's own error: often pages long; its first line says what failed
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConnectionError(f"listing {data} failed: {first[:300]}: {_what_to_check(data)}") from None
+
+
+def _list(
+    data: str,
+    *,
+    kind: str | None,
+    image_column: str,
+    label_column: str,
+    path_column: str,
+    root: str | None,
+    filesystem: pafs.FileSystem | None,
+) -> SourceRows:
     kind = kind or detect_kind(data, filesystem=filesystem)
     if kind == "folder":
         root_ = open_root(data, filesystem=filesystem)

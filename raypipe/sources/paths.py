@@ -7,7 +7,10 @@ is itself a symlink is resolved and checked in full. What was opened is checked 
 ``/proc/self/fd``: a directory swapped for a symlink after it was resolved (``O_NOFOLLOW`` guards the
 last path component only) would otherwise lead the cached path out of the root.
 Remote URIs (``s3://``, ``gs://``, …) go through pyarrow's filesystems; there symlinks do not
-exist, so a normalised key that leaves the root prefix (``..``) is what we refuse.
+exist, so a normalised key that leaves the root prefix (``..``) is what we refuse. The filesystems
+``open_root`` builds from a URI carry raypipe's timeouts (:mod:`raypipe.timeouts`), which travel with
+them to the workers: a store that does not answer fails a request in seconds instead of retrying
+for minutes.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ import errno
 import os
 import posixpath
 from dataclasses import dataclass
+from datetime import timedelta
 
 import pyarrow.fs as pafs
 
+from raypipe import timeouts
 from raypipe.kernels.errors import MISSING, OUTSIDE_ROOT, UNREADABLE, SkipImage
 
-__all__ = ["DatasetRoot", "open_root", "path_value", "printable"]
+__all__ = ["DatasetRoot", "bounded", "open_root", "path_value", "printable"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", None)  # None (Windows): every read resolves the whole path
 # The fast path needs to see where an open descriptor really is (Linux); elsewhere every read resolves.
@@ -169,8 +174,35 @@ def open_root(path_or_uri: str, *, filesystem: pafs.FileSystem | None = None) ->
         return DatasetRoot(root=os.path.realpath(path_or_uri), uri=path_or_uri)
     if filesystem is None:
         filesystem, path = pafs.FileSystem.from_uri(path_or_uri)
+        filesystem = bounded(filesystem)
     else:
         path = path_or_uri.split("://", 1)[-1]
     if isinstance(filesystem, pafs.LocalFileSystem):
         return DatasetRoot(root=os.path.realpath(path), uri=path_or_uri)
     return DatasetRoot(root=path.rstrip("/"), filesystem=filesystem, uri=path_or_uri)
+
+
+def bounded(filesystem: pafs.FileSystem) -> pafs.FileSystem:
+    """``filesystem`` with raypipe's timeouts where it left them unset: S3 connect and request timeouts
+    and fewer attempts, GCS a retry time limit (pyarrow's defaults retry a missing credential or a
+    silent endpoint for minutes). Options are copied through the filesystem's own pickle state, so
+    everything ``from_uri`` resolved (region, endpoint from ``AWS_ENDPOINT_URL``, scheme) is kept; any
+    other filesystem is returned as it is."""
+    kind = {pafs.S3FileSystem: "s3", pafs.GcsFileSystem: "gcs"}.get(type(filesystem))
+    if kind is None:
+        return filesystem
+    try:
+        _, (options,) = filesystem.__reduce__()
+        options = dict(options)
+    except (TypeError, ValueError):
+        return filesystem
+    if kind == "s3":
+        if options.get("connect_timeout", -1) < 0:
+            options["connect_timeout"] = timeouts.STORE_CONNECT_S
+        if options.get("request_timeout", -1) < 0:
+            options["request_timeout"] = timeouts.STORE_REQUEST_S
+        options["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=timeouts.STORE_ATTEMPTS)
+        return pafs.S3FileSystem(**options)
+    if options.get("retry_time_limit") is None:
+        options["retry_time_limit"] = timedelta(seconds=timeouts.GCS_RETRY_S)
+    return pafs.GcsFileSystem(**options)

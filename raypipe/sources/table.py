@@ -1,6 +1,8 @@
 """The row table every source produces: one row per sample, nothing decoded yet.
 
-Columns: ``sample_id`` int64 (stable for a dataset: its index in a deterministic listing order),
+Columns: ``sample_id`` int64 (the row's index in a deterministic listing order: the same listing gives
+the same ids on every run and cluster size, but a file added to the dataset shifts the ids of every row
+listed after it; ``split_keys`` is what does not move),
 ``label`` int64, ``path`` (relative to the root: the image file, the Parquet file or the tar shard),
 ``row`` int64 (row inside that Parquet file, -1 otherwise), ``error`` (a skip reason already known
 when listing, e.g. a manifest line with no integer label; null for good rows), and where the bytes lie:
@@ -20,6 +22,7 @@ Rows that are known bad stay in the table so the epoch's accounting still sees e
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -80,6 +83,34 @@ class SourceRows:
         )
         return replace(self, table=table, classes=tuple(classes))
 
+    def digest(self) -> str:
+        """sha256 of the listing: the kind and the ``sample_id``, ``label``, ``path`` and ``row`` columns in
+        row order. Two listings with the same digest read the same samples under the same ids and labels
+        (the root is left out: one dataset may be mounted at different places on different nodes). Hashes
+        the columns' buffers, not row by row: a million rows take a fraction of a second."""
+        h = hashlib.sha256(f"raypipe-listing-v1:{self.kind}:{len(self)}".encode())
+        for name in ("sample_id", "label", "row"):
+            col = self.table.column(name)
+            h.update(np.ascontiguousarray(col.to_numpy(zero_copy_only=False), dtype="<i8").tobytes())
+        paths = self.table.column("path").combine_chunks()
+        offsets, data = _string_buffers(paths)
+        h.update(np.ascontiguousarray(np.diff(offsets), dtype="<i8").tobytes())  # lengths: "ab"+"c" != "a"+"bc"
+        h.update(data)
+        return h.hexdigest()
+
+    def split_keys(self) -> np.ndarray:
+        """A well-mixed uint64 per row that depends on the row's own location only (its path, and its row
+        inside a Parquet file), never on its position in the listing: a split made from it (train/val)
+        keeps every image on its side when files are added to or removed from the dataset."""
+        paths = self.table.column("path").combine_chunks()
+        rows = self.table.column("row").to_numpy(zero_copy_only=False).astype(np.uint64)
+        keys = np.empty(len(self), dtype=np.uint64)
+        for lo in range(0, len(self), _KEY_CHUNK):  # bounded temporaries: ~8 bytes per path byte
+            hi = min(lo + _KEY_CHUNK, len(self))
+            offsets, data = _string_buffers(paths.slice(lo, hi - lo))
+            keys[lo:hi] = _path_keys(offsets - offsets[0], np.frombuffer(data, np.uint8), rows[lo:hi])
+        return keys
+
     @property
     def num_shards(self) -> int:
         """Shards (units read as a whole, see the module docstring) in the listing."""
@@ -116,3 +147,36 @@ def make_rows(paths: list[str], labels, rows=None, errors=None, *, shards=None, 
         },
         schema=ROW_SCHEMA,
     )
+
+
+def _string_buffers(arr: pa.Array) -> tuple[np.ndarray, memoryview]:
+    """(offsets, bytes) of a string array's values, whatever its slice offset (no copy of the text)."""
+    arr = arr.cast(pa.large_string())  # int64 offsets, the same for a string or large_string column
+    _, offsets_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype="<i8")[arr.offset : arr.offset + len(arr) + 1]
+    if len(arr) == 0 or data_buf is None:
+        return np.zeros(1, np.int64), memoryview(b"")
+    return offsets, memoryview(data_buf)[int(offsets[0]) : int(offsets[-1])]
+
+
+_KEY_CHUNK = 1 << 16
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, vectorised (wraps modulo 2**64 by design)."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _path_keys(offsets: np.ndarray, data: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """One key per string ``data[offsets[i]:offsets[i+1]]`` and its ``rows[i]``: the sum of a mixed hash of
+    every (position, byte) pair of the string (wrapping; a cumulative sum makes the per-string sums exact
+    for empty strings too), mixed with the length and the row."""
+    lengths = np.diff(offsets).astype(np.uint64)
+    pos = np.arange(len(data), dtype=np.uint64) - np.repeat(offsets[:-1].astype(np.uint64), lengths.astype(np.int64))
+    per_byte = _mix64(data.astype(np.uint64) | (pos << np.uint64(8)))
+    cum = np.concatenate([np.zeros(1, np.uint64), np.cumsum(per_byte, dtype=np.uint64)])
+    sums = cum[offsets[1:]] - cum[offsets[:-1]]
+    return _mix64(sums ^ _mix64(lengths ^ (rows * np.uint64(0x9E3779B97F4A7C15))))

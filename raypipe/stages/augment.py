@@ -4,6 +4,10 @@
 augmented images. A row that cannot become an image comes back with ``ok=False`` and its skip
 reason instead of raising: one bad file never kills its block or drops its neighbours, and the
 skip travels to the consumer, which is where it is counted (so a retried task cannot count twice).
+
+Only a failure of the row's own data is a skip: the reads and the decoders raise ``SkipImage`` for
+that. Any other exception (a bug in a transform, a failed import, ``MemoryError``) leaves the stage
+as it is, fails the Ray task and so the epoch, with its own type, message and traceback.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ import numpy as np
 
 from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
 from raypipe.kernels import SkipImage, build_transform
-from raypipe.kernels.errors import DECODE_ERROR
 from raypipe.kernels.seeding import BlockRngs
 from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.reader import BlockReader
@@ -130,10 +133,8 @@ class AugmentStage:
                     raise data
                 self.transform(data, rngs.get(i), out=images[i])
                 ok[i] = True
-            except SkipImage as e:
+            except SkipImage as e:  # this row's data is bad; anything else fails the epoch
                 reason[i], detail[i] = e.reason, e.detail
-            except Exception as e:  # noqa: BLE001 - a bad sample must never kill its block
-                reason[i], detail[i] = DECODE_ERROR, f"{type(e).__name__}: {e}"
             if not ok[i]:
                 shown[i] = self.reader.describe(batch, i)
         return {

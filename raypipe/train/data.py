@@ -1,4 +1,4 @@
-"""The job's datasets: listed once on the driver, split train/eval by a hash of ``sample_id``."""
+"""The job's datasets: listed once on the driver, split train/eval by a hash of each row's location."""
 
 from __future__ import annotations
 
@@ -26,16 +26,19 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def held_out_mask(sample_ids: np.ndarray, fraction: float) -> np.ndarray:
-    """True for ids in the held-out split: a function of the id alone, so the split is the same on
-    every run, every cluster size and after rows are appended to the dataset."""
-    buckets = _splitmix64(np.asarray(sample_ids, dtype=np.int64)) % np.uint64(1_000_000)
+def held_out_mask(keys: np.ndarray, fraction: float) -> np.ndarray:
+    """True for keys in the held-out split: a function of each key alone (``SourceRows.split_keys``), so
+    the split is the same on every run and every cluster size."""
+    buckets = _splitmix64(np.asarray(keys).astype(np.uint64)) % np.uint64(1_000_000)
     return buckets < np.uint64(round(fraction * 1_000_000))
 
 
 def split_rows(rows: SourceRows, fraction: float) -> tuple[SourceRows, SourceRows]:
-    """(train, held-out) views of ``rows``; sample ids are kept, not renumbered."""
-    mask = held_out_mask(rows.table.column("sample_id").to_numpy(), fraction)
+    """(train, held-out) views of ``rows``; sample ids are kept, not renumbered.
+
+    Split by each row's path (and Parquet row), not by ``sample_id``: ids are listing positions, which a
+    file added to the dataset shifts, and a split by id would then move images between train and eval."""
+    mask = held_out_mask(rows.split_keys(), fraction)
     val = rows.table.filter(pa.array(mask))
     train = rows.table.filter(pa.array(~mask))
     return dataclasses.replace(rows, table=train), dataclasses.replace(rows, table=val)

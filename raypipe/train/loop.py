@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from raypipe.device import DeviceLoader
 from raypipe.pipeline import EpochSource, FeederSource, Pipeline
+from raypipe.pipeline.identity import check_same_listing
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.metrics import RankEpoch, RunDir, combine, format_line
 
@@ -209,6 +210,8 @@ def train_loop_per_worker(config: dict) -> None:
     num_classes = int(config["num_classes"])
     run_dir = RunDir(config["storage_path"], config["run_name"])
     train_rows, val_rows = ray.get([config["train_rows"], config["val_rows"]])
+    # Every rank must read the same listing, or shards overlap and samples are lost without a word.
+    check_same_listing(train_rows.digest(), rank=rank, world_size=world)
 
     torch.manual_seed(job.pipeline.seed)  # same initial weights on every rank (DDP also broadcasts them)
     model = timm.create_model(job.model, pretrained=False, num_classes=num_classes).to(device)

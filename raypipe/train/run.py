@@ -16,13 +16,15 @@ import ray
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
+from raypipe.pipeline.accounting import SkipLimitError
+from raypipe.pipeline.identity import ListingMismatchError
 from raypipe.sources import SourceRows
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.data import job_rows
 from raypipe.train.loop import train_loop_per_worker
 from raypipe.train.metrics import RunDir, format_metric
 
-__all__ = ["run_training", "resolve_storage"]
+__all__ = ["run_training", "resolve_storage", "data_failure"]
 
 
 def resolve_storage(path: str) -> str:
@@ -68,6 +70,22 @@ def _check_batches(job: TrainJobConfig, train_samples: int) -> None:
         )
 
 
+# Failures that are about the data, not the code: the user needs their message, not a traceback.
+_DATA_ERRORS = (SkipLimitError, ListingMismatchError)
+
+
+def data_failure(error: ray.train.WorkerGroupError) -> Exception | None:
+    """The first rank's data error (too many skips, a listing mismatch) among the workers' failures, as
+    the same exception type with the rank named; None when a worker failed for any other reason."""
+    for rank, failure in sorted(error.worker_failures.items()):
+        seen, depth = failure, 0
+        while seen is not None and depth < 8:  # the worker's exception, or a wrapper of it
+            if isinstance(seen, _DATA_ERRORS):
+                return type(seen)(f"rank {rank}: {seen}")
+            seen, depth = seen.__cause__ or getattr(seen, "cause", None), depth + 1
+    return None
+
+
 def run_training(job: TrainJobConfig) -> dict:
     """Run the job on the connected Ray cluster; return a summary (run dir, last epoch's metrics)."""
     name = job.name or f"{job.model}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -105,7 +123,13 @@ def run_training(job: TrainJobConfig) -> dict:
             checkpoint_config=CheckpointConfig(num_to_keep=2),
         ),
     )
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    except ray.train.WorkerGroupError as e:
+        data_error = data_failure(e)
+        if data_error is None:
+            raise
+        raise data_error from None
     history = RunDir(storage, name).read_json("metrics.json", [])
     summary = {
         "run_dir": f"{storage}/{name}",
