@@ -100,7 +100,7 @@ def open_source(
     if isinstance(data, SourceRows):
         return data
     args = dict(kind=kind, image_column=image_column, label_column=label_column, path_column=path_column,
-                root=root, filesystem=filesystem)  # fmt: skip
+                root=root, filesystem=filesystem, class_order=class_order, class_map=class_map)  # fmt: skip
     if filesystem is None and not _is_uri(data):
         return _list(data, **args)
     # Remote: a missing credential or a silent endpoint must end in seconds (raypipe.timeouts)
@@ -154,6 +154,8 @@ def _list(
     path_column: str,
     root: str | None,
     filesystem: pafs.FileSystem | None,
+    class_order: str,
+    class_map,
 ) -> SourceRows:
     kind = kind or detect_kind(data, filesystem=filesystem)
     if kind == "folder":
