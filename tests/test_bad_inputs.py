@@ -108,7 +108,7 @@ def test_skip_ratio_error_lists_the_paths(ray_local, corpus):
 def test_scan_reports_the_same_classification(ray_local, corpus, tmp_path, capsys):
     root, expected = corpus
     out = tmp_path / "scan.json"
-    assert cli(["scan", str(root), "--json", str(out)]) == 0
+    assert cli(["scan", str(root), "--json", str(out)]) == 1  # bad images found
     report = json.loads(out.read_text())
     got = {os.path.basename(s["path"]): s["reason"] for s in report["skipped_paths"]}
     want = {k: v for k, v in expected.items() if v and k != "deleted.jpg"}  # it exists again now

@@ -87,14 +87,21 @@ def _failure_kind(exc: BaseException) -> str:
     ray_exceptions = sys.modules.get("ray.exceptions")
     if ray_exceptions is not None and isinstance(exc, ray_exceptions.RayError):
         return "failed"  # before ValueError: a Ray task's ValueError is raised as a subclass of both
-    for module, name in _RUN_FAILURES:
-        cls = getattr(sys.modules.get(module), name, None)
-        if cls is not None and isinstance(exc, cls):
-            return "failed"
+    if _is_run_failure(exc):
+        return "failed"
     yaml = sys.modules.get("yaml")
     if isinstance(exc, (ValueError, OSError)) or (yaml is not None and isinstance(exc, yaml.YAMLError)):
         return "user"
     return "failed"
+
+
+def _is_run_failure(exc: BaseException) -> bool:
+    """One of raypipe's own "the run failed" exceptions (only modules already imported can have raised)."""
+    for module, name in _RUN_FAILURES:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(exc, cls):
+            return True
+    return False
 
 
 def _underlying(exc: BaseException) -> BaseException:
@@ -123,10 +130,12 @@ def _report(prog: str, exc: BaseException, *, debug: bool) -> int:
     first = f"{type(inner).__name__}: {lines[0]}"
     if inner is not exc:
         first += f" (raised in a Ray task, {type(exc).__name__})"
-    out = [f"{prog}: failed: {first}", *("  " + line for line in lines[1:_MAX_FAILURE_LINES])]
-    if len(lines) > _MAX_FAILURE_LINES:
-        out.append(f"  … {len(lines) - _MAX_FAILURE_LINES} more lines")
-    if not debug:
+    # raypipe's own failures are written short, with what to do last: shown whole
+    keep = len(lines) if _is_run_failure(inner) else _MAX_FAILURE_LINES
+    out = [f"{prog}: failed: {first}", *("  " + line for line in lines[1:keep])]
+    if len(lines) > keep:
+        out.append(f"  … {len(lines) - keep} more lines")
+    if not debug and not _is_run_failure(inner):  # our own failures say what to do; no traceback helps
         out.append(f"{prog}: run with --debug for the traceback")
     print("\n".join(out), file=sys.stderr)
     return 1

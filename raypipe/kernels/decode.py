@@ -173,10 +173,10 @@ def _classify(exc: BaseException) -> SkipImage:
         return exc
     msg = f"{type(exc).__name__}: {exc}"
     low = msg.lower()
-    if isinstance(exc, UnidentifiedImageError):
-        return SkipImage(errors.NOT_AN_IMAGE, msg)
+    if isinstance(exc, UnidentifiedImageError):  # its message names the BytesIO object: say what it means
+        return SkipImage(errors.NOT_AN_IMAGE, "no known image format (Pillow cannot identify it)")
     if isinstance(exc, Image.DecompressionBombError):
-        return SkipImage(errors.TOO_LARGE, msg)
+        return SkipImage(errors.TOO_LARGE, f"{msg} (Pillow's own limit: PIL.Image.MAX_IMAGE_PIXELS)")
     if isinstance(exc, EOFError) or "truncated" in low or "premature end" in low:
         return SkipImage(errors.TRUNCATED, msg)
     return SkipImage(errors.DECODE_ERROR, msg)
@@ -212,17 +212,15 @@ def open_image(data: bytes, max_pixels: int) -> Source:
 
 
 def _pil_open(data: bytes) -> Image.Image:
-    """``Image.open`` (lazy: reads the header only) with Pillow's own bomb check switched off for the
-    call, so our ``max_pixels`` decides, with the real size in the detail. Not thread-safe (the limit
-    is a Pillow module global), like the rest of the transform."""
-    limit = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None
+    """``Image.open`` (lazy: reads the header only). Our ``max_pixels`` is checked right after, from the
+    header; Pillow's own bomb limit stays as the process has it (``PIL.Image.MAX_IMAGE_PIXELS``): its
+    warning (between one and two times that limit) is ours to decide, its error (beyond twice) a skip."""
     try:
-        return Image.open(io.BytesIO(data))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            return Image.open(io.BytesIO(data))
     except _DECODER_ERRORS as exc:
         raise _classify(exc) from None
-    finally:
-        Image.MAX_IMAGE_PIXELS = limit
 
 
 def probe_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
