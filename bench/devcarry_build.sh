@@ -59,9 +59,9 @@ download "$OUT/wheels" simplejpeg==1.9.0 jsonschema==4.26.0 jsonschema-specifica
 echo "photos"
 python3 -c "
 import shutil
-from raypipe.sample_data import PHOTOS, _photo_dir
+from raypipe.sample_data import PHOTO_DIR, PHOTOS
 for p in PHOTOS:
-    shutil.copy(_photo_dir() / p, '$OUT/photos/' + p)"
+    shutil.copy(PHOTO_DIR / p, '$OUT/photos/' + p)"
 
 # PYTHON: an interpreter of the target version, for its headers (e.g. a pyenv one: PYENV_VERSION=3.12.1)
 INC=$(${PYTHON:-python$PYVER} -c "import sysconfig; print(sysconfig.get_paths()['include'])" 2>/dev/null || true)

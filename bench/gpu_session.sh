@@ -45,10 +45,10 @@ fi
 # sample data is made from the photos in raypipe/sample_photos; copy carried ones where that copy lacks some
 python3 - <<'PY'
 import pathlib, shutil
-from raypipe.sample_data import PHOTOS, _photo_dir
-missing = [p for p in PHOTOS if not (_photo_dir() / p).exists()]
+from raypipe.sample_data import PHOTO_DIR, PHOTOS
+missing = [p for p in PHOTOS if not (PHOTO_DIR / p).exists()]
 for p in missing:
-    shutil.copy(pathlib.Path(".devcarry/photos") / p, _photo_dir() / p)
+    shutil.copy(pathlib.Path(".devcarry/photos") / p, PHOTO_DIR / p)
 print("sample photos copied in:", missing or "none needed")
 PY
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv |
