@@ -102,7 +102,8 @@ def call_at_niceness(nice: int, fn: Callable[..., T], *args: Any, sched_idle: bo
 
 
 class AugmentStage:
-    """A chunk of rows in, their images (or skip records) out; cached per worker by its ``StageSpec``."""
+    """A chunk of rows in, their images (or skip records) out. ``augment_block`` keeps one per worker
+    process for each ``StageSpec.reuse_key``."""
 
     def __init__(self, spec: StageSpec):
         self.spec = spec
