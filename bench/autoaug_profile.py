@@ -6,8 +6,7 @@ timm policies with and without it.
 
 The policy rows apply the policy to one photo (the shipped astronaut sample photo) under ``--seeds`` different seeds,
 so each op is drawn as often as in training: on arrays (raypipe's path with both extensions built), on PIL
-images with the C warps (policies with ops that have no array version), and Pillow alone. bench/NOTES.md
-(fifth and seventh sessions) has the figures.
+images with the C warps (policies with ops that have no array version), and Pillow alone.
 """
 
 from __future__ import annotations

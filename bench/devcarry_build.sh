@@ -9,7 +9,7 @@
 #   ray.tar.xz   the ray package from its wheel, file modes kept (raylet, gcs_server executable), less
 #                what raypipe never imports (Java jars, dashboard web UI, rllib, serve, llm)
 #   wheels/      simplejpeg, jsonschema (+ deps; ray needs it), pydantic (+ deps; ray.train needs it)
-#   photos/      scikit-image's sample photos (in case that machine's scikit-image lacks some)
+#   photos/      the sample photos (raypipe/sample_photos), in case the copy there lacks some
 #   _jpegregion.cpython-XY-x86_64-linux-gnu.so   the partial-decode extension for that Python, with
 #                libjpeg-turbo linked in statically (that machine may lack libjpeg.so.62), if
 #                python$PYVER's headers and /usr/lib/x86_64-linux-gnu/libjpeg.a exist
@@ -59,9 +59,9 @@ download "$OUT/wheels" simplejpeg==1.9.0 jsonschema==4.26.0 jsonschema-specifica
 echo "photos"
 python3 -c "
 import shutil
-from raypipe.sample_data import PHOTOS, _photo_dir
+from raypipe.sample_data import PHOTO_DIR, PHOTOS
 for p in PHOTOS:
-    shutil.copy(_photo_dir() / p, '$OUT/photos/' + p)"
+    shutil.copy(PHOTO_DIR / p, '$OUT/photos/' + p)"
 
 # PYTHON: an interpreter of the target version, for its headers (e.g. a pyenv one: PYENV_VERSION=3.12.1)
 INC=$(${PYTHON:-python$PYVER} -c "import sysconfig; print(sysconfig.get_paths()['include'])" 2>/dev/null || true)

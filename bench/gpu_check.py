@@ -115,8 +115,8 @@ def check_overlap(dev, rows, n, size, copy_ms, batches):
     reps = 1
     one = cuda_ms(compute, 5)
     # The producer's host work per batch (memcpy into the pinned ring, single-threaded) must fit in a
-    # step too, or the figure measures host memcpy rather than overlap: measured 9 ms for a 256-image
-    # batch on the H200 machine, where a step sized from the device copy alone (9 ms) then stalled.
+    # step too, or the figure measures host memcpy rather than overlap: a 256-image batch's memcpy can
+    # take as long as its device copy, so a step sized from the device copy alone would stall.
     pinned = torch.empty(batches[0]["image"].shape, dtype=torch.uint8, pin_memory=True).numpy()
     t0 = time.perf_counter()
     for b in batches[:8]:

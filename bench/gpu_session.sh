@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session, one command: the CUDA tests, bench/gpu_check.py, then bench/gpu_train.py.
+# Every GPU check in one command: the CUDA tests, bench/gpu_check.py, then bench/gpu_train.py.
 #
 #   bash bench/gpu_session.sh            # on a CUDA machine, from the repository root
 #
@@ -12,7 +12,7 @@
 # (bench/devcarry_build.sh builds it; the device tool's run needs carry [".devcarry"]) and it is
 # installed into /tmp/site first: ray.tar.xz (the ray package), wheels/*.whl (what else is missing),
 # optionally _jpegregion.*.so, _warp.*.so, _resample.*.so, _colorops.*.so and _affine.*.so built for that Python, photos/
-# (scikit-image's sample photos).
+# (the sample photos, copied in if the package there lacks some).
 set -u
 OUT=${OUT:-/tmp/raypipe-gpu}
 mkdir -p "$OUT"
@@ -42,13 +42,13 @@ else
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 
-# sample data is made from photos scikit-image ships; copy carried ones where that build lacks some
+# sample data is made from the photos in raypipe/sample_photos; copy carried ones where that copy lacks some
 python3 - <<'PY'
 import pathlib, shutil
-from raypipe.sample_data import PHOTOS, _photo_dir
-missing = [p for p in PHOTOS if not (_photo_dir() / p).exists()]
+from raypipe.sample_data import PHOTO_DIR, PHOTOS
+missing = [p for p in PHOTOS if not (PHOTO_DIR / p).exists()]
 for p in missing:
-    shutil.copy(pathlib.Path(".devcarry/photos") / p, _photo_dir() / p)
+    shutil.copy(pathlib.Path(".devcarry/photos") / p, PHOTO_DIR / p)
 print("sample photos copied in:", missing or "none needed")
 PY
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv |
@@ -68,7 +68,7 @@ w('$DATA', classes=16, per_class=1250, workers=os.cpu_count())" && echo "sample 
 fi
 # shellcheck disable=SC2086  # GPU_TRAIN_ARGS is a list of options
 wants gpu_train && step gpu_train 330 python3 bench/gpu_train.py --data $DATA --json "$OUT/gpu_train.json" ${GPU_TRAIN_ARGS:-}
-# the previous default block size (128 rows for 256-image batches: the consumer packs two blocks per batch)
+# 128-row chunks for 256-image batches (the consumer packs two chunks per batch; auto_chunk_rows gives 256)
 wants gpu_train_block128 && step gpu_train_block128 150 python3 bench/gpu_train.py --data $DATA --augments rrc \
     --feeds raypipe raypipe-data --block-size 128 --json "$OUT/gpu_train_block128.json" ${GPU_TRAIN_ARGS:-}
 nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader | tee -a "$OUT/nvidia-smi.csv"

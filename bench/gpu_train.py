@@ -7,7 +7,7 @@ sample-data JPEGs (``--images``, in parallel) unless ``--data`` is given, then f
 1. ceiling — the same training step on one batch already on the GPU (no loader at all);
 2. raypipe — Ray tasks decode and augment, a feeder process beside the trainer packs batches
    (``FeederSource``, as the training job does), the DeviceLoader copies on a side stream and
-   normalises; raypipe-thread: the same with the Ray Data consumer in the trainer's own process
+   normalises; raypipe-thread: the same with the rank's consumer in the trainer's own process
    (``EpochSource``); raypipe-data: raypipe's batches with no training (what it can deliver);
 3. timm — ``create_loader(is_training=True, use_prefetcher=True, num_workers=<cores>)``, with the
    channels_last conversion timm's train.py does.
@@ -372,8 +372,8 @@ def main(argv=None) -> int:
                      "cpus": os.cpu_count(), "data": data, "seconds": args.seconds, "augments": {}}  # fmt: skip
     print(f"{args.model} batch {args.batch} AMP fp16 channels_last on {name}, {os.cpu_count()} CPUs", flush=True)
     if any(f.startswith("raypipe") for f in args.feeds):
-        # One Ray for the whole run (re-initialising Ray in one process is not something a trainer
-        # does; once here a Ray Data thread of the first session outlived it and ended the process).
+        # One Ray for the whole run: re-initialising Ray in one process is not something a trainer
+        # does, and a thread of the first Ray session can outlive it and end the process.
         # Its idle workers take no CPU from timm's loader.
         connect(object_store_memory=int(args.object_store_gb * 2**30) if args.object_store_gb else None)
     if "ceiling" in args.feeds:

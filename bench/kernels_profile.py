@@ -36,7 +36,7 @@ def main() -> None:
     steps = ["sample_rng", "open_image", "draw params", "decode_for_crop", "crop_resize", "colour jitter",
              "whole t()", "whole t() + jitter", "simplejpeg full decode"]
     runs = {s: [] for s in steps}
-    # CPU time of this thread, not wall time: the 2-core box is shared, and a descheduled thread
+    # CPU time of this thread, not wall time: the machine may be shared, and a descheduled thread
     # would otherwise be charged for another process's work.
     pc = time.thread_time
     for _ in range(args.repeat):

@@ -1,4 +1,5 @@
-"""Small measurements behind the fifth session's notes (bench/NOTES.md), one subcommand each:
+"""Small measurements behind constants and code paths in raypipe (the comments that cite them say which),
+one subcommand each:
 
     python bench/micro_profile.py reads DATA          # read_bytes per file: cached directory vs full resolve
     python bench/micro_profile.py aa-import           # building a rand-m9 policy in a fresh process
@@ -260,7 +261,7 @@ def _resize_row(img: np.ndarray, w: int, h: int, interp: str) -> dict[str, float
 
 
 def ray_null(args) -> None:
-    """The pipeline's Ray Data shape (one object per 128-row block, tasks of 0.5 CPU, 4 at a time,
+    """A Ray Data pipeline shaped like raypipe's chunks (one object per 128-row block, tasks of 0.5 CPU, 4 at a time,
     blocks iterated in this process) with a stage that only allocates and touches its output: what Ray
     itself costs per block, split by process role."""
     import pyarrow as pa

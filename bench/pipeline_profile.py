@@ -1,9 +1,9 @@
 """Profile the pipeline on one machine: img/s per epoch, the driver's CPU and the machine's CPU use.
 
-Reproduces the pipeline rows of bench/NOTES.md::
+Usage (``--block-size`` is ``ExecutionConfig.chunk_rows``, ``--cpus-per-actor`` its ``cpus_per_task``)::
 
-    python bench/pipeline_profile.py DATA --block-size 64 --cpus-per-actor 1      # 1 worker per core
-    python bench/pipeline_profile.py DATA --block-size 128|256                    # 256: the default at batch 128
+    python bench/pipeline_profile.py DATA --block-size 64 --cpus-per-actor 1      # 1 task per core
+    python bench/pipeline_profile.py DATA --block-size 128|256                    # default: auto_chunk_rows
     python bench/pipeline_profile.py DATA --device-loader                          # + CPU DeviceLoader
     python bench/pipeline_profile.py DATA --device-loader --auto-augment rand-m9-mstd0.5-inc1
     python bench/pipeline_profile.py --normalise                                   # the CPU trainer side only
@@ -153,7 +153,7 @@ def _cpu_by_role() -> dict[str, float]:
 def _cpu_by_title() -> dict[str, float]:
     """CPU seconds so far per kind of process: this one ("driver"), the Ray workers that run tasks
     ("ray workers": their title moves between ``ray::IDLE`` and the task's), each other ``ray::`` title
-    (Ray Data's stats and autoscaling actors, the dashboard agent), kernel threads by their name before
+    (the feeder, the dashboard agent), kernel threads by their name before
     the "/" (``kworker``), anything else by its executable's name."""
     me = psutil.Process().pid
     out: dict[str, float] = {}

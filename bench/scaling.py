@@ -24,8 +24,7 @@ def measure(
     # Workers at niceness 0 and a soft limit as raypipe's own clusters have them (runtime.connect,
     # cluster.yaml; Ray's defaults, 15 and the CPU count, starve and churn the workers), and an object
     # store per node that holds the pipeline's run-ahead, as a real node's does: ray.cluster_utils
-    # gives its nodes 150 MB, in which two overlapping epochs' 19 MB blocks spilled to disk (waits of
-    # 2-10 s for a batch, the machine half idle).
+    # gives its nodes 150 MB, in which the chunks in flight spill to disk and batches wait seconds.
     system_config = worker_pool_config(cpus_per_node * nodes)
     node = {"num_cpus": cpus_per_node, "object_store_memory": store_mb << 20}
     cluster = Cluster(initialize_head=True, head_node_args={**node, "_system_config": system_config})

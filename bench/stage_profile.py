@@ -1,7 +1,7 @@
 """The augmentation stage in one process: µs/image with and without the partial JPEG decoder, where a
 JPEG decode spends its time, and what handing a block to Ray's object store costs.
 
-Reproduces the partial-decode and "where the time goes" rows of bench/NOTES.md::
+Usage::
 
     python bench/stage_profile.py /tmp/bench2k          # a folder from `raypipe sample-data`
 

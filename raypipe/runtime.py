@@ -110,7 +110,8 @@ def worker_pool_env(cpus: int) -> dict[str, str]:
       thread, on purpose (an unprivileged process can raise its niceness but never lower it back).
     - ``RAY_num_workers_soft_limit``: Ray ends idle worker processes beyond it (default: the CPU count)
       after a second; with two augmentation tasks per CPU and a consumer that applies backpressure,
-      workers idled, were ended and restarted, each re-importing the stage.
+      workers idle briefly and would be ended and restarted, each restart setting its stage up again
+      (``python bench/pipeline_profile.py DATA --consumer-ms 300 --ray-soft-limit 2`` counts them).
 
     cluster.yaml and deploy/kuberay set the same variables for `ray start`."""
     return {"RAY_worker_niceness": "0", "RAY_num_workers_soft_limit": str(2 * cpus + 4)}
@@ -157,8 +158,8 @@ def pin_mmap_threshold(nbytes: int = 1 << 20) -> bool:
 
     glibc raises its mmap threshold (up to 32 MB) each time a large mmapped block is freed, after
     which our 10-40 MB batch buffers come from per-thread heap arenas that keep their pages: the
-    driver's RSS then climbs for a few epochs (measured +350 MB over 3 epochs of 20k images) before
-    it levels off. Fixing the threshold keeps RSS flat. No-op (False) off glibc.
+    driver's RSS then climbs by hundreds of MB over the first epochs before it levels off. Fixing
+    the threshold keeps RSS flat. No-op (False) off glibc.
     """
     global _MMAP_PINNED
     if _MMAP_PINNED:

@@ -19,8 +19,8 @@ SUITES = {
 }
 LOADERS = ("decode", "kernel", "raypipe", "packed", "timm", "naive")
 # Loaders that start processes (Ray, DataLoader workers) each run in a fresh process: measured in one
-# process, one loader's leftovers (a Ray Data execution's objects, a persistent worker pool) skewed the
-# next one's figures by up to 35 %.
+# process, one loader's leftovers (a Ray Data execution's objects, a persistent worker pool) skew the
+# next one's figures.
 ISOLATED = ("raypipe", "packed", "timm", "naive")
 
 

@@ -1,7 +1,7 @@
 """The augmentation stage run in this process, for commands that touch few images.
 
-Starting a local Ray and its first Ray Data execution costs seconds, more than decoding a few hundred
-images takes. ``preview`` (a grid of ``--count`` images) therefore always runs here, and ``scan`` runs
+Starting a local Ray and its first workers costs seconds, more than decoding a few hundred images
+takes. ``preview`` (a grid of ``--count`` images) therefore always runs here, and ``scan`` runs
 here when the dataset has at most ``SCAN_IN_PROCESS_MAX`` images (``--ray`` forces Ray). The stage is
 the one Ray workers run (``AugmentStage``, same ``StageSpec``, randomness seeded by
 ``(seed, epoch, sample_id)``), so the pixels are those a Ray run of the same epoch produces.

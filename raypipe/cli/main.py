@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - every error ends as a short message and an exit status
         status = _report(prog, exc, debug=args.debug)
-    # The failed run's objects (an epoch's generators and their Ray Data threads) sit in reference cycles
+    # The failed run's objects (an epoch's generators, a chunk stream and its threads) sit in reference cycles
     # through the traceback: collect them here, on the main thread, not whenever and wherever the
     # collector next runs (on one of those threads, an epoch's clean-up cannot join it).
     gc.collect()

@@ -9,13 +9,14 @@
  * Why C: torch's CPU kernels need two passes here (an exact uint8 -> float copy, then an in-place
  * addcmul; the one mixed-dtype addcmul does not vectorise), each op costs microseconds of dispatch, and
  * above 32768 values an op fans out to torch's intra-op threads, which wait on each other on cores the
- * augmentation workers keep busy. One fused, single-threaded pass is 2-3x faster (bench/NOTES.md).
+ * augmentation workers keep busy. One fused, single-threaded pass is 2-3x faster
+ * (`python bench/pipeline_profile.py --normalise` measures both).
  *
  * Same bits as torch: on x86-64 torch's float kernels run fused multiply-adds when the CPU has
  * AVX2+FMA, plain ones otherwise, so this module picks the same at import (fused() says which). The
  * GIL is released during the pass. float32 output in channels-last rows goes out with streaming
- * (non-temporal) stores where the destination allows: 76 -> 29 µs per 224 px image here
- * (`python bench/pipeline_profile.py --normalise`).
+ * (non-temporal) stores where the destination allows: the output is far larger than the caches, and
+ * ordinary stores read each line before writing it (about twice the memory traffic).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -198,7 +198,8 @@ def normalize(
         mul, add = _affine_tiled(*key, w)
         # Pieces of under torch's parallel grain (32768 values): each op then runs on this thread
         # alone. With torch's intra-op threads, on cores the augmentation workers keep busy, the
-        # threads wait on each other at every op: 200-311 µs of CPU per image instead of ~140 here.
+        # threads wait on each other at every op, and the CPU per image grows by 40 % or more
+        # (``python bench/pipeline_profile.py --normalise --threads N`` shows it).
         # Per image, so the source is sliced as a view in either input layout (never copied whole).
         src, dst = v.permute(0, 2, 3, 1), out.permute(0, 2, 3, 1)  # (N, H, W, C) views
         step = max(1, (_SERIAL_ELEMENTS - 1) // (w * c))

@@ -22,9 +22,10 @@
  * horizontal pass does two output pixels (3 channels + 1 unused lane each) per vector and the vertical
  * pass 16 bytes, adding zero-weight taps where windows are padded to one length (exact: integer sums).
  *
- * Why: the resize of a ~350x300 crop to 224 px was ~210 us of a ~1 ms training transform as a 3-tap
- * prefilter + OpenCV resize, which only approximates Pillow's filter (mean error up to 2 levels); Pillow
- * itself takes ~650 us. The GIL is released while it runs.
+ * Why: Pillow's own resize of a typical crop to 224 px costs about as much as the rest of a training
+ * transform, and the alternative, a 3-tap prefilter + OpenCV resize, only approximates Pillow's filter
+ * (mean error up to 2 levels); `python bench/micro_profile.py resize DATA` times all three. The GIL is
+ * released while it runs.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -369,7 +370,7 @@ __attribute__((target("avx2"))) static void vertical_avx2(const Plane *src, cons
 }
 
 /* The vertical pass with AVX-512 (where the CPU has it): 32 bytes per step, the same integer sums, so
- * the same bytes; the pass ~1.5x faster here. (A horizontal pass with four pixels per vector was no
+ * the same bytes, faster than the AVX2 pass. (A horizontal pass with four pixels per vector was no
  * faster: its loads and byte shuffles all go to one execution port, as the AVX2 pass's do.) */
 #define AVX512 __attribute__((target("avx2,avx512f,avx512vl,avx512bw,avx512dq")))
 

@@ -11,10 +11,10 @@
  * HxWx3 uint8.
  *
  * Why: timm's RandAugment/AutoAugment geometric ops (rotate, shear, translate) go through Pillow's
- * generic transform engine: ~1.0 ms (bilinear) to 2.5 ms (bicubic) per 224 px image here, the largest
- * cost of rand-m9. The per-pixel double arithmetic is the cost, not Pillow's per-pixel calls (the same
- * loop in plain C: 0.8 / 2.5 ms), so both filters run four pixels per AVX2 vector where the CPU has it
- * (0.4 / 1.2 ms): every lane performs the same IEEE operations as the scalar code, so the bytes stay
+ * generic transform engine, about a millisecond (bilinear) to 2.5 (bicubic) per 224 px image, the
+ * largest cost of rand-m9. The per-pixel double arithmetic is the cost, not Pillow's per-pixel calls
+ * (the same loop in plain C is barely faster), so both filters run four pixels per AVX2 vector where
+ * the CPU has it, about twice as fast (`python bench/autoaug_profile.py` times each): every lane performs the same IEEE operations as the scalar code, so the bytes stay
  * Pillow's (tests compare against Pillow on random matrices and whole policies). Built without FP
  * contraction, like Pillow's x86-64 build; the GIL is released during the loop.
  */
@@ -296,8 +296,8 @@ AVX2 static void warp_avx2(const Source *s, uint8_t *out, int dw, int dh, const 
 }
 
 /* Eight output pixels per step with AVX-512 (where the CPU has it): the AVX2 steps' operations on twice
- * the lanes, so the same IEEE operations per pixel and the same bytes; 1.7x the AVX2 speed (bilinear)
- * here, where half the instructions do the same work. */
+ * the lanes, so the same IEEE operations per pixel and the same bytes, with half the instructions
+ * (`python bench/autoaug_profile.py` times it against AVX2). */
 #define AVX512 __attribute__((target("avx2,avx512f,avx512vl,avx512dq,avx512bw")))
 #define AVX512_INLINE AVX512 static inline __attribute__((always_inline))
 

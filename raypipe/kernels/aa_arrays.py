@@ -12,9 +12,8 @@ function accepts one:
 
 Each rewritten op matches one timm function (``ARRAY_OPS``); a policy with any other op stays on PIL
 images. Why: through Pillow every op converts the array to Pillow's 4-byte layout and back, builds its
-table in Python and Sharpness filters in scalar floats: a rand-m9 policy took 400-419 µs per 224 px
-image on PIL images (with the C warps), 165-176 on arrays (``bench/autoaug_profile.py``; bench/NOTES.md,
-seventh session).
+table in Python and Sharpness filters in scalar floats, so a rand-m9 policy costs more than twice as much
+on PIL images (even with the C warps) as on arrays (``python bench/autoaug_profile.py`` measures both).
 """
 
 from __future__ import annotations

@@ -59,7 +59,8 @@ def timm_auto_augment():
     """timm's ``timm.data.auto_augment`` module, without importing the ``timm`` package if it is not yet.
 
     The module itself needs only Pillow and NumPy, but importing it through its package imports timm's
-    models and torch: 3 s of CPU and ~600 MB per augmentation worker, for code the stage never runs. So
+    models and torch: seconds of CPU and hundreds of MB per augmentation worker (``python
+    bench/micro_profile.py aa-import``), for code the stage never runs. So
     it is loaded from its file as a module of its own (the same code, so the same behaviour); if timm is
     already imported, or the file stops being loadable alone, the package's module is used.
     """

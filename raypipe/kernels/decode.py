@@ -50,13 +50,13 @@ __all__ = ["ImageInfo", "Source", "probe_image", "open_image", "decode_rgb", "de
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _JPEG_MODES = {"YCbCr": "RGB", "RGB": "RGB", "Gray": "L"}  # what simplejpeg decodes itself
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
-# DCT scales n/8 we use. libjpeg-turbo's 5/8..7/8 IDCTs are slower than a full decode (measured on a
-# 500x375 q90: full 790 us; n=4: 614, n=3: 649, n=5: 909, n=6: 1009, n=7: 1243; re-measured on the
-# bench set, CPU time: full 761, n=1 504, n=2 582, n=3 644, n=4 723, n=5 988, n=6 939, n=7 1111), so
-# we skip them: the remaining 1-2.7x shrink is antialiased by ``geometry.crop_resize`` instead.
+# DCT scales n/8 we use. libjpeg-turbo's 5/8..7/8 IDCTs cost more CPU than a full decode (time
+# ``simplejpeg.decode_jpeg(data, min_width=…)`` per scale on ~500x375 q90 JPEGs), so we skip them: the
+# remaining shrink (up to 2.7x) is antialiased by ``geometry.crop_resize`` instead.
 _FAST_SCALES = (1, 2, 3, 4, 8)
 # Pixels decoded around a crop: crop_resize reads 2 beyond the box, and libjpeg's fancy upsampling makes
-# the outermost 1-2 columns of a partial decode differ from a full decode (measured: exact from 2 on).
+# the outermost 1-2 columns of a partial decode differ from a full decode (tests/test_kernels_region.py
+# compares partial and full decodes with this margin).
 _REGION_MARGIN = 12
 
 

@@ -4,7 +4,7 @@ A worker reading one object after another runs at ``1 / latency`` objects per se
 (20 ms per request: 50 img/s). Little's law says how many requests must be in flight to sustain a rate:
 ``in_flight = rate × latency``; e.g. 1000 img/s per node × 30 ms ≈ 30. Requests are cheap to keep in
 flight (a thread blocked on a socket costs no CPU), so the default, 32 per reading worker, is set for
-the latency of a busy object store rather than for this machine; a node with several workers keeps
+the latency of a busy object store rather than for a fast local one; a node with several workers keeps
 that many per worker. Lower it when the store throttles, raise it when the latency is higher.
 
 Transient failures (a reset connection, a timeout, throttling, a 5xx answer) are retried with

@@ -1,4 +1,4 @@
-"""The read + decode + augment stage run by Ray Data on every node.
+"""The read + decode + augment stage that the augmentation tasks run on every node.
 
 ``AugmentStage(spec)(batch)`` takes a block of source rows and returns the same rows with their
 augmented images. A row that cannot become an image comes back with ``ok=False`` and its skip
@@ -102,7 +102,8 @@ def call_at_niceness(nice: int, fn: Callable[..., T], *args: Any, sched_idle: bo
 
 
 class AugmentStage:
-    """Callable for ``Dataset.map_batches``: rows in, images (or skip records) out."""
+    """A chunk of rows in, their images (or skip records) out. ``augment_block`` keeps one per worker
+    process for each ``StageSpec.reuse_key``."""
 
     def __init__(self, spec: StageSpec):
         self.spec = spec

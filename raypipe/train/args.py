@@ -2,11 +2,11 @@
 
 Precedence: the embedded default job (``TrainJobConfig``'s defaults and ``DEFAULTS``) < ``-c/--config``
 YAML < flags given on the command line. The YAML is raypipe's one config schema (``raypipe.config.
-load_config``): sections ``augment``, ``eval``, ``pipeline`` and ``decode``, which `raypipe run -c` reads
-too, and ``train``, this job's own settings (``TrainJobConfig``'s fields: ``model``, ``epochs``, ``lr`` …),
-which `raypipe run` accepts and ignores. What the file leaves out the job takes from its embedded
-default job (``DEFAULTS``, e.g. 64 px images), `raypipe run` from the library's defaults: a file meant
-for both sets those keys. An unknown section or key, or a duplicated key, is an error.
+load_config``): sections ``augment``, ``eval``, ``pipeline``, ``execution`` and ``decode``, which
+`raypipe run -c` reads too, and ``train``, this job's own settings (``TrainJobConfig``'s fields:
+``model``, ``epochs``, ``lr`` …), which `raypipe run` accepts and ignores. What the file leaves out the
+job takes from its embedded default job (``DEFAULTS``, e.g. 64 px images), `raypipe run` from the
+library's defaults: a file meant for both sets those keys. An unknown section or key, or a duplicated key, is an error.
 The augmentation and pipeline flags are raypipe's shared ones (``raypipe.cli.args``), so their names and
 checks match ``raypipe run``.
 """

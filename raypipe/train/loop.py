@@ -1,10 +1,10 @@
 """The per-worker training loop Ray Train runs on every rank.
 
-Each rank r of N reads its own shard of every epoch (``EpochSource``: a seeded permutation dealt
-round-robin, ``perm[r::N]``), so each sample is trained on exactly once per epoch across ranks
-(docs/training.md). Shards differ by at most one row and by their skipped images, so ranks may
-take different numbers of steps: DDP's ``Join`` lets a rank that ran out shadow the others'
-all-reduces instead of hanging, and nothing is padded or dropped.
+Each rank r of N reads its own slice of every epoch (``raypipe.pipeline.order``: the r-th of N
+contiguous, equal (±1) slices of the epoch's seeded order), so each sample is trained on exactly once
+per epoch across ranks (docs/training.md). Slices differ by at most one row and by their skipped
+images, so ranks may take different numbers of steps: DDP's ``Join`` lets a rank that ran out shadow
+the others' all-reduces instead of hanging, and nothing is padded or dropped.
 """
 
 from __future__ import annotations
