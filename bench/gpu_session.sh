@@ -70,7 +70,7 @@ fi
 wants gpu_train && step gpu_train 330 python3 bench/gpu_train.py --data $DATA --json "$OUT/gpu_train.json" ${GPU_TRAIN_ARGS:-}
 # 128-row chunks for 256-image batches (the consumer packs two chunks per batch; auto_chunk_rows gives 256)
 wants gpu_train_block128 && step gpu_train_block128 150 python3 bench/gpu_train.py --data $DATA --augments rrc \
-    --feeds raypipe raypipe-data --block-size 128 --json "$OUT/gpu_train_block128.json" ${GPU_TRAIN_ARGS:-}
+    --feeds raypipe raypipe-data --chunk-rows 128 --json "$OUT/gpu_train_block128.json" ${GPU_TRAIN_ARGS:-}
 nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader | tee -a "$OUT/nvidia-smi.csv"
 echo "failed steps: $failed"
 exit "$failed"

@@ -252,8 +252,8 @@ def raypipe_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, 
     # drop_last as timm's training loader (create_loader(is_training=True)): both feeds then train on
     # one batch shape only; an epoch's short last batch would make cuDNN (benchmark mode) autotune anew
     cfg = PipelineConfig(batch_size=args.batch, drop_last=True)
-    ex = ExecutionConfig(chunk_rows=args.block_size, worker_nice=args.worker_nice,
-                         worker_sched_idle=args.worker_sched_idle, cpus_per_task=args.cpus_per_actor)
+    ex = ExecutionConfig(chunk_rows=args.chunk_rows, worker_nice=args.worker_nice,
+                         worker_sched_idle=args.worker_sched_idle, cpus_per_task=args.cpus_per_task)
     ex = ex.resolved_for(gpu_trainer=trainer.device.type == "cuda")
     source = (FeederSource if feeder else EpochSource)(Pipeline(data, aug, config=cfg, execution=ex))
     loader = DeviceLoader.from_timm(source, device=trainer.device, img_dtype=dtype,
@@ -340,11 +340,11 @@ def main(argv=None) -> int:
     p.add_argument("--augments", nargs="+", choices=sorted(AUGMENTS), default=["rrc", "rand-m9"])
     p.add_argument("--feeds", nargs="+", choices=FEEDS, default=FEEDS,
                    help="raypipe-data: raypipe's batches on the GPU, no training (what it can deliver)")  # fmt: skip
-    p.add_argument("--block-size", type=int, help="raypipe rows per Ray block (default: PipelineConfig's)")
+    p.add_argument("--chunk-rows", type=int, help="raypipe rows per chunk (default: ExecutionConfig.chunk_rows_for)")
     p.add_argument("--worker-nice", type=int, default=10, help="augmentation workers' niceness (as PipelineConfig)")
     p.add_argument("--worker-sched-idle", action=argparse.BooleanOptionalAction,
                    help="augmentation threads under SCHED_IDLE (default: on for cuda, like the job)")  # fmt: skip
-    p.add_argument("--cpus-per-actor", type=float, default=0.5, help="CPUs per raypipe augmentation worker")
+    p.add_argument("--cpus-per-task", type=float, default=0.5, help="CPUs per raypipe augmentation task")
     p.add_argument("--seconds", type=float, default=20.0, help="timed window per feed")
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="timm loader workers")

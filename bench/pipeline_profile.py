@@ -1,13 +1,13 @@
 """Profile the pipeline on one machine: img/s per epoch, the driver's CPU and the machine's CPU use.
 
-Usage (``--block-size`` is ``ExecutionConfig.chunk_rows``, ``--cpus-per-actor`` its ``cpus_per_task``)::
+Usage (``--chunk-rows``, ``--cpus-per-task`` and ``--num-tasks`` set ``ExecutionConfig``)::
 
-    python bench/pipeline_profile.py DATA --block-size 64 --cpus-per-actor 1      # 1 task per core
-    python bench/pipeline_profile.py DATA --block-size 128|256                    # default: auto_chunk_rows
+    python bench/pipeline_profile.py DATA --chunk-rows 64 --cpus-per-task 1      # 1 task per core
+    python bench/pipeline_profile.py DATA --chunk-rows 128|256                    # default: auto_chunk_rows
     python bench/pipeline_profile.py DATA --device-loader                          # + CPU DeviceLoader
     python bench/pipeline_profile.py DATA --device-loader --auto-augment rand-m9-mstd0.5-inc1
     python bench/pipeline_profile.py --normalise                                   # the CPU trainer side only
-    python bench/pipeline_profile.py DATA -b 256 --block-size 128|256              # packing copy or views
+    python bench/pipeline_profile.py DATA -b 256 --chunk-rows 128|256              # packing copy or views
     python bench/pipeline_profile.py --take                                        # np.take "raise" vs "clip"
     python bench/pipeline_profile.py DATA --consumer-ms 300 [--ray-soft-limit 2]   # worker restarts
     python bench/pipeline_profile.py DATA --device-loader --by-process             # cores per process title
@@ -49,7 +49,7 @@ def profile_pipeline(args: argparse.Namespace) -> None:
     started = _WorkerWatch()
     cfg = PipelineConfig(batch_size=args.batch_size)
     ex = ExecutionConfig(
-        chunk_rows=args.block_size, cpus_per_task=args.cpus_per_actor, num_tasks=args.num_actors,
+        chunk_rows=args.chunk_rows, cpus_per_task=args.cpus_per_task, num_tasks=args.num_tasks,
         worker_nice=args.worker_nice,
     )
     aug = TrainAugment(input_size=args.img_size, color_jitter=None, auto_augment=args.auto_augment)
@@ -111,7 +111,7 @@ def profile_take(args: argparse.Namespace) -> None:
     """The Packer's gather of good rows: np.take into a batch buffer, default mode vs mode="clip"."""
     import numpy as np
 
-    b, s = args.block_size or 128, args.img_size
+    b, s = args.chunk_rows or 128, args.img_size
     block = np.random.default_rng(0).integers(0, 256, (b, s, s, 3), dtype=np.uint8)
     out = np.empty((2 * b, s, s, 3), np.uint8)
     idx = np.arange(b)
@@ -272,9 +272,9 @@ def main() -> None:
     p.add_argument("-b", "--batch-size", type=int, default=128)
     p.add_argument("--img-size", type=int, default=224)
     p.add_argument("--auto-augment", help="a timm policy, e.g. rand-m9-mstd0.5-inc1 (default: none)")
-    p.add_argument("--block-size", type=int, help="rows per chunk (default: raypipe's auto_chunk_rows)")
-    p.add_argument("--cpus-per-actor", type=float, default=0.5, help="ExecutionConfig.cpus_per_task")
-    p.add_argument("--num-actors", type=int, help="ExecutionConfig.num_tasks")
+    p.add_argument("--chunk-rows", type=int, help="rows per chunk (default: raypipe's auto_chunk_rows)")
+    p.add_argument("--cpus-per-task", type=float, default=0.5, help="ExecutionConfig.cpus_per_task")
+    p.add_argument("--num-tasks", type=int, help="ExecutionConfig.num_tasks")
     p.add_argument("--device-loader", action="store_true", help="read through a CPU DeviceLoader")
     p.add_argument("--img-dtype", default="float32")
     p.add_argument("--normalise", action="store_true", help="only time the trainer-side normalisation")

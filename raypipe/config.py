@@ -403,12 +403,13 @@ def resolve_sections(raw: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
-    """A whole raypipe config file: ``augment``, ``eval``, ``pipeline`` and ``decode`` validated, and the
-    training job's ``train`` section kept as it was written (``jobs/train.py`` checks it)."""
+    """A whole raypipe config file: ``augment``, ``eval``, ``pipeline``, ``execution`` and ``decode``
+    validated, and the training job's ``train`` section kept as it was written (``jobs/train.py`` checks it)."""
 
     augment: TrainAugment = field(default_factory=TrainAugment)
     eval: EvalAugment = field(default_factory=EvalAugment)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     train: Mapping[str, Any] = field(default_factory=dict)
 
@@ -422,6 +423,7 @@ def load_config(source: str | Path | Mapping[str, Any]) -> Config:
         augment:  {input_size: 160, auto_augment: rand-m9-mstd0.5-inc1}   # TrainAugment
         eval:     {crop_pct: 0.95}                                        # EvalAugment
         pipeline: {batch_size: 256}                                       # PipelineConfig
+        execution: {cpus_per_task: 1.0}                                   # ExecutionConfig
         decode:   {max_pixels: 89478485}                                  # DecodeConfig
         train:    {model: resnet50, epochs: 100}                          # the training job only
 

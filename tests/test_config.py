@@ -99,3 +99,11 @@ def test_worker_sched_idle_is_decided_by_the_trainer_when_left_open():
         cfg = ExecutionConfig(worker_sched_idle=chosen)
         assert cfg.resolved_for(gpu_trainer=not chosen).worker_sched_idle is chosen
     assert auto.resolved_for(gpu_trainer=True).cpus_per_task == auto.cpus_per_task  # nothing else changes
+
+
+def test_load_config_reads_every_section():
+    from raypipe.config import load_config
+
+    cfg = load_config({"pipeline": {"batch_size": 8}, "execution": {"num_tasks": 3}, "train": {"epochs": 2}})
+    assert cfg.pipeline.batch_size == 8 and cfg.execution.num_tasks == 3 and dict(cfg.train) == {"epochs": 2}
+    assert load_config({}).execution == ExecutionConfig()

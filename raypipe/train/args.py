@@ -161,10 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a timm model on Ray: augmentation on the cluster, one DDP worker per GPU.",
     )
     g = p.add_argument_group("data and model")
-    g.add_argument("--data", help="image folder, Parquet or CSV/JSONL manifest (default: generated sample data)")
+    g.add_argument("--data", help="image folder, Parquet, CSV/JSONL manifest or WebDataset shards, local or a URI "
+                                  "(default: generated sample data)")
     g.add_argument("--val-data", help="evaluation dataset (default: a held-out --val-split of --data)")
-    g.add_argument("--val-split", type=float, help="fraction held out for eval, chosen by a hash of sample_id")
-    g.add_argument("--kind", choices=("folder", "parquet", "manifest"), help="dataset kind (detected if omitted)")
+    g.add_argument("--val-split", type=float, help="fraction held out for eval, chosen by a hash of each image's path")
+    g.add_argument("--kind", choices=("folder", "parquet", "manifest", "webdataset"),
+                   help="dataset kind (detected if omitted)")
     g.add_argument("--sample-dir", help="where the sample dataset is generated when --data is not given")
     g.add_argument("--sample-per-class", type=int, help="sample dataset images per class (10 classes)")
     g.add_argument("--model", help="timm model name (pretrained=False)")
