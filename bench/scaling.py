@@ -8,6 +8,7 @@ capacity the nodes deliver. Usage: ``python bench/scaling.py DATA [--epochs 6]``
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import ray
@@ -15,19 +16,19 @@ from ray.cluster_utils import Cluster
 
 from raypipe.config import PipelineConfig, TrainAugment
 from raypipe.pipeline import EpochSource, Pipeline
-from raypipe.runtime import worker_pool_config
+from raypipe.runtime import worker_pool_env
 
 
 def measure(
     data: str, nodes: int, cpus_per_node: int, epochs: int, batch_size: int, store_mb: int = 1024, verbose: bool = False
 ) -> float:
     # Workers at niceness 0 and a soft limit as raypipe's own clusters have them (runtime.connect,
-    # cluster.yaml; Ray's defaults, 15 and the CPU count, starve and churn the workers), and an object
-    # store per node that holds the pipeline's run-ahead, as a real node's does: ray.cluster_utils
-    # gives its nodes 150 MB, in which the chunks in flight spill to disk and batches wait seconds.
-    system_config = worker_pool_config(cpus_per_node * nodes)
+    # cluster.yaml; Ray's defaults, 15 and the CPU count, starve and churn the workers): each node's
+    # raylet reads them from the environment it inherits. And an object store per node that holds the
+    # chunks in flight, as a real node's does (ray.cluster_utils gives its nodes 150 MB by default).
+    os.environ.update(worker_pool_env(cpus_per_node * nodes))
     node = {"num_cpus": cpus_per_node, "object_store_memory": store_mb << 20}
-    cluster = Cluster(initialize_head=True, head_node_args={**node, "_system_config": system_config})
+    cluster = Cluster(initialize_head=True, head_node_args=node)
     try:
         for _ in range(nodes - 1):
             cluster.add_node(**node)

@@ -1,22 +1,18 @@
 """Offline checks for the cluster definitions shipped with raypipe (``cluster.yaml``, KubeRay).
 
 Nothing here talks to a cloud or a Kubernetes API server, and nothing here is imported by the rest
-of the package: Ray's autoscaler modules are imported inside the functions that need them.
+of the package.
 
-``validate_cluster_config`` runs what ``ray up`` runs before it touches the cloud:
-``ray.autoscaler._private.util.prepare_config`` (merge the provider's ``defaults.yaml``, fill per
-node type min/max workers) then ``validate_config`` (``ray-schema.json`` plus cross-field checks).
-For ``provider.type: aws`` that path reads a YAML file inside the ray package and nothing else: it
-needs neither boto3 credentials nor network (checked in Ray 2.60's source; the credential-using part,
-``bootstrap_config``, is a later step we do not call). The API is private, so when it has moved we
-validate against the schema Ray ships, ``ray/autoscaler/ray-schema.json``, with ``jsonschema``.
+``validate_cluster_config`` checks a cluster-launcher config against the JSON schema Ray ships
+(``ray/autoscaler/ray-schema.json``, the contract ``ray up`` validates against) with ``jsonschema``,
+then does what the schema cannot say, on public ground only:
 
-Ray's checks leave three holes that bite in practice, so we add them:
-
-- a missing ``head_node_type`` is silently filled from ``defaults.yaml`` (``ray.head.default``);
-- a node type with ``min_workers > max_workers`` is accepted (the autoscaler quietly uses the min
-  of the two);
-- nothing says the head must advertise ``CPU: 0`` (our layout: no training or preprocessing there).
+- ``head_node_type`` is present and names one of ``available_node_types`` (left out, Ray silently
+  uses ``ray.head.default`` from its defaults);
+- no node type has ``min_workers > max_workers`` (Ray accepts it and quietly uses the smaller);
+- the node types' ``min_workers`` add up to at most the global ``max_workers`` (``ray up`` refuses
+  this only after it has read the file);
+- the head advertises ``CPU: 0`` (raypipe's layout: no training or preprocessing there).
 """
 
 from __future__ import annotations
@@ -39,9 +35,9 @@ _PUBLIC_SERVICE_TYPES = ("LoadBalancer", "NodePort")
 
 def ray_schema_path() -> Path:
     """Path of the cluster-config JSON schema shipped inside the installed ray package."""
-    import ray.autoscaler
+    from importlib.resources import files
 
-    return Path(ray.autoscaler.__file__).parent / "ray-schema.json"
+    return Path(str(files("ray.autoscaler").joinpath("ray-schema.json")))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -80,7 +76,7 @@ def _validate_with_schema(config: dict, where: str) -> None:
 
 
 def _check_node_types(config: dict, where: str, *, head_cpu_zero: bool) -> None:
-    """The checks Ray does not do (see the module docstring)."""
+    """What the schema cannot say (see the module docstring)."""
     if "head_node_type" not in config:
         raise ValueError(
             f"{where}: missing head_node_type (Ray would silently use 'ray.head.default' from its "
@@ -102,6 +98,12 @@ def _check_node_types(config: dict, where: str, *, head_cpu_zero: bool) -> None:
             raise ValueError(
                 f"{where}: available_node_types.{name}: min_workers={lo} > max_workers={hi}"
             )
+    total = config.get("max_workers")
+    least = sum(spec.get("min_workers") or 0 for spec in types_.values())
+    if isinstance(total, int) and least > total:
+        raise ValueError(
+            f"{where}: the node types' min_workers add up to {least}, more than the global max_workers={total}"
+        )
     head_cpu = (types_[head].get("resources") or {}).get("CPU")
     if head_cpu_zero and head_cpu != 0:
         raise ValueError(
@@ -113,7 +115,7 @@ def _check_node_types(config: dict, where: str, *, head_cpu_zero: bool) -> None:
 def validate_cluster_config(
     path_or_dict: str | Path | Mapping[str, Any], *, head_cpu_zero: bool = True
 ) -> dict:
-    """Validate a Ray cluster-launcher config offline; return it with Ray's defaults filled in.
+    """Validate a Ray cluster-launcher config offline; return it (a copy, as written).
 
     ``head_cpu_zero``: also require the head node type to advertise ``CPU: 0`` (raypipe's layout).
     Raises ``ValueError`` naming the file and the problem. Example::
@@ -123,28 +125,12 @@ def validate_cluster_config(
         {'CPU': 0}
     """
     config, where = _load_mapping(path_or_dict)
-    _check_node_types(config, where, head_cpu_zero=head_cpu_zero)
     if not isinstance(config.get("provider"), Mapping) or "type" not in config["provider"]:
         raise ValueError(f"{where}: missing provider.type")
-    try:
-        from ray.autoscaler._private.util import prepare_config, validate_config
-    except ImportError:  # private API moved: the schema Ray ships is the contract we can still check
-        _validate_with_schema(config, where)
-        return config
-
-    import jsonschema
-
-    # Schema first on the raw file, so messages point at what the user wrote rather than at the
-    # result of merging Ray's defaults.yaml.
+    # The schema first, so a misspelt key is named as such rather than as a missing one.
     _validate_with_schema(config, where)
-    try:
-        prepared = prepare_config(config)
-        validate_config(prepared)
-    except jsonschema.ValidationError as e:
-        raise ValueError(f"{where}: {_schema_error(e)}") from e
-    except (ValueError, KeyError, TypeError, AssertionError, RuntimeError, NotImplementedError) as e:
-        raise ValueError(f"{where}: Ray rejected the cluster config: {type(e).__name__}: {e}") from e
-    return prepared
+    _check_node_types(config, where, head_cpu_zero=head_cpu_zero)
+    return config
 
 
 # --------------------------------------------------------------------------------------------------

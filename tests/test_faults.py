@@ -61,7 +61,7 @@ class _WorkerKiller(threading.Thread):
         while not self.stop.is_set():
             for pid in pids:
                 title = _title(pid)
-                if title.startswith("ray::") and ("augment_block" in title or "AugmentStage" in title):
+                if title.startswith("ray::_augment_chunk"):  # the task's name (stream.py)
                     os.kill(pid, signal.SIGKILL)
                     self.killed.append(pid)
                     return
@@ -128,8 +128,11 @@ def test_node_removed_mid_epoch(faults_dir, replace):
         ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 200 * 2**20})
     try:
-        victim = cluster.add_node(num_cpus=1, object_store_memory=150 * 2**20)
+        # The driver joins while the head is the only node, so it attaches to the head's raylet (on one
+        # machine every node has the same IP, and a driver may attach to any of them): removing the
+        # driver's own raylet would end the driver.
         ray.init(address=cluster.address, logging_level="WARNING")
+        victim = cluster.add_node(num_cpus=1, object_store_memory=150 * 2**20)
         cluster.wait_for_nodes()
         ex = ExecutionConfig(chunk_rows=8, prefetch_chunks=1, num_tasks=2)
         pipe = Pipeline(str(faults_dir), AUG, config=PipelineConfig(batch_size=16), execution=ex, content_digest=True)

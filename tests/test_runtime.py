@@ -85,7 +85,8 @@ _DASHBOARD_PROBE = """
 import ray
 from raypipe.runtime import connect
 connect(dashboard={on})
-print(ray._private.worker.global_worker.node.address_info.get("webui_url") or "none")
+# ray.init on a connected process returns the running Ray's context (dashboard_url is "" without one)
+print(ray.init(ignore_reinit_error=True).dashboard_url or "none")
 ray.shutdown()
 """
 

@@ -1,7 +1,8 @@
 """Driver side of the training job: list the data once, build the ``TorchTrainer``, run it.
 
-Resuming: Ray Train V2 (2.60) keeps a checkpoint-manager snapshot in ``<storage_path>/<name>/``
-and reloads it when a trainer starts with the same ``RunConfig(name, storage_path)``, so
+Resuming: Ray Train V2 (the default in every Ray that raypipe supports) keeps a checkpoint-manager
+snapshot in ``<storage_path>/<name>/`` and reloads it when a trainer starts with the same
+``RunConfig(name, storage_path)``, so
 ``ray.train.get_checkpoint()`` in the loop returns the previous run's latest checkpoint. Re-running
 a job with the same ``--name`` therefore continues where it stopped; within one run,
 ``--max-failures`` restarts the workers from the latest checkpoint the same way.
