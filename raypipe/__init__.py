@@ -6,7 +6,7 @@ Names are imported lazily (PEP 562): a Ray worker that only runs the augmentatio
 
 from __future__ import annotations
 
-import importlib
+from raypipe._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -36,14 +36,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'raypipe' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports("raypipe", _EXPORTS, globals())

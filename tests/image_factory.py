@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import struct
+import tarfile
 import zlib
 from functools import cache
 
@@ -134,3 +135,14 @@ def other_format(fmt: str) -> bytes:
     if fmt == "WEBP":
         return encode(im, "WEBP", lossless=True)
     return encode(im, fmt)
+
+
+def tar_bytes(members) -> bytes:
+    """An uncompressed tar archive of ``(name, data)`` members, in order (a WebDataset shard)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

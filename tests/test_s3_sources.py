@@ -3,15 +3,14 @@ WebDataset shards listed and read with ranged requests, missing objects. (Writin
 pyarrow fails: its multipart-upload completion is refused by pyarrow's S3 client; convert's remote
 destination is tested over another non-local pyarrow filesystem in test_convert.py.)"""
 
-import io
 import os
-import tarfile
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from image_factory import tar_bytes
 
 from raypipe.config import PipelineConfig, TrainAugment
 from raypipe.kernels.errors import MISSING
@@ -21,16 +20,6 @@ from raypipe.sources import BlockReader, ReadOptions, open_source
 pytestmark = pytest.mark.timeout(240)
 
 BUCKET = "raypipe-sources"
-
-
-def _tar(members) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +45,7 @@ def s3(sample_dir, tmp_path_factory):
             members = []
             for i, p in enumerate(files[s * 10:(s + 1) * 10]):
                 members += [(f"k{s}{i:02d}.jpg", p.read_bytes()), (f"k{s}{i:02d}.cls", str(i % 4).encode())]
-            data = _tar(members)
+            data = tar_bytes(members)
             (local / "wds" / f"shard-{s}.tar").write_bytes(data)
             client.put_object(Bucket=BUCKET, Key=f"wds/shard-{s}.tar", Body=data)
         fs = pafs.S3FileSystem(access_key="testing", secret_key="testing", endpoint_override=f"{host}:{port}",

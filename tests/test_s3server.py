@@ -2,15 +2,14 @@
 raypipe reads an s3:// folder, Parquet file and shards through it exactly as it reads them locally."""
 
 import http.client
-import io
 import os
 import shutil
-import tarfile
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from image_factory import tar_bytes
 
 from raypipe.config import PipelineConfig, TrainAugment
 from raypipe.pipeline import Pipeline
@@ -18,16 +17,6 @@ from raypipe.sources import BlockReader, ReadOptions, open_source
 from raypipe.testing import S3Server
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def _tar(members) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +35,7 @@ def data(sample_dir, tmp_path_factory):
         members = []
         for i, p in enumerate(files[s * 10:(s + 1) * 10]):
             members += [(f"k{s}{i:02d}.jpg", p.read_bytes()), (f"k{s}{i:02d}.cls", str(i % 4).encode())]
-        (bucket / "wds" / f"shard-{s}.tar").write_bytes(_tar(members))
+        (bucket / "wds" / f"shard-{s}.tar").write_bytes(tar_bytes(members))
     return root
 
 

@@ -6,7 +6,7 @@ importing it must not import Ray.
 
 from __future__ import annotations
 
-import importlib
+from raypipe._lazy import lazy_exports
 
 _EXPORTS = {
     "EpochReport": "raypipe.pipeline.accounting",
@@ -27,14 +27,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'raypipe.pipeline' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports("raypipe.pipeline", _EXPORTS, globals())
