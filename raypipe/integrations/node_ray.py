@@ -9,6 +9,9 @@ others' without knowing. Instead the ranks of a node share one:
    rank learns its node's address from one ``all_gather_object`` over the default process group
    (collective, so it is also the barrier); the other local ranks join that address.
 
+Joining needs the head's authentication mode in the joining process's environment before Ray is
+imported (see ``_before_ray``, which sets it for torchrun ranks when it can).
+
 A node is named by torchrun's ``GROUP_RANK`` (its node rank), else the host name. The Ray started by
 local rank 0 lives in that process: it stops when that process ends (Ray's own exit handler), so no
 cluster outlives the job.
@@ -48,19 +51,29 @@ def connect_node(*, local_rank: int | None = None, num_cpus: int | None = None) 
         return ray.get_runtime_context().gcs_address
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
-    address = None
+    head = None
     if local_rank == 0:
         connect(num_cpus=num_cpus)
-        address = ray.get_runtime_context().gcs_address
+        # A new local Ray turns token authentication on in this process's environment (Ray's default);
+        # the token itself is in the user's ~/.ray, which the other ranks of the node share.
+        head = (ray.get_runtime_context().gcs_address, os.environ.get("RAY_AUTH_MODE"))
     entries: list = [None] * dist.get_world_size()
-    dist.all_gather_object(entries, (node_key(), local_rank, address))
+    dist.all_gather_object(entries, (node_key(), local_rank, head))
     if local_rank == 0:
-        return address
-    mine = [a for key, lr, a in entries if key == node_key() and lr == 0]
+        return head[0]
+    mine = [h for key, lr, h in entries if key == node_key() and lr == 0]
     if len(mine) != 1:
         raise RuntimeError(
             f"{len(mine)} processes with LOCAL_RANK=0 on node {node_key()!r}; expected one to start its Ray "
             "(set RAY_ADDRESS to join a running cluster instead)"
         )
-    ray.init(address=mine[0], logging_level=logging.WARNING, log_to_driver=True)
-    return mine[0]
+    address, auth_mode = mine[0]
+    mode, own = auth_mode or "disabled", os.environ.get("RAY_AUTH_MODE") or "disabled"
+    if mode.lower() != own.lower():
+        raise RuntimeError(
+            f"local rank {local_rank}: the node's Ray (started by local rank 0) has RAY_AUTH_MODE={mode}, this "
+            f"process {own}, and Ray reads it only when imported. Launch every rank with RAY_AUTH_MODE={mode} "
+            f"(`RAY_AUTH_MODE={mode} torchrun …`), or import raypipe.timm before ray"
+        )
+    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+    return address
