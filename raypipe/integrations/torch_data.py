@@ -9,7 +9,9 @@ raypipe's batches are already batches: made by Ray workers, packed to ``batch_si
 whole batches into a batch of batches); ``num_workers=0`` keeps iteration in this process (a worker
 process would run its own copy of the stream and every batch would arrive once per worker). A
 ``DataLoader`` worker that iterates this view raises. Tuples come out as lists (the ``DataLoader``'s
-``default_convert``), numpy arrays as tensors.
+``default_convert``), numpy arrays as tensors; host batches from an ``EpochSource`` are read-only
+views of Ray's object store, so torch warns once that their tensors are not writable (do not write
+to them; copy first).
 """
 
 from __future__ import annotations
