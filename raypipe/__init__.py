@@ -28,9 +28,12 @@ _EXPORTS = {
     "EpochSource": "raypipe.pipeline",
     "FeederSource": "raypipe.pipeline",
     "Pipeline": "raypipe.pipeline",
+    "RankLoader": "raypipe.integrations",
+    "RaypipeIterableDataset": "raypipe.integrations",
     "SkipLimitError": "raypipe.pipeline",
     "SourceRows": "raypipe.sources",
     "open_source": "raypipe.sources",
+    "ray_loader": "raypipe.integrations",
 }
 
 __all__ = sorted(_EXPORTS)
