@@ -36,6 +36,7 @@ def test_torchrun_two_ranks_train_and_eval_exactly_once(tmp_path):
     out.mkdir()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     env.pop("RAY_ADDRESS", None)  # the ranks must start their node's Ray themselves
+    env["RAY_AUTH_MODE"] = "token"  # as docs/timm.md says to launch: Ray reads it when imported
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
            "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(REPO / "tests" / "torchrun_timm.py"),
            str(data), str(out)]  # fmt: skip

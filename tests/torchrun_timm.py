@@ -35,7 +35,7 @@ class RecordIds:
 
 
 def main(data: str, out: str) -> None:
-    import ray  # after raypipe.timm, as timm's train.py would have it: see raypipe/integrations/_before_ray.py
+    import ray  # RAY_AUTH_MODE=token comes from the launch (see docs/timm.md)
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

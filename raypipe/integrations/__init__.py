@@ -11,7 +11,6 @@ padded to the same number of batches on every rank (:class:`EqualBatches`), thro
 ``DeviceLoader``. Under torchrun the ranks of a node share one Ray (``connect_node``).
 """
 
-from raypipe.integrations import _before_ray  # noqa: F401 - first: it must run before Ray is imported
 from raypipe.integrations.epochs import EqualBatches
 from raypipe.integrations.loader import RankLoader
 from raypipe.integrations.node_ray import connect_node

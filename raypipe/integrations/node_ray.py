@@ -10,7 +10,8 @@ others' without knowing. Instead the ranks of a node share one:
    (collective, so it is also the barrier); the other local ranks join that address.
 
 Joining needs the head's authentication mode in the joining process's environment before Ray is
-imported (see ``_before_ray``, which sets it for torchrun ranks when it can).
+imported (Ray reads it once, on import): launch with ``RAY_AUTH_MODE=token torchrun …``; a rank whose
+mode differs from the head's gets an error that says so.
 
 A node is named by torchrun's ``GROUP_RANK`` (its node rank), else the host name. The Ray started by
 local rank 0 lives in that process: it stops when that process ends (Ray's own exit handler), so no
@@ -73,7 +74,7 @@ def connect_node(*, local_rank: int | None = None, num_cpus: int | None = None) 
         raise RuntimeError(
             f"local rank {local_rank}: the node's Ray (started by local rank 0) has RAY_AUTH_MODE={mode}, this "
             f"process {own}, and Ray reads it only when imported. Launch every rank with RAY_AUTH_MODE={mode} "
-            f"(`RAY_AUTH_MODE={mode} torchrun …`), or import raypipe.timm before ray"
+            f"(`RAY_AUTH_MODE={mode} torchrun …`)"
         )
     ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
     return address
