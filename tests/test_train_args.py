@@ -184,9 +184,9 @@ def test_one_config_file_for_the_job_raypipe_run_and_the_python_api(tmp_path):
     """The same YAML file: jobs/train.py reads every section, `raypipe run` and ``load_config`` the
     pipeline's (the train section is accepted and not used), and all three agree on those. (What the
     file leaves out, the job takes from its embedded default job, ``DEFAULTS``; this file sets those.)"""
-    from raypipe.cli.args import build_configs
     from raypipe.cli.main import build_parser
     from raypipe.config import load_config
+    from raypipe.flags import build_configs
 
     path = _yaml(
         tmp_path,
@@ -209,8 +209,8 @@ def test_one_config_file_for_the_job_raypipe_run_and_the_python_api(tmp_path):
 def test_shipped_configs_load_in_raypipe_run_too(name):
     from pathlib import Path
 
-    from raypipe.cli.args import build_configs
     from raypipe.cli.main import build_parser
+    from raypipe.flags import build_configs
 
     path = str(Path(__file__).parent.parent / "jobs" / "configs" / name)
     run = build_configs(build_parser().parse_args(["run", "data", "-c", path]))

@@ -11,8 +11,8 @@ import math
 import sys
 from pathlib import Path
 
-from raypipe.cli.args import add_augment_args, add_config_arg, add_source_args, build_configs
 from raypipe.cli.common import check_json_path, rows_from_args
+from raypipe.flags import add_augment_args, add_config_arg, add_source_args, build_configs
 
 # A grid of more images than this is too large to look at; the cap also keeps preview in-process.
 MAX_COUNT = 256

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from raypipe.cli.args import add_augment_args, add_pipeline_args, add_source_args, build_configs
 from raypipe.cli.common import check_json_path, connect_quietly, print_skips, progress, rows_from_args, write_json
+from raypipe.flags import add_augment_args, add_pipeline_args, add_source_args, build_configs
 
 
 def add_parser(sub) -> None:

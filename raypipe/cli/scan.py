@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from raypipe.cli.args import add_source_args
 from raypipe.cli.common import check_json_path, connect_quietly, print_skips, progress, rows_from_args, write_json
 from raypipe.config import DEFAULT_MAX_PIXELS
+from raypipe.flags import add_source_args
 
 # Mirrors raypipe.cli.inprocess.SCAN_IN_PROCESS_MAX (not imported here: it pulls in pyarrow and the
 # kernels, which --help must not pay for); a test checks they agree.

@@ -152,6 +152,9 @@ def create_loader(
 
     rank, world_size = _world(distributed, rank, world_size)
     rows, shown = rows_of(dataset, class_map=class_map)
+    from raypipe.pipeline.identity import check_same_listing
+
+    check_same_listing(rows.digest(), rank=rank, world_size=world_size)  # each rank listed on its own
     augment = augment_of(
         input_size, is_training=is_training, no_aug=no_aug, scale=scale, ratio=ratio, hflip=hflip, vflip=vflip,
         color_jitter=color_jitter, color_jitter_prob=color_jitter_prob, grayscale_prob=grayscale_prob,

@@ -7,7 +7,7 @@ load_config``): sections ``augment``, ``eval``, ``pipeline``, ``execution`` and 
 ``model``, ``epochs``, ``lr`` …), which `raypipe run` accepts and ignores. What the file leaves out the
 job takes from its embedded default job (``DEFAULTS``, e.g. 64 px images), `raypipe run` from the
 library's defaults: a file meant for both sets those keys. An unknown section or key, or a duplicated key, is an error.
-The augmentation and pipeline flags are raypipe's shared ones (``raypipe.cli.args``), so their names and
+The augmentation and pipeline flags are raypipe's shared ones (``raypipe.flags``), so their names and
 checks match ``raypipe run``.
 """
 
@@ -20,7 +20,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from raypipe.cli.args import add_augment_args, add_pipeline_args, build_configs
 from raypipe.config import (
     TRAIN_SECTION,
     DecodeConfig,
@@ -31,6 +30,7 @@ from raypipe.config import (
     config_sections,
     load_yaml,
 )
+from raypipe.flags import add_augment_args, add_pipeline_args, build_configs
 
 __all__ = ["TrainJobConfig", "build_parser", "parse_job", "job_from_namespace", "DEFAULTS"]
 
