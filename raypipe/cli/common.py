@@ -36,7 +36,11 @@ class _LineProgress:
         self.total, self.desc, self.unit, self.interval = total, desc, unit, interval
         self.stream, self.disabled = stream, disabled
         self.n = 0
+        self.postfix = ""
         self._t0 = self._last = time.monotonic()
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        self.postfix = text
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -52,7 +56,8 @@ class _LineProgress:
         rate = f", {self.n / elapsed:.0f} {self.unit}/s" if elapsed > 0 else ""
         done = f"{self.n}/{self.total} {self.unit}" if self.total else f"{self.n} {self.unit}"
         share = f" ({100 * self.n / self.total:.0f} %)" if self.total else ""
-        print(f"{self.desc}: {done}{share}{rate}, {elapsed:.0f} s", file=self.stream, flush=True)
+        extra = f", {self.postfix}" if self.postfix else ""
+        print(f"{self.desc}: {done}{share}{rate}, {elapsed:.0f} s{extra}", file=self.stream, flush=True)
 
     def close(self) -> None:
         self._write(time.monotonic())
