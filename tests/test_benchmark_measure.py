@@ -44,3 +44,20 @@ def test_raypipe_reads_every_epoch_from_one_stream(ray_local, sample_dir, monkey
     assert [kw["start_epoch"] for kw in streams] == [0]
     assert closed
     assert len(r.epoch_rates) == 2 and r.images_per_s > 0
+
+
+def test_the_plot_shows_every_contender_with_its_spread_and_a_caption(tmp_path):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    from raypipe.benchmark.measure import Result
+    from raypipe.benchmark.report import caption, machine, plot
+
+    suites = {"RRC224 + hflip": {"raypipe": Result("raypipe", 1000.0, 0.1, [900.0, 1100.0]),
+                                 "timm": Result("timm", 500.0, 0.4, [480.0, 520.0])}}  # fmt: skip
+    text = caption(data="/data/photos", images=4000, batch_size=128, epochs=4, host=machine())
+    assert "cores" in text and "/data/photos (4000 images)" in text and "slowest and fastest" in text
+    out = tmp_path / "bench.png"
+    plot(str(out), suites, text)
+    with Image.open(out) as im:
+        assert im.size[0] > 300 and im.size[1] > 300

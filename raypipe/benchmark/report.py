@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from raypipe.benchmark.measure import Result
 
-__all__ = ["ratios", "format_table", "plot"]
+__all__ = ["ratios", "format_table", "plot", "caption", "machine"]
 
 
 def ratios(results: dict[str, Result]) -> dict[str, float | None]:
@@ -41,23 +41,52 @@ def format_table(title: str, results: dict[str, Result]) -> str:
     return "\n".join(lines)
 
 
-def plot(path: str, suites: dict[str, dict[str, Result]]) -> None:
+def machine() -> str:
+    """'2 cores, Intel(R) Xeon(R) …, 24 GiB, Linux x86_64': what a figure was measured on."""
+    import os
+    import platform
+
+    import psutil
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    mem = psutil.virtual_memory().total / 2**30
+    return f"{os.cpu_count()} cores, {cpu}, {mem:.0f} GiB, {platform.system()} {platform.machine()}"
+
+
+def caption(*, data: str, images: int, batch_size: int, epochs: int, host: str) -> str:
+    """The plot's caption: the machine, the data and how the figures were taken."""
+    return (f"{host}. Data: {data} ({images} images), batch {batch_size}, {epochs} epochs after a warm-up "
+            "epoch; bars: images/s over those epochs, whiskers: the slowest and fastest epoch.")  # fmt: skip
+
+
+def plot(path: str, suites: dict[str, dict[str, Result]], caption_text: str = "") -> None:
+    """One bar chart per suite (its title names the augmentation): every contender's rate, with the
+    spread of its epochs, and ``caption_text`` below."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(suites), figsize=(6 * len(suites), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(suites), figsize=(6.5 * len(suites), 4.6), squeeze=False)
     for ax, (title, results) in zip(axes[0], suites.items(), strict=True):
         names = list(results)
         values = [results[n].images_per_s for n in names]
+        low = [v - min(results[n].epoch_rates, default=v) for n, v in zip(names, values, strict=True)]
+        high = [max(results[n].epoch_rates, default=v) - v for n, v in zip(names, values, strict=True)]
         colors = ["tab:blue" if n.startswith("raypipe") else "tab:gray" for n in names]
-        ax.barh(names, values, color=colors)
+        ax.barh(names, values, color=colors, xerr=[low, high], capsize=3)
         ax.invert_yaxis()
         ax.set_xlabel("images / s")
-        ax.set_title(title)
+        ax.set_title(f"augmentation: {title}")
         for y, v in enumerate(values):
-            ax.text(v, y, f" {v:.0f}", va="center")
-    fig.tight_layout()
+            ax.text(v, y, f" {v:.0f}", va="bottom")
+    if caption_text:
+        fig.text(0.01, 0.01, caption_text, fontsize=8, wrap=True, va="bottom")
+    fig.tight_layout(rect=(0, 0.08 if caption_text else 0, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -120,7 +120,7 @@ def main(args: argparse.Namespace) -> int:
     check_args(args)
     check_json_path(args.json)
     check_json_path(args.plot)
-    from raypipe.benchmark.report import format_table, plot, ratios
+    from raypipe.benchmark.report import caption, format_table, machine, plot, ratios
 
     cores = os.cpu_count() or 1
     files = _files(args.data)
@@ -157,5 +157,7 @@ def main(args: argparse.Namespace) -> int:
         },
     )
     if args.plot:
-        plot(args.plot, suites)
+        text = caption(data=args.data, images=len(files), batch_size=args.batch_size, epochs=args.epochs,
+                       host=machine())  # fmt: skip
+        plot(args.plot, suites, text)
     return 0
