@@ -73,6 +73,8 @@ USER_ERRORS = [
     (["run", "{data}", "-c", "{tmp}/bad.yaml"], "not valid YAML"),
     (["run", "{data}", "--interpolation", "nearest"], "invalid choice"),
     (["preview", "{data}", "--out", "{tmp}/g.png", "--count", "0"], "--count"),
+    (["convert", "{data}", "{tmp}/out", "--format", "webdataset", "--max-side", "0"], "--max-side"),
+    (["convert", "{data}", "{tmp}/out", "--format", "zip"], "invalid choice"),
     (["preview", "{data}", "--out", "{tmp}/g.notanimage"], "--out"),
     (["preview", "{tmp}/nope", "--out", "{tmp}/g.png"], "does not exist"),
     (["preview", "{data}"], "--out"),
