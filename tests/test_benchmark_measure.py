@@ -54,7 +54,8 @@ def test_the_plot_shows_every_contender_with_its_spread_and_a_caption(tmp_path):
     from raypipe.benchmark.report import caption, machine, plot
 
     suites = {"RRC224 + hflip": {"raypipe": Result("raypipe", 1000.0, 0.1, [900.0, 1100.0]),
-                                 "timm": Result("timm", 500.0, 0.4, [480.0, 520.0])}}  # fmt: skip
+                                 "timm": Result("timm", 500.0, 0.4, [480.0, 520.0]),
+                                 "decode limit": Result("decode limit", 2500.0, 0.0, [2400.0])}}  # fmt: skip
     text = caption(data="/data/photos", images=4000, batch_size=128, epochs=4, host=machine())
     assert "cores" in text and "/data/photos (4000 images)" in text and "slowest and fastest" in text
     out = tmp_path / "bench.png"

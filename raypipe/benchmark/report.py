@@ -76,8 +76,10 @@ def plot(path: str, suites: dict[str, dict[str, Result]], caption_text: str = ""
     for ax, (title, results) in zip(axes[0], suites.items(), strict=True):
         names = list(results)
         values = [results[n].images_per_s for n in names]
-        low = [v - min(results[n].epoch_rates, default=v) for n, v in zip(names, values, strict=True)]
-        high = [max(results[n].epoch_rates, default=v) - v for n, v in zip(names, values, strict=True)]
+        # the whiskers reach the slowest and fastest epoch (an aggregate over epochs lies between them,
+        # or at one end when a contender reports a single rate)
+        low = [max(0.0, v - min(results[n].epoch_rates, default=v)) for n, v in zip(names, values, strict=True)]
+        high = [max(0.0, max(results[n].epoch_rates, default=v) - v) for n, v in zip(names, values, strict=True)]
         colors = ["tab:blue" if n.startswith("raypipe") else "tab:gray" for n in names]
         ax.barh(names, values, color=colors, xerr=[low, high], capsize=3)
         ax.invert_yaxis()
