@@ -110,10 +110,9 @@ class FeederSource:
                       reserved_cpus=reserved_cpus + FEEDER_CPUS)  # fmt: skip
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self._actor = _Feeder.options(scheduling_strategy=here).remote(pipeline, kwargs)
-        self._len = len(EpochSource(pipeline, rank=rank, world_size=world_size))
 
     def __len__(self) -> int:
-        return self._len
+        return self.pipeline.num_batches(self.world_size, self.rank)
 
     def set_epoch(self, epoch: int) -> None:
         self.next_epoch = epoch
