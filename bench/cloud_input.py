@@ -6,9 +6,13 @@ with the local cache), each run as ``raypipe run`` runs them, in one process::
     python bench/cloud_input.py --images 200 --epochs 2             # a smoke run
 
 Each contender is ``Pipeline`` + ``EpochSource`` (RandomResizedCrop 224 + flip, no colour jitter, batch
-128) over ``--epochs`` epochs; its rate is the images of epochs 2..N over their seconds (the first
-epoch pays the start and, for the cache, the downloads), and its ratio is that rate over the local
-folder's. The S3 server is ``raypipe.testing.s3server`` in a process of its own (so its threads do not
+128) over ``--epochs`` epochs, after Ray's start. Its rate is the images of all epochs over their
+seconds, each epoch from the start of its loop to its last batch: one stream runs ahead across epoch
+boundaries by up to its window of chunks, and a Parquet chunk is a whole window of row groups (about
+2048 rows), so with small data a later epoch can find all its batches ready and any rate over some of
+the epochs credits them with work done before they began. The ratio is that rate over the local
+folder's. The cache contender's later epochs are also shown alone (the first pays the downloads).
+The S3 server is ``raypipe.testing.s3server`` in a process of its own (so its threads do not
 share the consumer's interpreter lock), adding ``--latency-ms`` before every response's first byte.
 The cache contender runs on a Ray started again with ``RAYPIPE_CACHE_DIR`` set (workers read it where
 they start), from an empty cache. The Parquet file is sorted by class (4 classes), as a file written
@@ -30,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-TARGETS = {"parquet": 0.9, "webdataset": 0.9, "s3 folder": 0.8, "s3 shards": 0.9, "s3 folder + cache": 0.95}
+TARGETS = {"parquet": 0.9, "webdataset": 0.9, "s3 folder": 0.8, "s3 shards": 0.9}
+LATER_TARGETS = {"s3 folder + cache": 0.95}  # epochs after the first, against the folder's epochs after the first
 
 
 def make_data(work: Path, images: int, classes: int) -> dict[str, Path]:
@@ -92,27 +97,32 @@ class S3Process:
 def run_epochs(name: str, source, epochs: int, batch_size: int) -> dict:
     """One contender: each epoch's images and seconds, and each full batch's labels."""
     from raypipe import Pipeline, PipelineConfig, TrainAugment
+    from raypipe.benchmark.measure import measure_epochs
     from raypipe.pipeline import EpochSource
 
     pipe = Pipeline(source, TrainAugment(input_size=224, color_jitter=None),
                     config=PipelineConfig(batch_size=batch_size, seed=0))  # fmt: skip
     src = EpochSource(pipe, end_epoch=epochs)
     images, seconds, labels = [], [], []
+
+    def count(batch) -> int:
+        if len(batch["label"]) == batch_size:
+            labels.append(np.asarray(batch["label"]).copy())
+        return len(batch["label"])
+
+    def on_epoch(epoch: int, n: int, dt: float) -> None:
+        images.append(n)
+        seconds.append(dt)
+        print(f"{name}: epoch {epoch}: {n} images in {dt:.2f} s = {n / dt:.0f} img/s", flush=True)
+
     try:
-        for epoch in range(epochs):
-            t0, n = time.perf_counter(), 0
-            for batch in src:
-                n += len(batch["label"])
-                if len(batch["label"]) == batch_size:
-                    labels.append(np.asarray(batch["label"]).copy())
-            seconds.append(time.perf_counter() - t0)
-            images.append(n)
-            print(f"{name}: epoch {epoch}: {n} images in {seconds[-1]:.2f} s = {n / seconds[-1]:.0f} img/s", flush=True)
+        r = measure_epochs(name, lambda epoch: src, epochs=epochs, count=count, on_epoch=on_epoch)
     finally:
         src.close()
     later = slice(1, None) if epochs > 1 else slice(None)
-    rate = sum(images[later]) / sum(seconds[later])
-    return {"images": images, "seconds": seconds, "rate": rate, "first": images[0] / seconds[0], "labels": labels}
+    return {"images": images, "seconds": seconds, "rate": sum(images) / sum(seconds), "spread": r.spread,
+            "later": sum(images[later]) / sum(seconds[later]), "first": images[0] / seconds[0],
+            "labels": labels}  # fmt: skip
 
 
 def mean_entropy(batches: list[np.ndarray], classes: int) -> float:
@@ -154,11 +164,16 @@ def connect_again(tries: int = 3) -> None:
 
 def table(results: dict[str, dict], latency_ms: float) -> str:
     local = results["folder"]["rate"]
-    lines = ["| source | img/s, epochs 2..N | × local folder | target | img/s, epoch 1 |", "|---|---:|---:|---:|---:|"]
+    lines = ["| source | img/s, all epochs | × local folder | target | img/s, epoch 1 | img/s, epochs 2..N |",
+             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, r in results.items():
         shown = name.replace("s3 ", f"s3 ({latency_ms:g} ms) ")
-        target = f"≥ {TARGETS[name]:.2f}" if name in TARGETS else ""
-        lines.append(f"| {shown} | {r['rate']:.0f} | {r['rate'] / local:.2f} | {target} | {r['first']:.0f} |")
+        if name in LATER_TARGETS:
+            ratio = r["later"] / results["folder"]["later"]
+            target = f"≥ {LATER_TARGETS[name]:.2f} (epochs 2..N)"
+        else:
+            ratio, target = r["rate"] / local, f"≥ {TARGETS[name]:.2f}" if name in TARGETS else ""
+        lines.append(f"| {shown} | {r['rate']:.0f} | {ratio:.2f} | {target} | {r['first']:.0f} | {r['later']:.0f} |")
     return "\n".join(lines)
 
 

@@ -62,3 +62,86 @@ def test_the_plot_shows_every_contender_with_its_spread_and_a_caption(tmp_path):
     plot(str(out), suites, text)
     with Image.open(out) as im:
         assert im.size[0] > 300 and im.size[1] > 300
+
+
+def test_cold_first_batch_counts_from_the_start_and_steady_rate_leaves_out_epoch_starts():
+    """The first batch is timed from the contender's start (``started``), not from its first loop; the
+    steady rate leaves out each epoch's wait for its first batch, the headline keeps it."""
+    wait = 0.05
+
+    def make_epoch(epoch):
+        time.sleep(wait)  # each epoch's start
+        for _ in range(10):
+            time.sleep(0.001)
+            yield 1
+
+    started = time.perf_counter()
+    time.sleep(0.1)  # the contender's own start (its Ray, its workers)
+    r = measure_epochs("fake", make_epoch, epochs=3, count=lambda b: b, started=started)
+    assert r.first_batch_s >= 0.15
+    assert r.epoch_start_s == pytest.approx(wait, abs=0.03)
+    assert r.steady_per_s > 2 * r.images_per_s  # without the 50 ms waits: ~9 images in ~10 ms
+    again = measure_epochs("fake", make_epoch, epochs=3, count=lambda b: b)
+    assert again.first_batch_s < 0.1  # no ``started``: from the first epoch's loop
+
+
+def test_median_and_spread_of_epochs():
+    from raypipe.benchmark.measure import Result
+
+    r = Result("x", 0.0, 0.0, [900.0, 1000.0, 1100.0])
+    assert r.median_rate == 1000.0
+    assert r.spread == pytest.approx(0.2)
+    assert Result("x", 5.0, 0.0, [800.0]).spread == 0.0
+
+
+def test_ratios_take_timms_fastest_setting():
+    from raypipe.benchmark.measure import Result
+    from raypipe.benchmark.report import ratios
+
+    results = {"raypipe": Result("raypipe", 1000.0, 2.0, [1000.0], steady_per_s=1200.0),
+               "timm (2 workers)": Result("timm (2 workers)", 400.0, 0.5, [400.0], steady_per_s=410.0),
+               "timm (4 workers)": Result("timm (4 workers)", 500.0, 1.0, [500.0], steady_per_s=600.0),
+               "naive Ray Data": Result("naive Ray Data", 100.0, 3.0, [100.0])}  # fmt: skip
+    got = ratios(results)
+    assert got["raypipe/timm"] == 2.0
+    assert got["steady raypipe/timm"] == 2.0
+    assert got["first_batch raypipe/timm"] == 2.0  # against the same (fastest) setting's first batch
+    assert got["raypipe/naive_ray_data"] == 10.0
+    assert got["raypipe/decode_limit"] is None
+
+
+def _first_batches(monkeypatch):
+    """Make ``measure_epochs`` keep each contender's first batch instead of timing it."""
+    from raypipe.benchmark import contenders
+
+    got = {}
+
+    def keep_first(name, make_epoch, *, epochs, count, **kw):
+        from raypipe.benchmark.measure import Result
+
+        it = iter(make_epoch(0))
+        got[name] = next(it)
+        for _ in it:  # finish the epoch, so the loader closes cleanly
+            pass
+        return Result(name, 1.0, 0.0, [1.0])
+
+    monkeypatch.setattr(contenders, "measure_epochs", keep_first)
+    return got
+
+
+def test_every_loader_that_feeds_a_trainer_gives_normalised_fp32_nchw(ray_local, sample_dir, monkeypatch):
+    """Same output for every contender a trainer would use: the bench compares like with like."""
+    from raypipe.benchmark import contenders
+    from raypipe.config import TrainAugment
+
+    got = _first_batches(monkeypatch)
+    aug = TrainAugment(input_size=32, color_jitter=None)
+    contenders.raypipe_pipeline(str(sample_dir), aug, batch_size=8, epochs=1)
+    contenders.timm_loader(str(sample_dir), aug, batch_size=8, epochs=1, workers=1)
+    contenders.naive_ray_data(str(sample_dir), aug, batch_size=8, epochs=1)
+    images = {"raypipe": got["raypipe"]["image"], "timm": got["timm (1 workers)"][0],
+              "naive": got["naive Ray Data"]["image"]}  # fmt: skip
+    for name, x in images.items():
+        assert str(x.dtype) == "torch.float32", name
+        assert tuple(x.shape) == (8, 3, 32, 32), name
+        assert -3.0 < float(x.float().mean()) < 3.0 and float(x.min()) < 0, name  # normalised, not 0..255

@@ -1,6 +1,7 @@
 """The raypipe console script end to end (in-process, sharing the test session's local Ray)."""
 
 import json
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -123,3 +124,32 @@ def test_ctrl_c_is_one_line_and_exit_130(sample_dir, monkeypatch, capsys):
     assert cli(["run", str(sample_dir)]) == 130
     err = capsys.readouterr().err
     assert err.strip() == "raypipe run: interrupted"
+
+
+def test_bench_reads_any_source_and_gives_timm_a_folder_copy(ray_local, sample_dir, tmp_path):
+    """A Parquet source: raypipe's contenders read it as it is, timm reads a local folder copy of the
+    same images (removed afterwards), and the decode limit times its JPEGs."""
+    from raypipe.benchmark.data import open_bench_data
+    from raypipe.sources.convert import convert
+
+    convert(str(sample_dir), str(tmp_path / "pq"), format="parquet")
+    data = open_bench_data(str(tmp_path / "pq"), need_folder=True, workdir=str(tmp_path))
+    try:
+        copied = sorted(p for p in Path(data.folder).rglob("*") if p.is_file())
+        assert data.copied and len(copied) == data.images == len(list(sample_dir.rglob("*.jpg")))
+        assert sorted(p.read_bytes() for p in copied) == sorted(p.read_bytes() for p in sample_dir.rglob("*.jpg"))
+        assert len(data.sample_bytes(limit=5)) == 5
+    finally:
+        data.close()
+    assert not Path(data.folder).exists()
+    import tempfile
+
+    copies = set(Path(tempfile.gettempdir()).glob("raypipe-bench-folder-*"))
+    out = tmp_path / "b.json"
+    args = ["bench", str(tmp_path / "pq"), "--only", "decode", "timm", "--timm-workers", "1", "--suites", "plain",
+            "--epochs", "2", "--img-size", "32", "-b", "8", "--json", str(out)]  # fmt: skip
+    assert cli(args) == 0
+    (suite,) = json.loads(out.read_text())["suites"].values()
+    assert [r["name"] for r in suite["results"]] == ["decode limit", "timm (1 workers)"]
+    assert all(r["images_per_s"] > 0 for r in suite["results"])
+    assert set(Path(tempfile.gettempdir()).glob("raypipe-bench-folder-*")) == copies  # the copy is gone

@@ -80,7 +80,7 @@ USER_ERRORS = [
     (["preview", "{data}"], "--out"),
     (["bench", "{data}", "--epochs", "0"], "--epochs"),
     (["bench", "{data}", "-b", "1000"], "fewer than one batch"),
-    (["bench", "{tmp}/nope"], "not a folder"),
+    (["bench", "{tmp}/nope"], "does not exist"),
     (["bench", "{data}", "--only", "turbo"], "invalid choice"),
 ]
 
@@ -257,7 +257,7 @@ def test_bench_rejects_data_smaller_than_a_batch_before_running(sample_dir, caps
 
     monkeypatch.setattr(bench, "_run_one", _raising(AssertionError("must not run")))
     assert cli(["bench", str(sample_dir), "-b", "64", "--only", "timm"]) == 2
-    one_line_error(capsys.readouterr().err, "48 JPEGs", "fewer than one batch of 64")
+    one_line_error(capsys.readouterr().err, "48 images", "fewer than one batch of 64")
 
 
 # ---- help, defaults, version, fast start ---------------------------------------------------------

@@ -1,10 +1,17 @@
-"""The loaders compared by ``raypipe bench``, each on the same files and the same augmentation.
+"""The loaders compared by ``raypipe bench``, each on the same images and the same augmentation.
+
+The loaders that feed a trainer all deliver the same thing, normalised fp32 NCHW batches on the CPU, and
+all their worker processes run at the same priority (niceness 0, the default):
 
 1. decode limit — libjpeg-turbo full decode only (simplejpeg), one process, rate × cores;
 2. raypipe kernel — our decode + augment in one process (per core);
-3. raypipe — the full pipeline through Ray into the trainer-side DeviceLoader (CPU device);
-4. timm — ``create_loader(is_training=True, use_prefetcher=True, num_workers=cores)``;
-5. naive Ray Data — ``read_binary_files`` + a PIL ``map_batches`` + ``iter_torch_batches``.
+3. raypipe — the README's Python API: ``FeederSource`` -> ``DeviceLoader`` (CPU, fp32), workers at
+   niceness 0 (``ExecutionConfig(worker_nice=0)``);
+4. raypipe packed — the uint8 batches a GPU trainer receives, before the device side;
+5. timm — ``create_loader(is_training=True, use_prefetcher=True, num_workers=N, persistent_workers=True)``
+   for each N asked (``raypipe bench`` tries 1x and 2x the cores);
+6. naive Ray Data — ``read_binary_files`` + timm's transform in ``map_batches`` + ``iter_torch_batches``,
+   normalised to fp32 in the loop as a user would.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ def decode_limit(files: list[bytes], cores: int) -> Result:
     def fn(data, _):
         return simplejpeg.decode_jpeg(data, colorspace="RGB")
 
+    files = [f for f in files if f[:2] == b"\xff\xd8"]  # libjpeg-turbo's limit: the JPEGs among them
+    if not files:
+        return Result("decode limit", 0.0, 0.0, [], note="no JPEG in the data")
     return _timed_pass("decode limit", files, fn, cores, f"simplejpeg full decode, 1 process x {cores} cores")
 
 
@@ -54,16 +64,23 @@ def kernel_per_core(files: list[bytes], aug: TrainAugment) -> Result:
     return _timed_pass("raypipe kernel", files, fn, 1, "decode+augment, 1 process, 1 core")
 
 
-def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: int, device_side: bool = True) -> Result:
-    """The full pipeline into a CPU DeviceLoader, or (``device_side=False``) the packed uint8 batches
-    as a GPU trainer receives them, before the device side (which a GPU machine runs on the GPU)."""
+def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: int, device_side: bool = True,
+                     started: float | None = None) -> Result:  # fmt: skip
+    """The README's API into a CPU DeviceLoader, or (``device_side=False``) the packed uint8 batches as a
+    GPU trainer receives them, before the device side (which a GPU machine runs on the GPU)."""
+    from raypipe.config import ExecutionConfig
     from raypipe.device import DeviceLoader
-    from raypipe.pipeline import EpochSource, Pipeline
+    from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 
+    # Workers at the default priority, as timm's and Ray Data's are.
+    pipe = Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size),
+                    execution=ExecutionConfig(worker_nice=0, worker_sched_idle=False))  # fmt: skip
     # One stream for all epochs: each epoch's first chunks run while the previous one's last are packed,
     # as in a training run; the last measured epoch starts chunks of an epoch nobody reads (close()).
-    source = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size)), end_epoch=epochs + 1)
-    loader = DeviceLoader.from_timm(source, device="cpu", img_dtype="float32") if device_side else source
+    if device_side:
+        loader = DeviceLoader.from_timm(FeederSource(pipe, end_epoch=epochs + 1), device="cpu", img_dtype="float32")
+    else:
+        loader = EpochSource(pipe, end_epoch=epochs + 1)
 
     def make_epoch(epoch: int):
         return loader
@@ -75,8 +92,9 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
             epochs=epochs,
             count=lambda b: int(b["image"].shape[0]),
             object_store=True,
-            note="Ray tasks -> exact batches -> DeviceLoader(cpu, fp32)" if device_side
-            else "Ray tasks -> exact uint8 batches, no device side",
+            note="FeederSource -> DeviceLoader(cpu, fp32), workers at niceness 0" if device_side
+            else "EpochSource: exact uint8 batches, no device side",
+            started=started,
         )
     finally:
         loader.close()
@@ -108,7 +126,10 @@ def _timm_kwargs(aug: TrainAugment) -> dict:
     )
 
 
-def timm_loader(data: str, aug: TrainAugment, *, batch_size: int, epochs: int, workers: int) -> Result:
+def timm_loader(data: str, aug: TrainAugment, *, batch_size: int, epochs: int, workers: int,
+                started: float | None = None) -> Result:  # fmt: skip
+    """timm's loader at its documented best on a CPU: the prefetcher path (uint8 collate, normalise in
+    the loop), persistent workers."""
     import torch
     from timm.data import create_dataset, create_loader
 
@@ -129,11 +150,12 @@ def timm_loader(data: str, aug: TrainAugment, *, batch_size: int, epochs: int, w
     )
     _patch_timm_posterize(dataset.transform)
     return measure_epochs(
-        "timm",
+        f"timm ({workers} workers)",
         lambda epoch: loader,
         epochs=epochs,
         count=lambda b: int(b[0].shape[0]),
-        note=f"create_loader(use_prefetcher=True, num_workers={workers}) on CPU",
+        note=f"create_loader(use_prefetcher=True, num_workers={workers}, persistent_workers=True), fp32",
+        started=started,
     )
 
 
@@ -163,8 +185,13 @@ def _pil_batch(batch: dict, aug: TrainAugment) -> dict:
     return {"image": np.stack(out)}
 
 
-def naive_ray_data(data: str, aug: TrainAugment, *, batch_size: int, epochs: int) -> Result:
+def naive_ray_data(data: str, aug: TrainAugment, *, batch_size: int, epochs: int,
+                   started: float | None = None) -> Result:  # fmt: skip
     import ray
+    import torch
+
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
 
     def make_epoch(epoch: int) -> Iterator:
         from raypipe.sources import IMG_EXTENSIONS
@@ -175,7 +202,9 @@ def naive_ray_data(data: str, aug: TrainAugment, *, batch_size: int, epochs: int
             _pil_batch, fn_kwargs={"aug": aug}, batch_size=32
         )
         ds.context.enable_progress_bars = False
-        return ds.iter_torch_batches(batch_size=batch_size)
+        for batch in ds.iter_torch_batches(batch_size=batch_size):
+            # timm's prefetcher transform gives uint8 CHW: normalised fp32, as the other loaders deliver
+            yield {"image": batch["image"].float().sub_(mean).div_(std)}
 
     return measure_epochs(
         "naive Ray Data",
@@ -183,5 +212,6 @@ def naive_ray_data(data: str, aug: TrainAugment, *, batch_size: int, epochs: int
         epochs=epochs,
         count=lambda b: int(b["image"].shape[0]),
         object_store=True,
-        note="read_binary_files + PIL map_batches (default tasks) + iter_torch_batches",
+        note="read_binary_files + PIL map_batches (default tasks) + iter_torch_batches, fp32 in the loop",
+        started=started,
     )

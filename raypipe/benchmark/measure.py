@@ -1,4 +1,5 @@
-"""Measuring a loader: images/s per epoch, time to first batch, peak driver RSS and object store."""
+"""Measuring a loader as a training loop sees it: each epoch timed from the start of its loop to its last
+batch (epoch starts included), the first batch from the loader's start, peak memory."""
 
 from __future__ import annotations
 
@@ -16,19 +17,40 @@ __all__ = ["Result", "MemorySampler", "measure_epochs"]
 @dataclass
 class Result:
     name: str
-    images_per_s: float  # all warm epochs together (images / seconds), after the warm-up epoch
-    first_batch_s: float  # median time from starting an epoch to its first batch (warm epochs)
-    epoch_rates: list[float] = field(default_factory=list)
+    # The headline, a trainer's view: the warm epochs' images over their seconds, each epoch timed from
+    # the start of its loop to its last batch, so the wait at every epoch's start is in it.
+    images_per_s: float
+    # Cold: from the contender's start (its Ray, its worker processes) to the first batch.
+    first_batch_s: float
+    epoch_rates: list[float] = field(default_factory=list)  # each warm epoch's images / seconds
+    # The same epochs without their starts: images after each epoch's first batch over the seconds after it.
+    steady_per_s: float = 0.0
+    epoch_start_s: float = 0.0  # median over warm epochs: the start of an epoch's loop to its first batch
     peak_rss_mb: float = 0.0  # the driver process
     peak_children_rss_mb: float = 0.0  # worker processes it started (timm's DataLoader workers)
     peak_object_store_mb: float | None = None
     note: str = ""
 
+    @property
+    def median_rate(self) -> float:
+        return statistics.median(self.epoch_rates) if self.epoch_rates else self.images_per_s
+
+    @property
+    def spread(self) -> float:
+        """(fastest - slowest epoch) / the median epoch: 0.15 is a 15 % spread."""
+        if len(self.epoch_rates) < 2 or self.median_rate <= 0:
+            return 0.0
+        return (max(self.epoch_rates) - min(self.epoch_rates)) / self.median_rate
+
     def as_dict(self) -> dict:
         return {
             "name": self.name,
             "images_per_s": round(self.images_per_s, 1),
+            "steady_per_s": round(self.steady_per_s, 1),
+            "median_epoch_per_s": round(self.median_rate, 1),
+            "spread": round(self.spread, 3),
             "first_batch_s": round(self.first_batch_s, 3),
+            "epoch_start_s": round(self.epoch_start_s, 3),
             "epoch_rates": [round(r, 1) for r in self.epoch_rates],
             "peak_rss_mb": round(self.peak_rss_mb, 1),
             "peak_children_rss_mb": round(self.peak_children_rss_mb, 1),
@@ -100,32 +122,47 @@ def measure_epochs(
     count: Callable[[object], int],
     object_store: bool = False,
     note: str = "",
+    started: float | None = None,
+    on_epoch: Callable[[int, int, float], None] | None = None,
 ) -> Result:
-    """Run ``epochs`` epochs (epoch 0 is the warm-up) and summarise the warm ones: images/s over all of
-    them together, the median time to first batch, peak memory."""
-    rates, firsts, counts, times = [], [], [], []
+    """Run ``epochs`` epochs (epoch 0 is the warm-up) and summarise the warm ones. ``started`` is the
+    ``time.perf_counter()`` at which the contender began (before its Ray or its workers started): the
+    cold first batch is counted from there, else from the first epoch's loop. ``on_epoch(epoch, images,
+    seconds)`` is called after each epoch (a progress line)."""
+    rates, starts, counts, times, after_n, after_s = [], [], [], [], [], []
+    cold = 0.0
     with MemorySampler(object_store=object_store) as mem:
         for epoch in range(epochs):
             t0 = time.perf_counter()
-            first = None
-            n = 0
+            first, first_n, n = None, 0, 0
             for batch in make_epoch(epoch):
+                k = count(batch)
                 if first is None:
-                    first = time.perf_counter() - t0
-                n += count(batch)
-            dt = time.perf_counter() - t0
+                    first, first_n = time.perf_counter(), k
+                n += k
+            end = time.perf_counter()
+            first = end if first is None else first
+            if on_epoch is not None:
+                on_epoch(epoch, n, end - t0)
+            if epoch == 0:
+                cold = first - (t0 if started is None else started)
             if epoch > 0 or epochs == 1:
+                dt = end - t0
                 rates.append(n / dt if dt > 0 else 0.0)
                 counts.append(n)
                 times.append(dt)
-                firsts.append(first or dt)
+                starts.append(first - t0)
+                after_n.append(n - first_n)
+                after_s.append(end - first)
     return Result(
         name=name,
-        # Aggregate, not the median of per-epoch rates: raypipe starts each epoch's execution while the
-        # previous one drains, so one epoch can be credited with work done during its predecessor.
+        # Aggregate, not the median of per-epoch rates: a pipeline that runs ahead across epochs can credit
+        # one epoch with work done during its predecessor; images over seconds counts each image once.
         images_per_s=sum(counts) / sum(times) if sum(times) > 0 else 0.0,
-        first_batch_s=statistics.median(firsts),
+        first_batch_s=cold,
         epoch_rates=rates,
+        steady_per_s=sum(after_n) / sum(after_s) if sum(after_s) > 0 else 0.0,
+        epoch_start_s=statistics.median(starts) if starts else 0.0,
         peak_rss_mb=mem.peak_rss / 2**20,
         peak_children_rss_mb=mem.peak_children / 2**20,
         peak_object_store_mb=mem.peak_store,

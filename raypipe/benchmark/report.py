@@ -4,38 +4,48 @@ from __future__ import annotations
 
 from raypipe.benchmark.measure import Result
 
-__all__ = ["ratios", "format_table", "plot", "caption", "machine"]
+__all__ = ["best_timm", "ratios", "format_table", "plot", "caption", "machine"]
+
+
+def best_timm(results: dict[str, Result]) -> Result | None:
+    """timm at its fastest of the settings tried."""
+    timm = [r for n, r in results.items() if n.startswith("timm")]
+    return max(timm, key=lambda r: r.images_per_s, default=None)
 
 
 def ratios(results: dict[str, Result]) -> dict[str, float | None]:
-    """3/4 (raypipe / timm), 3/5 (raypipe / naive Ray Data), 3/1 (raypipe / decode limit)."""
+    """raypipe over timm's fastest setting, naive Ray Data and the decode limit (trainer view), the same
+    with steady-state rates, and raypipe's cold first batch over timm's."""
+    ours, timm = results.get("raypipe"), best_timm(results)
+    others = {"timm": timm, "naive_ray_data": results.get("naive Ray Data"),
+              "decode_limit": results.get("decode limit")}  # fmt: skip
 
-    def r(a: str, b: str) -> float | None:
-        if a in results and b in results and results[b].images_per_s > 0:
-            return round(results[a].images_per_s / results[b].images_per_s, 2)
-        return None
+    def r(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 2) if a is not None and b else None
 
-    return {
-        "raypipe/timm": r("raypipe", "timm"),
-        "raypipe/naive_ray_data": r("raypipe", "naive Ray Data"),
-        "raypipe/decode_limit": r("raypipe", "decode limit"),
-        "first_batch raypipe/timm": (
-            round(results["raypipe"].first_batch_s / results["timm"].first_batch_s, 2)
-            if "raypipe" in results and "timm" in results and results["timm"].first_batch_s > 0
-            else None
-        ),
-    }
+    out = {f"raypipe/{k}": r(ours and ours.images_per_s, v and v.images_per_s) for k, v in others.items()}
+    out["steady raypipe/timm"] = r(ours and ours.steady_per_s, timm and timm.steady_per_s)
+    out["first_batch raypipe/timm"] = r(ours and ours.first_batch_s, timm and timm.first_batch_s)
+    return out
 
 
 def format_table(title: str, results: dict[str, Result]) -> str:
-    head = f"{'loader':<16} {'img/s':>8} {'1st batch s':>11} {'driver MB':>9} {'workers MB':>10} {'store MB':>8}"
+    head = (f"{'loader':<18} {'img/s':>7} {'median':>7} {'spread':>6} {'steady':>7} {'1st batch s':>11} "
+            f"{'epoch start s':>13} {'driver MB':>9} {'workers MB':>10} {'store MB':>8}")  # fmt: skip
     lines = [title, head, "-" * len(head)]
     for res in results.values():
         store = "-" if res.peak_object_store_mb is None else f"{res.peak_object_store_mb:.0f}"
         first = f"{res.first_batch_s:.2f}" if res.first_batch_s else "-"
+        start = f"{res.epoch_start_s:.2f}" if res.epoch_start_s else "-"
+        steady = f"{res.steady_per_s:.0f}" if res.steady_per_s else "-"
+        spread = f"{100 * res.spread:.0f} %" if len(res.epoch_rates) > 1 else "-"
         rss = f"{res.peak_rss_mb:.0f}" if res.peak_rss_mb else "-"
         kids = f"{res.peak_children_rss_mb:.0f}" if res.peak_children_rss_mb else "-"
-        lines.append(f"{res.name:<16} {res.images_per_s:>8.0f} {first:>11} {rss:>9} {kids:>10} {store:>8}")
+        lines.append(f"{res.name:<18} {res.images_per_s:>7.0f} {res.median_rate:>7.0f} {spread:>6} {steady:>7} "
+                     f"{first:>11} {start:>13} {rss:>9} {kids:>10} {store:>8}")  # fmt: skip
+    lines.append("img/s: the epochs after the first, each from the start of its loop to its last batch; median: "
+                 "of those epochs' rates; spread: (fastest - slowest) / median; steady: without each epoch's "
+                 "wait for its first batch; 1st batch: from the loader's start (its Ray, its workers)")  # fmt: skip
     for k, v in ratios(results).items():
         lines.append(f"  {k}: {'-' if v is None else f'{v:.2f}x'}")
     return "\n".join(lines)

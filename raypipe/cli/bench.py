@@ -1,4 +1,10 @@
-"""``raypipe bench``: raypipe vs the decode limit, timm's loader and naive Ray Data, in one run."""
+"""``raypipe bench``: raypipe vs the decode limit, timm's loader and naive Ray Data, in one run.
+
+The loaders that feed a trainer deliver the same batches (normalised fp32 on the CPU) with their workers
+at the same priority; timm runs at each ``--timm-workers`` setting (1x and 2x the cores by default) and
+the ratios take its fastest. Each epoch is timed as a training loop sees it, from the start of its loop
+to its last batch; the first batch is timed from the contender's start (its Ray, its workers).
+"""
 
 from __future__ import annotations
 
@@ -26,7 +32,8 @@ ISOLATED = ("raypipe", "packed", "timm", "naive")
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="compare raypipe with timm's loader and naive Ray Data on the same images")
-    p.add_argument("data", help="an image folder of JPEGs (e.g. from `raypipe sample-data`)")
+    p.add_argument("data", help="any source raypipe reads (an image folder, Parquet, WebDataset shards, a URI); "
+                                "timm and naive Ray Data read a local folder copy of a non-folder source")  # fmt: skip
     p.add_argument("--epochs", type=int, default=3, help="epochs per loader; the first is a warm-up")
     p.add_argument("-b", "--batch-size", type=int, default=128,
                    help="images per batch; the data must hold at least one batch")  # fmt: skip
@@ -34,43 +41,44 @@ def add_parser(sub) -> None:
     p.add_argument("--only", nargs="+", choices=LOADERS, default=list(LOADERS), help="run only these loaders")
     p.add_argument("--suites", nargs="+", choices=("plain", "aa"), default=["plain", "aa"],
                    help="plain: RandomResizedCrop + flip; aa: also rand-m9-mstd0.5-inc1")  # fmt: skip
+    p.add_argument("--timm-workers", type=int, nargs="+", metavar="N",
+                   help="timm's num_workers settings to try (default: 1x and 2x the cores)")  # fmt: skip
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--plot", help="write a PNG bar chart here (needs matplotlib: pip install raypipe[bench])")
     p.set_defaults(func=main)
 
 
-def _jpeg_paths(root: str) -> list[Path]:
-    if not Path(root).is_dir():
-        raise ValueError(f"{root}: not a folder (bench reads an image folder of JPEGs)")
-    return sorted(p for p in Path(root).rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
+def check_args(args: argparse.Namespace):
+    """Reject what cannot give a figure, before anything runs; the data as the contenders read it."""
+    from raypipe.benchmark.data import open_bench_data
 
-
-def check_args(args: argparse.Namespace) -> int:
-    """Reject what cannot give a figure, before anything runs; the number of JPEGs in the data."""
     for name in ("epochs", "batch_size", "img_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected >= 1")
+    if any(n < 0 for n in args.timm_workers or ()):
+        raise ValueError(f"--timm-workers {args.timm_workers}: expected numbers >= 0")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("--plot needs matplotlib: pip install 'raypipe[bench]'")
-    n = len(_jpeg_paths(args.data))
-    if n == 0:
-        raise ValueError(f"{args.data}: no JPEG files found")
+    if "://" not in args.data and not Path(args.data).exists():
+        raise ValueError(f"{args.data}: does not exist")
+    data = open_bench_data(args.data, need_folder=False)
+    if data.images == 0:
+        raise ValueError(f"{args.data}: no images found")
     batched = {"raypipe", "packed", "timm", "naive"} & set(args.only)
-    if batched and n < args.batch_size:
+    if batched and data.images < args.batch_size:
         # timm's training loader drops the last partial batch: with fewer images than one batch it
         # delivers none and would be shown at 0 img/s.
         raise ValueError(
-            f"{args.data} has {n} JPEGs, fewer than one batch of {args.batch_size} (-b): the loaders "
-            f"({', '.join(sorted(batched))}) need at least one full batch; use -b {n} or less, or more images"
+            f"{args.data} has {data.images} images, fewer than one batch of {args.batch_size} (-b): the loaders "
+            f"({', '.join(sorted(batched))}) need at least one full batch; use -b {data.images} or less, or more images"
         )
-    return n
+    return data
 
 
-def _files(root: str, limit: int = 400) -> list[bytes]:
-    return [p.read_bytes() for p in _jpeg_paths(root)[:limit]]
-
-
-def _run_one(name: str, aug: TrainAugment, args: argparse.Namespace, files: list[bytes], cores: int):
+def _run_one(name: str, aug: TrainAugment, args: argparse.Namespace, files: list[bytes], cores: int,
+             started: float | None = None):  # fmt: skip
+    """One contender; ``args.data`` is what raypipe reads, ``args.folder`` the folder timm and naive Ray
+    Data read, ``args.workers`` timm's num_workers."""
     from raypipe.benchmark import contenders
 
     b, e = args.batch_size, args.epochs
@@ -79,16 +87,19 @@ def _run_one(name: str, aug: TrainAugment, args: argparse.Namespace, files: list
     if name == "kernel":
         return contenders.kernel_per_core(files, aug)
     if name == "raypipe":
-        return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e)
+        return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e, started=started)
     if name == "packed":
-        return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e, device_side=False)
+        return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e, device_side=False, started=started)
     if name == "timm":
-        return contenders.timm_loader(args.data, aug, batch_size=b, epochs=e, workers=cores)
-    return contenders.naive_ray_data(args.data, aug, batch_size=b, epochs=e)
+        return contenders.timm_loader(args.folder, aug, batch_size=b, epochs=e, workers=args.workers, started=started)
+    return contenders.naive_ray_data(args.folder, aug, batch_size=b, epochs=e, started=started)
 
 
 def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
     """Body of the child process: its own Ray (or none, for timm), shut down before it exits."""
+    import time
+
+    started = time.perf_counter()  # the first batch is timed from here: Ray's start is the contender's
     import ray
 
     if name != "timm":
@@ -97,7 +108,7 @@ def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
         with quiet_ray_startup(settings.get("verbose", False)):
             connect(quiet=not settings.get("verbose", False))
     try:
-        return _run_one(name, aug, argparse.Namespace(**settings), [], cores)
+        return _run_one(name, aug, argparse.Namespace(**settings), [], cores, started=started)
     except Exception as e:  # Ray's exception classes do not pickle back to the parent: send the text
         inner = e.cause if isinstance(e, ray.exceptions.RayTaskError) and e.cause is not None else e
         first = (str(inner).splitlines() or [""])[0]
@@ -109,46 +120,61 @@ def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
             ray.shutdown()
 
 
-def _run_in_child(name: str, aug: TrainAugment, args: argparse.Namespace, cores: int):
-    settings = {"data": args.data, "batch_size": args.batch_size, "epochs": args.epochs,
-                "verbose": bool(getattr(args, "verbose", False))}  # fmt: skip
+def _run_in_child(name: str, aug: TrainAugment, args: argparse.Namespace, cores: int, *, folder: str | None,
+                  workers: int = 0):  # fmt: skip
+    settings = {"data": args.data, "folder": folder, "workers": workers, "batch_size": args.batch_size,
+                "epochs": args.epochs, "verbose": bool(getattr(args, "verbose", False))}  # fmt: skip
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(_run_isolated, name, aug, settings, cores).result()
 
 
 def main(args: argparse.Namespace) -> int:
-    check_args(args)
+    from raypipe.benchmark.data import open_bench_data
+
+    data = check_args(args)
     check_json_path(args.json)
     check_json_path(args.plot)
     from raypipe.benchmark.report import caption, format_table, machine, plot, ratios
 
     cores = os.cpu_count() or 1
-    files = _files(args.data)
-    chosen = {"plain": list(SUITES)[0], "aa": list(SUITES)[1]}
-    suites = {}
-    for key in args.suites:
-        title = chosen[key]
-        aug = TrainAugment(input_size=args.img_size, **SUITES[title])
-        print(f"== {title}: {args.data}, {cores} cores, batch {args.batch_size}, {args.epochs} epochs", flush=True)
-        results = {}
-        for name in LOADERS:
-            if name in args.only:
-                if name in ISOLATED:
-                    res = _run_in_child(name, aug, args, cores)
-                else:
-                    res = _run_one(name, aug, args, files, cores)
-                results[res.name] = res
-                if res.images_per_s > 0:
-                    print(f"  {res.name:<16} {res.images_per_s:8.0f} img/s", flush=True)
-                else:
-                    print(f"  {res.name:<16}        - (no batch came out: nothing to time)", flush=True)
-        suites[title] = results
-        print(format_table(title, results), flush=True)
+    timm_workers = args.timm_workers or sorted({cores, 2 * cores})
+    if {"timm", "naive"} & set(args.only) and data.folder is None:
+        print(f"making a local folder copy of {args.data} for timm and naive Ray Data", flush=True)
+        data = open_bench_data(args.data, need_folder=True)
+    try:
+        files = data.sample_bytes() if {"decode", "kernel"} & set(args.only) else []
+        chosen = {"plain": list(SUITES)[0], "aa": list(SUITES)[1]}
+        suites = {}
+        for key in args.suites:
+            title = chosen[key]
+            aug = TrainAugment(input_size=args.img_size, **SUITES[title])
+            print(f"== {title}: {args.data}, {cores} cores, batch {args.batch_size}, {args.epochs} epochs", flush=True)
+            results = {}
+            for name in LOADERS:
+                if name not in args.only:
+                    continue
+                runs = [dict(workers=w) for w in timm_workers] if name == "timm" else [{}]
+                for extra in runs:
+                    if name in ISOLATED:
+                        res = _run_in_child(name, aug, args, cores, folder=data.folder, **extra)
+                    else:
+                        res = _run_one(name, aug, args, files, cores)
+                    results[res.name] = res
+                    if res.images_per_s > 0:
+                        print(f"  {res.name:<18} {res.images_per_s:8.0f} img/s", flush=True)
+                    else:
+                        print(f"  {res.name:<18}        - (no batch came out: nothing to time)", flush=True)
+            suites[title] = results
+            print(format_table(title, results), flush=True)
+    finally:
+        data.close()
     write_json(
         args.json,
         {
             "data": args.data,
+            "images": data.images,
             "cores": cores,
+            "machine": machine(),
             "batch_size": args.batch_size,
             "epochs": args.epochs,
             "suites": {
@@ -157,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
         },
     )
     if args.plot:
-        text = caption(data=args.data, images=len(files), batch_size=args.batch_size, epochs=args.epochs,
+        text = caption(data=args.data, images=data.images, batch_size=args.batch_size, epochs=args.epochs,
                        host=machine())  # fmt: skip
         plot(args.plot, suites, text)
     return 0
