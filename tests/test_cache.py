@@ -1,5 +1,6 @@
-"""The local cache of remote objects: later reads hit (no GetObject), eviction keeps the bound, two
-processes fill one entry once, a partial file is never served, a changed object is not served stale."""
+"""The local cache of remote objects: later reads hit (no request where the listing gave the objects'
+sizes and times), eviction keeps the bound, two processes fill one entry once, a partial file is never
+served, a changed object is not served stale."""
 
 import os
 import shutil
@@ -10,9 +11,10 @@ import time
 
 import pytest
 
-from raypipe.kernels.errors import OUTSIDE_ROOT
+from raypipe.kernels.errors import MISSING, OUTSIDE_ROOT
 from raypipe.sources import BlockReader, ReadOptions, open_source
 from raypipe.sources.cache import CacheConfig, LocalCache, parse_bytes
+from raypipe.sources.reader import _store_name
 from raypipe.testing import S3Server
 
 pytestmark = pytest.mark.timeout(120)
@@ -124,11 +126,24 @@ def served(sample_dir, tmp_path):
         yield server, root / "bkt"
 
 
+def _options(folder) -> ReadOptions:
+    return ReadOptions(in_flight=8, cache=CacheConfig(dir=str(folder), max_bytes=10**8))
+
+
+def _entries(folder) -> list[bytes]:
+    """The bytes of every entry of a cache folder, sorted."""
+    return sorted(p.read_bytes() for p in folder.glob("??/*"))
+
+
 def test_second_read_hits_the_cache(served, tmp_path):
-    """A folder read twice: the second time no object is fetched, only checked (HeadObject)."""
+    """A folder read twice: the second time makes no request at all (the listing's size and time key
+    the entries), and returns the same bytes as the local folder."""
     server, bucket = served
     rows = open_source("s3://bkt/folder", filesystem=server.filesystem())
-    options = ReadOptions(in_flight=8, cache=CacheConfig(dir=str(tmp_path / "cache"), max_bytes=10**8))
+    paths = rows.table.column("path").to_pylist()
+    assert rows.table.column("object_size").to_pylist() == [(bucket / "folder" / p).stat().st_size for p in paths]
+    assert min(rows.table.column("object_mtime_ns").to_pylist()) > 0
+    options = _options(tmp_path / "cache")
     first = BlockReader(rows.root, rows.kind, options=options)
     server.reset_counts()
     got = first.read_block(_batch(rows))
@@ -137,21 +152,82 @@ def test_second_read_hits_the_cache(served, tmp_path):
     again = BlockReader(rows.root, rows.kind, options=options)  # a later epoch, or another worker
     server.reset_counts()
     assert again.read_block(_batch(rows)) == got
-    assert server.count("GetObject") == 0 and server.count("HeadObject") == len(rows)
+    assert server.count() == 0, dict(server.requests)  # no HeadObject, no GetObject
     local = open_source(str(bucket / "folder"))
     assert got == BlockReader(local.root, local.kind).read_block(_batch(local))
-    # a changed object is a new entry: read again, not served stale
-    target = bucket / "folder" / str(rows.table.column("path")[0])
-    target.write_bytes(b"changed")
-    server.reset_counts()
-    assert again.read_block({k: v[:1] for k, v in _batch(rows).items()}) == [b"changed"]
-    assert server.count("GetObject") == 1
     # the cache is no way out of the root
     batch = {k: v[:1] for k, v in _batch(rows).items()}
     batch["path"] = batch["path"].copy()
     batch["path"][0] = "../../etc/passwd"
     (skip,) = again.read_block(batch)
     assert skip.reason == OUTSIDE_ROOT
+    again.close()
+
+
+def test_an_object_changed_after_the_listing_is_read_as_it_is_now(served, tmp_path):
+    """Objects replaced by others of another size, or deleted, after the listing: a new listing keys them
+    anew (the old entries are not served); read with the old listing, they are fetched, found to differ
+    from the listed size and read as the store has them now (never a cut or padded file), and nothing
+    is kept under the listed key."""
+    server, bucket = served
+    fs = server.filesystem()
+    rows = open_source("s3://bkt/folder", filesystem=fs)
+    three = {k: v[:3] for k, v in _batch(rows).items()}
+    paths = [str(p) for p in three["path"]]
+    files = [bucket / "folder" / p for p in paths]
+    reader = BlockReader(rows.root, rows.kind, options=_options(tmp_path / "cache"))
+    assert reader.read_block(three) == [f.read_bytes() for f in files]  # cached under the listed keys
+    new = [b"shorter", files[1].read_bytes() + b"and a tail"]
+    files[0].write_bytes(new[0])
+    files[1].write_bytes(new[1])
+    files[2].unlink()
+
+    relisted = open_source("s3://bkt/folder", filesystem=fs)
+    assert relisted.table.column("path").to_pylist()[:2] == paths[:2]
+    again = BlockReader(relisted.root, relisted.kind, options=_options(tmp_path / "cache"))
+    assert again.read_block({k: v[:2] for k, v in _batch(relisted).items()}) == new
+    again.close()
+
+    # The old listing, nothing cached yet: each object is fetched whole and found to have changed.
+    stale = BlockReader(rows.root, rows.kind, options=_options(tmp_path / "fresh"))
+    server.reset_counts()
+    out = stale.read_block(three)
+    assert out[:2] == new
+    assert out[2].reason == MISSING  # deleted: a counted skip, as without the cache
+    assert _entries(tmp_path / "fresh") == sorted(new)  # what the store holds now, under what it says now
+    cache = LocalCache(CacheConfig(dir=str(tmp_path / "fresh"), max_bytes=10**8))
+    for i in range(2):
+        size, mtime = int(three["object_size"][i]), int(three["object_mtime_ns"][i])
+        listed = LocalCache.key(_store_name(fs), rows.root.resolve(paths[i]), size, mtime)
+        assert not os.path.exists(cache.path(listed))
+    # read again: this reader knows they changed, so it asks the store (HEAD) and hits; no transfer
+    server.reset_counts()
+    assert stale.read_block({k: v[:2] for k, v in three.items()}) == new
+    assert server.count("GetObject") == 0 and server.count("HeadObject") == 2, dict(server.requests)
+    stale.close()
+    reader.close()
+
+
+def test_a_manifest_reads_through_the_cache(served, tmp_path):
+    """A manifest's paths are not listed: each read asks the store for the size and time (HEAD), and
+    later reads transfer nothing."""
+    server, bucket = served
+    images = sorted(str(p.relative_to(bucket / "folder")) for p in (bucket / "folder").rglob("*.jpg"))[:6]
+    lines = "".join(f"{p},{i % 2}\n" for i, p in enumerate(images))
+    (bucket / "folder" / "list.csv").write_text("path,label\n" + lines)
+    rows = open_source("s3://bkt/folder/list.csv", filesystem=server.filesystem())
+    assert rows.kind == "manifest" and set(rows.table.column("object_size").to_pylist()) == {-1}
+    want = [(bucket / "folder" / p).read_bytes() for p in images]
+    options = _options(tmp_path / "cache")
+    first = BlockReader(rows.root, rows.kind, options=options)
+    server.reset_counts()
+    assert first.read_block(_batch(rows)) == want
+    assert server.count("GetObject") == len(rows)
+    first.close()
+    again = BlockReader(rows.root, rows.kind, options=options)
+    server.reset_counts()
+    assert again.read_block(_batch(rows)) == want
+    assert server.count("GetObject") == 0 and server.count("HeadObject") == len(rows)
     again.close()
 
 
@@ -188,5 +264,5 @@ def test_shards_and_parquet_are_cached_whole(served, tmp_path):
         server.reset_counts()
         again = BlockReader(rows.root, rows.kind, rows.image_column, options=options)
         assert again.read_block(_batch(rows)) == want
-        assert server.count("GetObject") == 0, where
+        assert server.count() == 0, (where, dict(server.requests))  # the listing's size and time key them
         again.close()

@@ -2,11 +2,13 @@
 
 Whole objects are cached: an image file of a folder or manifest, a whole tar shard, a whole Parquet
 file. Later reads (the next epoch, the next run, another worker process on the node) take the bytes
-from the cache; a hit costs one metadata request (a ``HEAD``: no transfer) that checks the object has
-not changed. Shards are worth caching whole: each is read in full once per epoch anyway.
+from the cache. Shards are worth caching whole: each is read in full once per epoch anyway.
 
 - **Key.** The store (filesystem type and endpoint), the object's path, its size and modification
-  time, hashed: an object that changed in place is a new entry, never served stale.
+  time, hashed: once an object's new size or time is known, it is a new entry, never served from the
+  old one. The reader takes the size and time from the listing when the rows carry them (a hit then
+  costs no request, and a change shows at the next listing, or at a miss as a byte count other than
+  the listed size), otherwise from a ``HEAD`` request per read (see ``raypipe.sources.reader``).
 - **Atomic entries.** An entry is written to a temporary file inside the cache folder, its size
   checked against the object's, then renamed into place (``os.replace``, atomic on one filesystem).
   Readers open entries only under their final names and check the size again, so a partial file
@@ -41,12 +43,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
-__all__ = ["CacheConfig", "LocalCache", "local_cache", "parse_bytes"]
+__all__ = ["CacheConfig", "LocalCache", "SizeMismatch", "local_cache", "parse_bytes"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
           "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}  # fmt: skip
 _TMP_MAX_AGE_S = 3600.0  # a temporary file older than this has lost its writer
 _LOW_WATER = 0.9  # an eviction pass empties to this fraction of the bound, so the next fill has room
+
+
+class SizeMismatch(OSError):
+    """A fill wrote another byte count than the entry's size: the object is not the one the key names."""
 
 
 def parse_bytes(text: str | int) -> int:
@@ -129,7 +135,7 @@ class LocalCache:
     def get(self, key: str, size: int, fill: Callable[[BinaryIO], None]) -> int:
         """A descriptor of entry ``key``, filled first by ``fill(file)`` if absent. ``fill`` writes the
         object's ``size`` bytes; if it fails, or writes another count, nothing enters the cache and the
-        failure (an ``OSError`` for a short object) propagates."""
+        failure (:class:`SizeMismatch` for another count) propagates."""
         fd = self.open(key, size)
         if fd is not None:
             return fd
@@ -145,7 +151,7 @@ class LocalCache:
                     fill(f)
                     written = f.tell()
                 if written != size:
-                    raise OSError(errno.EIO, f"read {written} bytes of an object of {size} (changed while read?)")
+                    raise SizeMismatch(errno.EIO, f"read {written} bytes of an object of {size} (changed while read?)")
                 # Opened before the rename: the descriptor reads the entry even if a pass evicts it at once.
                 fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                 os.replace(tmp, self.path(key))

@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 from raypipe.sources.classes import classes_by_index, load_class_map, order_classes
 from raypipe.sources.parquet import parquet_files
 from raypipe.sources.paths import DatasetRoot, path_value, printable
-from raypipe.sources.table import SourceRows, make_rows
+from raypipe.sources.table import SourceRows, listed_stamp, make_rows
 
 __all__ = ["IMG_EXTENSIONS", "list_image_folder"]
 
@@ -62,10 +62,12 @@ def _walk_order(relpath: str) -> list[tuple[int, str]]:
     return [(1, d) for d in dirs[1:]] + [(0, name)]
 
 
-def _list_remote(root: DatasetRoot) -> tuple[list[str], dict[str, list[str]]]:
+def _list_remote(root: DatasetRoot) -> tuple[list[str], dict[str, list[str]], dict[str, tuple[int, int]]]:
+    """Class names, each class's files, and each file's (size, mtime_ns) as the listing gives them."""
     infos = root.filesystem.get_file_info(pafs.FileSelector(root.root, recursive=True))
     classes: set[str] = set()
     files: dict[str, list[str]] = {}
+    stamps: dict[str, tuple[int, int]] = {}
     for info in infos:
         rel = root.relative(info.path)
         parts = rel.split("/")
@@ -74,9 +76,10 @@ def _list_remote(root: DatasetRoot) -> tuple[list[str], dict[str, list[str]]]:
         elif info.type == pafs.FileType.File and len(parts) >= 2 and _is_image(parts[-1]):
             classes.add(parts[0])
             files.setdefault(parts[0], []).append(rel)
+            stamps[rel] = listed_stamp(info)
     for c in files:
         files[c].sort(key=_walk_order)
-    return list(classes), files
+    return list(classes), files, stamps
 
 
 def list_image_folder(root: DatasetRoot, *, class_order: str = "natural", class_map=None) -> SourceRows:
@@ -91,9 +94,9 @@ def list_image_folder(root: DatasetRoot, *, class_order: str = "natural", class_
         if not os.path.isdir(root.root):
             raise ValueError(f"image folder {root.uri!r} is not a directory")
         found_classes = _classes_local(root)
-        per_class = None
+        per_class, stamps = None, {}  # not known without a stat per file, which the cache never needs
     else:
-        found_classes, per_class = _list_remote(root)
+        found_classes, per_class, stamps = _list_remote(root)
     if not found_classes:
         raise ValueError(f"image folder {root.uri!r} has no class sub-folders (expected root/<class>/<image>)")
     extra = {}
@@ -124,7 +127,10 @@ def list_image_folder(root: DatasetRoot, *, class_order: str = "natural", class_
         if parquet:  # e.g. a Hugging Face dataset: root/data/train-00000-of-00004.parquet (and other splits)
             hint = f"; it holds Parquet files in {parquet[:3]}: give one split's file or folder (or --kind parquet)"
         raise ValueError(f"image folder {root.uri!r} has no image files ({exts}) under its class folders{hint}")
+    unknown = (-1, -1)
+    object_sizes = [stamps.get(p, unknown)[0] for p in paths]
+    object_mtimes = [stamps.get(p, unknown)[1] for p in paths]
     # file names that are not UTF-8 travel as their bytes (path_value); class names are only shown
     paths = [path_value(p) for p in paths]
-    return SourceRows(kind="folder", root=root, table=make_rows(paths, labels),
-                      classes=tuple(printable(c) for c in classes), extra=extra)
+    table = make_rows(paths, labels, object_sizes=object_sizes, object_mtimes=object_mtimes)
+    return SourceRows(kind="folder", root=root, table=table, classes=tuple(printable(c) for c in classes), extra=extra)

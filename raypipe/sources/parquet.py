@@ -21,23 +21,30 @@ import pyarrow.parquet as pq
 
 from raypipe.kernels.errors import BAD_LABEL, NULL_IMAGE, SkipImage
 from raypipe.sources.paths import DatasetRoot, open_root
-from raypipe.sources.table import SourceRows, make_rows
+from raypipe.sources.table import SourceRows, listed_stamp, make_rows
 
 __all__ = ["ParquetGroups", "list_parquet", "parquet_files"]
 
 
 def parquet_files(root: DatasetRoot, single_file: bool) -> list[str]:
     """Relative paths of the Parquet files of a dataset, sorted."""
-    if single_file:
-        return [""]
+    return [""] if single_file else list(_listed_files(root))
+
+
+def _listed_files(root: DatasetRoot) -> dict[str, tuple[int, int]]:
+    """The Parquet files under a dataset's root folder, sorted, each with its (size, mtime_ns) as a remote
+    listing gave them (-1 for local files)."""
+    unknown = (-1, -1)
     if root.is_local:
         found = []
         for dirpath, dirnames, filenames in os.walk(root.root):
             dirnames.sort()
             found += [os.path.relpath(os.path.join(dirpath, f), root.root) for f in filenames if f.endswith(".parquet")]
-        return sorted(found)
+        return dict.fromkeys(sorted(found), unknown)
     infos = root.filesystem.get_file_info(pafs.FileSelector(root.root, recursive=True))
-    return sorted(root.relative(i.path) for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet"))
+    stamps = {root.relative(i.path): listed_stamp(i) for i in infos
+              if i.type == pafs.FileType.File and i.path.endswith(".parquet")}  # fmt: skip
+    return {rel: stamps[rel] for rel in sorted(stamps)}
 
 
 def _open(root: DatasetRoot, rel: str) -> pq.ParquetFile:
@@ -54,10 +61,12 @@ def list_parquet(
     probe = open_root(uri, filesystem=filesystem)
     if probe.is_local:
         single = os.path.isfile(probe.root)
+        files = {"": (-1, -1)} if single else _listed_files(probe)
     else:
-        single = probe.filesystem.get_file_info(probe.root).type == pafs.FileType.File
+        info = probe.filesystem.get_file_info(probe.root)
+        single = info.type == pafs.FileType.File
+        files = {"": listed_stamp(info)} if single else _listed_files(probe)
     root = probe
-    files = parquet_files(root, single)
     if not files:
         raise ValueError(f"no .parquet files under {uri!r}")
     paths: list[str] = []
@@ -65,8 +74,10 @@ def list_parquet(
     labels: list[np.ndarray] = []
     shards: list[np.ndarray] = []
     errors: list[str | None] = []
+    object_sizes: list[np.ndarray] = []
+    object_mtimes: list[np.ndarray] = []
     groups_before = 0
-    for rel in files:
+    for rel, stamp in files.items():
         pf = _open(root, rel)
         names = pf.schema_arrow.names
         for col in (image_column, label_column):
@@ -80,6 +91,8 @@ def list_parquet(
         bad = pc.or_(pc.is_null(lab), pc.less(pc.fill_null(lab, 0), 0)).to_numpy(zero_copy_only=False)
         n = len(lab)
         paths += [rel] * n
+        object_sizes.append(np.full(n, stamp[0], np.int64))
+        object_mtimes.append(np.full(n, stamp[1], np.int64))
         rows.append(np.arange(n, dtype=np.int64))
         sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
         shards.append(np.repeat(np.arange(len(sizes), dtype=np.int64) + groups_before, sizes))
@@ -87,7 +100,8 @@ def list_parquet(
         labels.append(np.where(bad, -1, pc.fill_null(lab, -1).to_numpy()).astype(np.int64))
         errors += [f"{BAD_LABEL}: null or negative label" if b else None for b in bad]
     table = make_rows(paths, np.concatenate(labels), rows=np.concatenate(rows), errors=errors,
-                      shards=np.concatenate(shards))
+                      shards=np.concatenate(shards), object_sizes=np.concatenate(object_sizes),
+                      object_mtimes=np.concatenate(object_mtimes))  # fmt: skip
     return SourceRows(kind="parquet", root=root, table=table, image_column=image_column,
                       extra={"single_file": single})
 
@@ -113,11 +127,12 @@ class ParquetGroups:
     def __setstate__(self, state):
         self.__init__(state["root"], state["column"])
 
-    def _path(self, rel: str) -> str:
+    def path(self, rel: str) -> str:
+        """The full path of file ``rel`` (inside the root), as ``opener`` is given it."""
         return self.root.root if rel == "" else self.root.resolve(rel)
 
     def _source(self, rel: str):
-        path = self._path(rel)
+        path = self.path(rel)
         if self.root.is_local:
             return path
         return self._opener(path) if self._opener is not None else self.root.filesystem.open_input_file(path)

@@ -16,7 +16,11 @@ How a block is read depends on where it lies:
 - tar members are grouped by shard: a local shard is opened once per block and its members read with
   ``pread``; remote members that lie close together in a shard are fetched with one ranged request;
 - with a cache (``ReadOptions.cache``, see ``raypipe.sources.cache``) a remote object, tar shard or
-  Parquet file is fetched whole the first time it is read and read from local disk afterwards.
+  Parquet file is fetched whole the first time it is read and read from local disk afterwards. Where
+  the rows carry the object's size and time from the listing (``object_size``, ``object_mtime_ns``),
+  the entry is keyed by them and a hit makes no request at all; a fetch that does not bring the listed
+  size means the object changed since the listing, and it is read as the store has it now (below).
+  Without them (a manifest's paths) each read asks the store for the size and time first (a ``HEAD``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypipe.kernels.errors import TRUNCATED, UNREADABLE, SkipImage
-from raypipe.sources.cache import LocalCache, local_cache
+from raypipe.sources.cache import LocalCache, SizeMismatch, local_cache
 from raypipe.sources.parquet import ParquetGroups
 from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.remote import ReadOptions, read_skip, with_retries
@@ -47,6 +51,8 @@ Result = bytes | SkipImage
 _MAX_GAP = 256 * 1024
 _MAX_RANGE = 16 * 1024 * 1024
 _FETCH_READ = 16 * 1024 * 1024  # bytes per request when a whole object is fetched into the cache
+_UNLISTED = (-1, -1)  # (object_size, object_mtime_ns) of an object the listing did not describe
+_MEMO_MAX = 65536  # entries of a reader's per-object memos before they are cleared
 
 
 class BlockReader:
@@ -61,8 +67,15 @@ class BlockReader:
         self._parquet = ParquetGroups(root, image_column, opener=self._open_cached if cached else None) \
             if kind == "parquet" else None  # fmt: skip
         self._cache: LocalCache | None = None  # made on first use: the folder is the reading node's
+        self._store = ""  # the store's name in cache keys, set with _cache
         self._pool: ThreadPoolExecutor | None = None
         self._handles: dict[str, object] = {}
+        # Parquet files' listed (size, mtime_ns) by full path, for the ParquetGroups opener (which is
+        # given a path only); set from each block's rows before its files are opened.
+        self._listed_files: dict[str, tuple[int, int]] = {}
+        # Listed cache keys of objects found changed since the listing: read through the HEAD path
+        # directly, rather than fetched in full again only to find the size wrong once more.
+        self._changed: set[str] = set()
 
     def __getstate__(self):
         return {"root": self.root, "kind": self.kind, "image_column": self.image_column, "options": self.options}
@@ -89,13 +102,33 @@ class BlockReader:
         """Whether remote objects are read through the local cache."""
         return self.options.cache is not None and not self.root.is_local
 
-    def _cached_fd(self, where: str) -> int:
+    def _cached_fd(self, where: str, listed: tuple[int, int] = _UNLISTED) -> int:
         """A descriptor of the whole object ``where`` (inside the root) in the local cache, fetched
-        first if it is not there or changed (its size or time); retried as any remote read."""
+        first if it is not there or changed (its size or time); retried as any remote read. ``listed``:
+        the object's (size, mtime_ns) as the listing saw them, which key the entry without asking the
+        store; -1s: the store is asked (a ``HEAD``)."""
         if self._cache is None:
+            self._store = _store_name(self.root.filesystem)
             self._cache = local_cache(self.options.cache)  # type: ignore[arg-type]
-        fs = self.root.filesystem
-        cache = self._cache
+        fs, cache, store = self.root.filesystem, self._cache, self._store
+
+        def fill(f) -> None:
+            _copy_object(fs, where, f)
+
+        size, mtime_ns = listed
+        if size >= 0 and mtime_ns >= 0:
+            key = LocalCache.key(store, where, size, mtime_ns)
+            if key not in self._changed:
+                try:
+                    # A hit opens the local entry: no request. A miss fetches the object and keeps it
+                    # only if it brought the listed size.
+                    return with_retries(lambda: cache.get(key, size, fill), self.options)
+                except SizeMismatch:
+                    # Changed since the listing: keyed below by what the store says now, so the read
+                    # returns what it holds now.
+                    if len(self._changed) >= _MEMO_MAX:
+                        self._changed.clear()
+                    self._changed.add(key)
 
         def fetch() -> int:
             info = fs.get_file_info(where)
@@ -103,17 +136,20 @@ class BlockReader:
                 raise FileNotFoundError(errno.ENOENT, f"{where}: not found")
             if info.type != pafs.FileType.File:
                 raise IsADirectoryError(errno.EISDIR, f"{where}: not a file")
-            key = LocalCache.key(_store_name(fs), where, info.size, info.mtime_ns)
-            return cache.get(key, info.size, lambda f: _copy_object(fs, where, f))
+            key = LocalCache.key(store, where, info.size, info.mtime_ns)
+            return cache.get(key, info.size, fill)
 
         return with_retries(fetch, self.options)
 
-    def _open_cached(self, where: str):
-        return os.fdopen(self._cached_fd(where), "rb")
+    def _open_cached(self, where: str, listed: tuple[int, int] | None = None):
+        if listed is None:  # the ParquetGroups opener: what the block's rows said of this file
+            listed = self._listed_files.get(where, _UNLISTED)
+        return os.fdopen(self._cached_fd(where, listed), "rb")
 
     def read_block(self, rows: Mapping[str, np.ndarray]) -> list[Result]:
         """Bytes (or the skip) of each row of a block: ``rows`` has the block's ``path`` column, and
-        ``row`` (Parquet), ``offset``/``size`` (tar shards) and ``error`` columns where the kind has them."""
+        ``row`` (Parquet), ``offset``/``size`` (tar shards) and ``error`` columns where the kind has them;
+        ``object_size``/``object_mtime_ns`` key the cache where present (without them, as for -1)."""
         paths = rows["path"]
         out: list[Result | None] = [None] * len(paths)
         todo = []
@@ -124,12 +160,19 @@ class BlockReader:
                 out[i] = SkipImage(why, more)
             else:
                 todo.append(i)
+        # what the listing said of each row's object: only the cache uses it
+        sizes, mtimes = (rows.get("object_size"), rows.get("object_mtime_ns")) if self.cached else (None, None)
+
+        def listed(i: int) -> tuple[int, int]:
+            return _UNLISTED if sizes is None or mtimes is None else (int(sizes[i]), int(mtimes[i]))
+
         if self.kind == "parquet":
-            self._read_parquet(paths, rows["row"], todo, out)
+            self._read_parquet(paths, rows["row"], todo, out, listed)
         elif self.kind == "webdataset":
-            self._read_members(paths, rows["offset"], rows["size"], todo, out)
+            self._read_members(paths, rows["offset"], rows["size"], todo, out, listed)
         else:
-            for i, data in zip(todo, self._map(lambda i: self._read_file(str(paths[i])), todo), strict=True):
+            read = self._map(lambda i: self._read_file(str(paths[i]), listed(i)), todo)
+            for i, data in zip(todo, read, strict=True):
                 out[i] = data
         return out  # type: ignore[return-value]
 
@@ -145,7 +188,7 @@ class BlockReader:
 
     # -- one file per row -------------------------------------------------------------------------
 
-    def _read_file(self, path: str) -> Result:
+    def _read_file(self, path: str, listed: tuple[int, int] = _UNLISTED) -> Result:
         if self.root.is_local:
             try:
                 return self.root.read_bytes(path)
@@ -157,7 +200,7 @@ class BlockReader:
             return e
         try:
             if self.cached:
-                with self._open_cached(where) as f:
+                with self._open_cached(where, listed) as f:
                     return f.read()
             return with_retries(lambda: _read_stream(self.root, where), self.options)
         except OSError as e:
@@ -165,10 +208,18 @@ class BlockReader:
 
     # -- Parquet: each row group once per block ---------------------------------------------------
 
-    def _read_parquet(self, paths, rows, todo: list[int], out: list) -> None:
+    def _read_parquet(self, paths, rows, todo: list[int], out: list, listed: Callable[[int], tuple[int, int]]) -> None:
         reader = self._parquet
         assert reader is not None
         groups: dict[tuple[str, int], list[int]] = {}
+        if self.cached:
+            if len(self._listed_files) >= _MEMO_MAX:
+                self._listed_files.clear()
+            for rel, i in {str(paths[i]): i for i in todo}.items():  # a row of each file: all carry its stamp
+                try:
+                    self._listed_files[reader.path(rel)] = listed(i)
+                except SkipImage:
+                    pass  # outside the root: group_starts below makes it each of its rows' skip
         for rel in dict.fromkeys(str(paths[i]) for i in todo):
             try:
                 with_retries(lambda rel=rel: reader.group_starts(rel), self.options)
@@ -209,7 +260,9 @@ class BlockReader:
 
     # -- tar members: ranged reads ----------------------------------------------------------------
 
-    def _read_members(self, paths, offsets, sizes, todo: list[int], out: list) -> None:
+    def _read_members(
+        self, paths, offsets, sizes, todo: list[int], out: list, listed: Callable[[int], tuple[int, int]]
+    ) -> None:
         by_shard: dict[str, list[int]] = {}
         for i in todo:
             by_shard.setdefault(str(paths[i]), []).append(i)
@@ -217,7 +270,8 @@ class BlockReader:
             # a local shard, or a remote one cached whole: one descriptor per shard, members by pread
             spans = {rel: [(int(offsets[i]), int(sizes[i])) for i in idx] for rel, idx in by_shard.items()}
             items = list(by_shard)
-            for rel, results in zip(items, self._map(lambda rel: self._pread(rel, spans[rel]), items), strict=True):
+            read = self._map(lambda rel: self._pread(rel, spans[rel], listed(by_shard[rel][0])), items)
+            for rel, results in zip(items, read, strict=True):
                 for i, data in zip(by_shard[rel], results, strict=True):
                     out[i] = data
             return
@@ -251,10 +305,13 @@ class BlockReader:
             for i, data in zip(run, results, strict=True):
                 out[i] = data
 
-    def _pread(self, rel: str, spans: list[tuple[int, int]]) -> list[Result]:
+    def _pread(self, rel: str, spans: list[tuple[int, int]], listed: tuple[int, int] = _UNLISTED) -> list[Result]:
         try:
             where = self.root.resolve(rel)
-            fd = self._cached_fd(where) if self.cached else os.open(where, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            if self.cached:
+                fd = self._cached_fd(where, listed)
+            else:
+                fd = os.open(where, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except SkipImage as e:
             return [e] * len(spans)
         except OSError as e:

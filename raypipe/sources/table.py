@@ -15,7 +15,13 @@ when listing, e.g. a manifest line with no integer label; null for good rows), a
   rows inside a window of shards, reads each shard once per epoch; for folders and manifests the same
   algorithm is a plain shuffle of rows.
 - ``offset``, ``size`` int64: the byte range of a tar member's data inside its shard (-1 otherwise);
-- ``member`` string: a tar member's name, for reports (null otherwise).
+- ``member`` string: a tar member's name, for reports (null otherwise);
+- ``object_size``, ``object_mtime_ns`` int64: the size and modification time (ns) of the object the
+  row's bytes lie in (the image file, the tar shard or the Parquet file) as a remote listing saw them,
+  -1 where the listing did not learn them (local roots, whose listings do not stat every file, and a
+  manifest's paths, which are not listed). The reader's cache keys entries by them, so a cache hit needs
+  no request to the store (``raypipe.sources.reader``). They describe the store, not the samples: the
+  listing's digest leaves them out.
 
 Rows that are known bad stay in the table so the epoch's accounting still sees every source row.
 """
@@ -27,11 +33,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 from pyarrow.compute import max as pc_max
 
 from raypipe.sources.paths import DatasetRoot
 
-__all__ = ["ROW_SCHEMA", "SourceRows", "make_rows"]
+__all__ = ["ROW_SCHEMA", "SourceRows", "listed_stamp", "make_rows"]
 
 ROW_SCHEMA = pa.schema(
     [
@@ -44,6 +51,8 @@ ROW_SCHEMA = pa.schema(
         ("offset", pa.int64()),
         ("size", pa.int64()),
         ("member", pa.string()),
+        ("object_size", pa.int64()),
+        ("object_mtime_ns", pa.int64()),
     ]
 )
 
@@ -87,7 +96,8 @@ class SourceRows:
         """sha256 of the listing: the kind and the ``sample_id``, ``label``, ``path`` and ``row`` columns in
         row order. Two listings with the same digest read the same samples under the same ids and labels
         (the root is left out: one dataset may be mounted at different places on different nodes). Hashes
-        the columns' buffers, not row by row: a million rows take a fraction of a second."""
+        the columns' buffers, not row by row: a million rows take a fraction of a second. ``object_size`` and
+        ``object_mtime_ns`` are left out too: copies of one dataset on two nodes' disks differ in them."""
         h = hashlib.sha256(f"raypipe-listing-v1:{self.kind}:{len(self)}".encode())
         for name in ("sample_id", "label", "row"):
             col = self.table.column(name)
@@ -125,9 +135,21 @@ class SourceRows:
         return int(labels.max()) + 1 if len(labels) else 0
 
 
-def make_rows(paths: list[str], labels, rows=None, errors=None, *, shards=None, offsets=None, sizes=None,
-              members=None) -> pa.Table:
-    """The row table of a listing; ``shards`` defaults to one shard per row (files read one by one)."""
+def make_rows(
+    paths: list[str],
+    labels,
+    rows=None,
+    errors=None,
+    *,
+    shards=None,
+    offsets=None,
+    sizes=None,
+    members=None,
+    object_sizes=None,
+    object_mtimes=None,
+) -> pa.Table:
+    """The row table of a listing; ``shards`` defaults to one shard per row (files read one by one),
+    ``object_sizes`` and ``object_mtimes`` (ns) to -1 (not known)."""
     n = len(paths)
 
     def ints(values, default):
@@ -144,9 +166,17 @@ def make_rows(paths: list[str], labels, rows=None, errors=None, *, shards=None, 
             "offset": ints(offsets, np.full(n, -1, np.int64)),
             "size": ints(sizes, np.full(n, -1, np.int64)),
             "member": pa.array([None] * n if members is None else members, type=pa.string()),
+            "object_size": ints(object_sizes, np.full(n, -1, np.int64)),
+            "object_mtime_ns": ints(object_mtimes, np.full(n, -1, np.int64)),
         },
         schema=ROW_SCHEMA,
     )
+
+
+def listed_stamp(info: pafs.FileInfo) -> tuple[int, int]:
+    """``(object_size, object_mtime_ns)`` of a listed file as the row table records them (-1: not given)."""
+    size, mtime = info.size, info.mtime_ns
+    return (-1 if size is None else int(size)), (-1 if mtime is None else int(mtime))
 
 
 def _string_buffers(arr: pa.Array) -> tuple[np.ndarray, memoryview]:

@@ -44,7 +44,7 @@ from raypipe.kernels.errors import BAD_LABEL, NULL_IMAGE, TRUNCATED, SkipImage
 from raypipe.sources.folder import IMG_EXTENSIONS
 from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.remote import ReadOptions, with_retries
-from raypipe.sources.table import SourceRows, make_rows
+from raypipe.sources.table import SourceRows, listed_stamp, make_rows
 
 __all__ = ["expand_braces", "has_braces", "list_webdataset", "shard_paths"]
 
@@ -86,57 +86,74 @@ def expand_braces(pattern: str) -> list[str]:
     return ["".join(p) for p in itertools.product(*parts)]
 
 
-def _exists(root: DatasetRoot, rels: list[str]) -> list[bool]:
+_UNKNOWN = (-1, -1)
+
+
+def _existing(root: DatasetRoot, rels: list[str]) -> dict[str, tuple[int, int]]:
+    """Those of ``rels`` that are files, each with its (size, mtime_ns) where the store said them."""
     if root.is_local:
-        return [os.path.isfile(os.path.join(root.root, r)) for r in rels]
+        return {r: _UNKNOWN for r in rels if os.path.isfile(os.path.join(root.root, r))}
     infos = root.filesystem.get_file_info([posixpath.join(root.root, r) for r in rels])
-    return [i.type == pafs.FileType.File for i in infos]
+    return {r: listed_stamp(i) for r, i in zip(rels, infos, strict=True) if i.type == pafs.FileType.File}
 
 
 def shard_paths(data: str, *, filesystem: pafs.FileSystem | None = None) -> tuple[DatasetRoot, list[str]]:
     """The root and the sorted relative paths of the shards ``data`` names (see the module docstring)."""
+    root, shards = _shards(data, filesystem)
+    return root, list(shards)
+
+
+def _shards(data: str, filesystem: pafs.FileSystem | None) -> tuple[DatasetRoot, dict[str, tuple[int, int]]]:
+    """The root and the shards ``data`` names, sorted, each with its (size, mtime_ns) as a remote listing
+    gave them (-1 for local shards)."""
     if has_braces(data):
         head = data[: data.index("{")]
         base = head.rsplit("/", 1)[0] if "/" in head else "."
         root = open_root(base, filesystem=filesystem)
         rels = sorted(set(name[len(base) + 1:] if base != "." else name for name in expand_braces(data)))
-        missing = [r for r, ok in zip(rels, _exists(root, rels), strict=True) if not ok]
+        found = _existing(root, rels)
+        missing = [r for r in rels if r not in found]
         if missing:
             raise ValueError(f"{len(missing)} of the {len(rels)} shards of {data!r} do not exist, e.g. {missing[:3]}")
-        return root, rels
+        return root, found
     probe = open_root(data, filesystem=filesystem)
+    stamp = _UNKNOWN
     if probe.is_local:
         kind = "file" if os.path.isfile(probe.root) else "dir" if os.path.isdir(probe.root) else None
     else:
-        t = probe.filesystem.get_file_info(probe.root).type
-        kind = {pafs.FileType.File: "file", pafs.FileType.Directory: "dir"}.get(t)
+        info = probe.filesystem.get_file_info(probe.root)
+        kind = {pafs.FileType.File: "file", pafs.FileType.Directory: "dir"}.get(info.type)
+        if kind == "file":
+            stamp = listed_stamp(info)
     if kind == "file":
         parent, _, name = data.rstrip("/").rpartition("/")
-        return open_root(parent or ".", filesystem=filesystem), [name]
+        return open_root(parent or ".", filesystem=filesystem), {name: stamp}
     if kind == "dir":
         return probe, _tar_files(probe, probe.root, recursive=True)
     # a prefix: the shards in its folder whose names start with it
     parent, _, stem = data.rstrip("/").rpartition("/")
     root = open_root(parent or ".", filesystem=filesystem)
-    found = [r for r in _tar_files(root, root.root, recursive=False) if r.startswith(stem)]
+    found = {r: st for r, st in _tar_files(root, root.root, recursive=False).items() if r.startswith(stem)}
     if not found:
         raise ValueError(f"no .tar shards at {data!r} (a folder, a prefix, a .tar file or a brace pattern)")
     return root, found
 
 
-def _tar_files(root: DatasetRoot, where: str, *, recursive: bool) -> list[str]:
+def _tar_files(root: DatasetRoot, where: str, *, recursive: bool) -> dict[str, tuple[int, int]]:
     if root.is_local:
         if not os.path.isdir(where):
-            return []
+            return {}
         found = []
         for dirpath, dirnames, filenames in os.walk(where):
             dirnames.sort()
             found += [os.path.relpath(os.path.join(dirpath, f), root.root) for f in filenames if f.endswith(".tar")]
             if not recursive:
                 break
-        return sorted(found)
+        return dict.fromkeys(sorted(found), _UNKNOWN)
     infos = root.filesystem.get_file_info(pafs.FileSelector(where, recursive=recursive, allow_not_found=True))
-    return sorted(root.relative(i.path) for i in infos if i.type == pafs.FileType.File and i.path.endswith(".tar"))
+    found = {root.relative(i.path): listed_stamp(i) for i in infos
+             if i.type == pafs.FileType.File and i.path.endswith(".tar")}  # fmt: skip
+    return {r: found[r] for r in sorted(found)}
 
 
 @dataclass
@@ -277,7 +294,8 @@ def list_webdataset(
 ) -> SourceRows:
     """List WebDataset tar shards (a folder, a prefix, a ``.tar`` file or a brace pattern) into SourceRows."""
     options = options or ReadOptions()
-    root, rels = shard_paths(data, filesystem=filesystem)
+    root, stamps = _shards(data, filesystem)
+    rels = list(stamps)
     if not rels:
         raise ValueError(f"no .tar shards under {data!r}")
     if root.is_local:
@@ -285,7 +303,8 @@ def list_webdataset(
     else:
         with ThreadPoolExecutor(min(options.in_flight, len(rels)), thread_name_prefix="raypipe-list") as pool:
             listings = list(pool.map(lambda rel: _list_shard(root, rel, options), rels))
-    cols: dict[str, list] = {k: [] for k in ("path", "label", "error", "shard", "offset", "size", "member")}
+    cols: dict[str, list] = {k: [] for k in ("path", "label", "error", "shard", "offset", "size", "member",
+                                             "object_size", "object_mtime_ns")}  # fmt: skip
     incomplete = []
     for shard, (rel, listing) in enumerate(zip(rels, listings, strict=True)):
         samples: dict[str, dict] = {}
@@ -308,7 +327,8 @@ def list_webdataset(
                 error = f"{TRUNCATED}: the shard ends {short} bytes before the end of {image.name}"
             for col, value in (("path", rel), ("label", label), ("error", error), ("shard", shard),
                                ("offset", image.offset if image else -1), ("size", image.size if image else -1),
-                               ("member", image.name if image else f"{key}.cls")):  # fmt: skip
+                               ("member", image.name if image else f"{key}.cls"),
+                               ("object_size", stamps[rel][0]), ("object_mtime_ns", stamps[rel][1])):  # fmt: skip
                 cols[col].append(value)
         if listing.stopped_at is not None:
             incomplete.append({"shard": root.display(rel), "listed_samples": len(samples),
@@ -320,6 +340,7 @@ def list_webdataset(
     if not cols["path"]:
         raise ValueError(f"the {len(rels)} shard(s) of {data!r} hold no samples (KEY.jpg with KEY.cls)")
     table = make_rows(cols["path"], cols["label"], errors=cols["error"], shards=cols["shard"],
-                      offsets=cols["offset"], sizes=cols["size"], members=cols["member"])  # fmt: skip
+                      offsets=cols["offset"], sizes=cols["size"], members=cols["member"],
+                      object_sizes=cols["object_size"], object_mtimes=cols["object_mtime_ns"])  # fmt: skip
     return SourceRows(kind="webdataset", root=root, table=table,
                       extra={"shards": tuple(rels), "incomplete_shards": incomplete})  # fmt: skip
