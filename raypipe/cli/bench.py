@@ -99,9 +99,22 @@ def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
     """Body of the child process: its own Ray (or none, for timm), shut down before it exits."""
     import time
 
-    started = time.perf_counter()  # the first batch is timed from here: Ray's start is the contender's
     import ray
+    import torch  # noqa: F401 - imported before the clock starts, as in a training script
 
+    from raypipe.benchmark import contenders  # noqa: F401 - the same: module imports are not the loader's
+    from raypipe.pipeline import feeder, pipeline  # noqa: F401
+
+    if name in ("timm", "naive"):
+        import timm.data  # noqa: F401
+    if name == "naive":
+        import ray.data  # noqa: F401
+
+    # This process was spawned, and spawn's set-up makes spawn its start method too: give it back the
+    # platform's default, as a training script has it (a DataLoader's workers are forked on Linux).
+    multiprocessing.set_start_method(None, force=True)
+    # The first batch is timed from here: what a run pays after its imports, Ray's start included.
+    started = time.perf_counter()
     if name != "timm":
         from raypipe.runtime import connect
 

@@ -1,0 +1,65 @@
+"""CPU that reading objects over S3 costs, per object, on the client and on the test server.
+
+Reads every object under ``s3://bench/folder`` of a ``bench/cloud_input.py`` work folder (or any folder of
+buckets) from ``raypipe.testing.s3server`` in its own process, with ``--threads`` requests in flight from
+one client process (pyarrow's ``S3FileSystem``), first whole objects (``open_input_stream``: a HEAD and a
+GET each), then a HEAD alone::
+
+    python bench/cloud_input.py --images 3000 --epochs 1 --workdir /tmp/cloudbench
+    python bench/s3_request_cost.py /tmp/cloudbench/buckets --prefix bench/folder
+
+Prints objects/s, and the CPU time the client process and the server process spent per object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("buckets", help="a folder whose folders are buckets")
+    p.add_argument("--prefix", default="bench/folder", help="bucket/prefix to read")
+    p.add_argument("--threads", type=int, default=32)
+    p.add_argument("--latency-ms", type=float, default=0.0)
+    a = p.parse_args()
+
+    import psutil
+    import pyarrow.fs as pafs
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from cloud_input import S3Process
+
+    server = S3Process(Path(a.buckets), a.latency_ms)
+    try:
+        fs = server.filesystem()
+        selector = pafs.FileSelector(a.prefix, recursive=True)
+        paths = [i.path for i in fs.get_file_info(selector) if i.type == pafs.FileType.File]
+        served = psutil.Process(server.proc.pid)
+
+        def whole(path: str) -> int:
+            with fs.open_input_stream(path) as f:
+                return len(f.read())
+
+        def head(path: str) -> int:
+            return fs.get_file_info(path).size
+
+        for name, fn in (("HEAD + GET", whole), ("HEAD", head)):
+            s0, c0, t0 = sum(served.cpu_times()[:2]), time.process_time(), time.perf_counter()
+            with ThreadPoolExecutor(a.threads) as pool:
+                n = sum(1 for _ in pool.map(fn, paths))
+            dt = time.perf_counter() - t0
+            server_ms = 1e3 * (sum(served.cpu_times()[:2]) - s0) / n
+            client_ms = 1e3 * (time.process_time() - c0) / n
+            print(f"{name}: {n} objects in {dt:.2f} s = {n / dt:.0f}/s; CPU per object: client {client_ms:.2f} ms, "
+                  f"server {server_ms:.2f} ms", flush=True)  # fmt: skip
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
