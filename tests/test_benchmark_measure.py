@@ -58,6 +58,7 @@ def test_the_plot_shows_every_contender_with_its_spread_and_a_caption(tmp_path):
                                  "decode limit": Result("decode limit", 2500.0, 0.0, [2400.0])}}  # fmt: skip
     text = caption(data="/data/photos", images=4000, batch_size=128, epochs=4, host=machine())
     assert "cores" in text and "/data/photos (4000 images)" in text and "slowest and fastest" in text
+    assert "3 epochs after a warm-up epoch" in text  # 4 epochs run, the first not timed
     out = tmp_path / "bench.png"
     plot(str(out), suites, text)
     with Image.open(out) as im:

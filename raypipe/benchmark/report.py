@@ -70,8 +70,10 @@ def machine() -> str:
 
 def caption(*, data: str, images: int, batch_size: int, epochs: int, host: str) -> str:
     """The plot's caption: the machine, the data and how the figures were taken."""
-    return (f"{host}. Data: {data} ({images} images), batch {batch_size}, {epochs} epochs after a warm-up "
-            "epoch; bars: images/s over those epochs, whiskers: the slowest and fastest epoch.")  # fmt: skip
+    timed = f"{epochs - 1} epochs after a warm-up epoch" if epochs > 1 else "1 epoch"
+    return (f"{host}. Data: {data} ({images} images), batch {batch_size}, {timed}, each from the start of its "
+            "loop to its last batch; bars: images/s over those epochs, whiskers: the slowest and fastest "
+            "epoch.")  # fmt: skip
 
 
 def plot(path: str, suites: dict[str, dict[str, Result]], caption_text: str = "") -> None:
