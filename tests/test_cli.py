@@ -133,7 +133,7 @@ def test_bench_reads_any_source_and_gives_timm_a_folder_copy(ray_local, sample_d
     from raypipe.sources.convert import convert
 
     convert(str(sample_dir), str(tmp_path / "pq"), format="parquet")
-    data = open_bench_data(str(tmp_path / "pq"), need_folder=True, workdir=str(tmp_path))
+    data = open_bench_data(str(tmp_path / "pq")).with_folder(workdir=str(tmp_path))
     try:
         copied = sorted(p for p in Path(data.folder).rglob("*") if p.is_file())
         assert data.copied and len(copied) == data.images == len(list(sample_dir.rglob("*.jpg")))

@@ -82,6 +82,7 @@ USER_ERRORS = [
     (["bench", "{data}", "-b", "1000"], "fewer than one batch"),
     (["bench", "{tmp}/nope"], "does not exist"),
     (["bench", "{data}", "--only", "turbo"], "invalid choice"),
+    (["bench", "{data}", "--timm-workers", "0"], "--timm-workers"),
 ]
 
 

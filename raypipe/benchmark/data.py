@@ -13,6 +13,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
+import pyarrow.compute as pc
+
+from raypipe.sources.table import SourceRows
+
 __all__ = ["BenchData", "open_bench_data"]
 
 _IMAGE_KINDS = {b"\xff\xd8": "jpg", b"\x89P": "png", b"RI": "webp", b"GI": "gif", b"BM": "bmp"}
@@ -25,70 +29,71 @@ def _ext(data: bytes) -> str:
 @dataclass
 class BenchData:
     source: str  # what raypipe reads
-    images: int  # rows the listing found readable (no listing error)
-    kind: str
+    rows: SourceRows  # its listing, made once
     folder: str | None  # a local image folder for the folder-only contenders (the source, or a copy)
     copied: bool = False  # the folder is a temporary copy, removed by close()
 
+    @property
+    def images(self) -> int:
+        """Rows the listing found readable (no listing error)."""
+        return self.rows.table.column("error").null_count
+
     def sample_bytes(self, limit: int = 400) -> list[bytes]:
         """The bytes of the first ``limit`` readable images, in listing order."""
-        from raypipe.kernels.errors import SkipImage
-        from raypipe.sources import open_source
-        from raypipe.sources.reader import BlockReader
-
-        rows = open_source(self.source)
-        part = rows.table.slice(0, min(len(rows), limit * 2))
-        batch = {k: part.column(k).to_numpy(zero_copy_only=False) for k in part.column_names}
-        reader = BlockReader(rows.root, rows.kind, rows.image_column)
-        try:
-            got = [d for d in reader.read_block(batch) if not isinstance(d, SkipImage)]
-        finally:
-            reader.close()
+        got = [data for _, _, data in _read(self.rows, 0, limit * 2)]
         return got[:limit]
+
+    def with_folder(self, workdir: str | None = None) -> BenchData:
+        """This data with a local folder for the folder-only contenders: itself for a local image folder,
+        else a copy of every readable, labelled image (``close()`` removes it)."""
+        if self.folder is not None:
+            return self
+        folder = tempfile.mkdtemp(prefix="raypipe-bench-folder-", dir=workdir)
+        try:
+            _write_folder(self.rows, folder)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return BenchData(self.source, self.rows, folder, copied=True)
 
     def close(self) -> None:
         if self.copied and self.folder:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def open_bench_data(source: str, *, need_folder: bool, workdir: str | None = None) -> BenchData:
-    """List ``source``; with ``need_folder``, give the folder-only contenders a local folder of it."""
+def open_bench_data(source: str) -> BenchData:
+    """List ``source``; a local image folder is also the folder-only contenders' folder."""
     from raypipe.sources import open_source
 
     rows = open_source(source)
-    errors = rows.table.column("error").to_pylist()
-    images = sum(e is None for e in errors)
-    if rows.kind == "folder" and rows.root.is_local:
-        return BenchData(source, images, rows.kind, rows.root.root)
-    if not need_folder:
-        return BenchData(source, images, rows.kind, None)
-    folder = tempfile.mkdtemp(prefix="raypipe-bench-folder-", dir=workdir)
-    try:
-        _write_folder(rows, folder)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    return BenchData(source, images, rows.kind, folder, copied=True)
+    local_folder = rows.kind == "folder" and rows.root.is_local
+    return BenchData(source, rows, rows.root.root if local_folder else None)
 
 
-def _write_folder(rows, folder: str, chunk: int = 256) -> None:
-    """Every readable, labelled image of ``rows`` as ``folder/<label>/<sample id>.<ext>`` (labels
-    zero-padded, so a natural sort of the class folders keeps the label order)."""
+def _read(rows: SourceRows, start: int, count: int, chunk: int = 256):
+    """``(batch, i, bytes)`` of each readable row of ``rows[start:start + count]`` (listing errors and
+    read skips left out), read ``chunk`` rows at a time."""
     from raypipe.kernels.errors import SkipImage
     from raypipe.sources.reader import BlockReader
 
     reader = BlockReader(rows.root, rows.kind, rows.image_column)
-    width = len(str(max(rows.table.column("label").to_pylist() or [0], key=lambda v: v or 0) or 0))
     try:
-        for start in range(0, len(rows), chunk):
-            part = rows.table.slice(start, chunk)
+        for first in range(start, min(len(rows), start + count), chunk):
+            part = rows.table.slice(first, min(chunk, start + count - first))
             batch = {k: part.column(k).to_numpy(zero_copy_only=False) for k in part.column_names}
             for i, data in enumerate(reader.read_block(batch)):
-                if isinstance(data, SkipImage) or batch["error"][i] is not None:
-                    continue
-                cls = os.path.join(folder, str(int(batch["label"][i])).zfill(width))
-                os.makedirs(cls, exist_ok=True)
-                with open(os.path.join(cls, f"{int(batch['sample_id'][i])}.{_ext(data)}"), "wb") as fh:
-                    fh.write(data)
+                if not isinstance(data, SkipImage) and batch["error"][i] is None:
+                    yield batch, i, data
     finally:
         reader.close()
+
+
+def _write_folder(rows: SourceRows, folder: str) -> None:
+    """Every readable, labelled image of ``rows`` as ``folder/<label>/<sample id>.<ext>`` (labels
+    zero-padded, so a natural sort of the class folders keeps the label order)."""
+    width = len(str(max(0, pc.max(rows.table.column("label")).as_py() or 0)))
+    for batch, i, data in _read(rows, 0, len(rows)):
+        cls = os.path.join(folder, str(int(batch["label"][i])).zfill(width))
+        os.makedirs(cls, exist_ok=True)
+        with open(os.path.join(cls, f"{int(batch['sample_id'][i])}.{_ext(data)}"), "wb") as fh:
+            fh.write(data)

@@ -55,13 +55,14 @@ def check_args(args: argparse.Namespace):
     for name in ("epochs", "batch_size", "img_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected >= 1")
-    if any(n < 0 for n in args.timm_workers or ()):
-        raise ValueError(f"--timm-workers {args.timm_workers}: expected numbers >= 0")
+    if any(n < 1 for n in args.timm_workers or ()):
+        # timm's loader runs with persistent workers, which a DataLoader refuses without any
+        raise ValueError(f"--timm-workers {args.timm_workers}: expected numbers >= 1")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("--plot needs matplotlib: pip install 'raypipe[bench]'")
     if "://" not in args.data and not Path(args.data).exists():
         raise ValueError(f"{args.data}: does not exist")
-    data = open_bench_data(args.data, need_folder=False)
+    data = open_bench_data(args.data)
     if data.images == 0:
         raise ValueError(f"{args.data}: no images found")
     batched = {"raypipe", "packed", "timm", "naive"} & set(args.only)
@@ -142,8 +143,6 @@ def _run_in_child(name: str, aug: TrainAugment, args: argparse.Namespace, cores:
 
 
 def main(args: argparse.Namespace) -> int:
-    from raypipe.benchmark.data import open_bench_data
-
     data = check_args(args)
     check_json_path(args.json)
     check_json_path(args.plot)
@@ -153,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
     timm_workers = args.timm_workers or sorted({cores, 2 * cores})
     if {"timm", "naive"} & set(args.only) and data.folder is None:
         print(f"making a local folder copy of {args.data} for timm and naive Ray Data", flush=True)
-        data = open_bench_data(args.data, need_folder=True)
+        data = data.with_folder()
     try:
         files = data.sample_bytes() if {"decode", "kernel"} & set(args.only) else []
         chosen = {"plain": list(SUITES)[0], "aa": list(SUITES)[1]}
