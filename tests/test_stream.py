@@ -1,5 +1,6 @@
 """One execution per run: epochs follow each other in one stream, in order, bounded, stoppable."""
 
+import io
 import time
 
 import pytest
@@ -95,6 +96,40 @@ def test_stopping_mid_epoch_returns_at_once_and_the_next_epoch_is_whole(ray_loca
     source.set_epoch(3)
     assert sorted(_ids(source)) == list(range(48)) and source.last_report.epoch == 3
     source.close()
+
+
+def test_remote_shards_are_fetched_in_few_requests(ray_local, sample_dir, tmp_path):
+    """A remote tar shard's window is one chunk: its neighbouring members come in one ranged request, not
+    one request per image; every sample still comes once per epoch."""
+    import tarfile
+
+    from raypipe.sources import open_source
+    from raypipe.testing import S3Server
+
+    files = sorted(sample_dir.rglob("*.jpg"))
+    folder = tmp_path / "buckets" / "bkt" / "wds"
+    folder.mkdir(parents=True)
+    for s in range(4):
+        with tarfile.open(folder / f"shard-{s}.tar", "w") as tar:
+            for i, path in enumerate(files[s * 12:(s + 1) * 12]):
+                tar.add(path, arcname=f"s{s}k{i:02d}.jpg")
+                info = tarfile.TarInfo(f"s{s}k{i:02d}.cls")
+                label = f"{i % 4}".encode()
+                info.size = len(label)
+                tar.addfile(info, io.BytesIO(label))
+    with S3Server(tmp_path / "buckets") as server:
+        rows = open_source("s3://bkt/wds", filesystem=server.filesystem())
+        pipe = Pipeline(rows, AUG, config=PipelineConfig(batch_size=4, shuffle_window=24),
+                        execution=ExecutionConfig(chunk_rows=4, num_tasks=2))  # fmt: skip
+        assert pipe.rows.kind == "webdataset" and len(pipe) == 48
+        source = EpochSource(pipe, end_epoch=2)
+        server.reset_counts()
+        for _ in range(2):
+            assert sorted(_ids(source)) == list(range(48))
+        source.close()
+        # 2 windows of 2 shards per epoch: a ranged GET per shard and window (and a handle's HEAD per
+        # shard and worker); one request per image would be 48 GETs per epoch
+        assert server.count("GetObject") <= 2 * 4, dict(server.requests)
 
 
 def test_a_bug_in_a_task_fails_the_epoch_with_its_own_type(ray_local, sample_dir, monkeypatch):

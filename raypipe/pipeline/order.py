@@ -10,11 +10,13 @@ Two shuffles, chosen by the rows' ``shard`` column (see ``raypipe.sources.table`
 - ``"shard-window"`` (rows that live in shards read as a whole: Parquet row groups, tar shards): the
   shards are permuted, consecutive shards are grouped into windows of about ``window_rows`` rows
   (a shard starting inside a window's span joins it), and the rows inside each window are permuted.
-  Each shard belongs to exactly one window. Where a shard must be read as a whole (a Parquet row
-  group), a window is one chunk of work, so the worker that runs it reads each of its row groups once
-  per epoch; a window longer than half again ``window_rows`` (one huge row group) is cut, and its row
-  group is then read once per piece. Where a sample can be read on its own (a tar member, one ranged
-  read), the window is cut into ordinary chunks, so a few large shards still keep every worker busy.
+  Each shard belongs to exactly one window. Where a shard is read as a whole (a Parquet row group) or
+  fetched in byte ranges (a tar shard in an object store), a window is one chunk of work, so the
+  worker that runs it reads each of its row groups once per epoch, and a remote shard's members in a
+  few large ranged requests (neighbouring members share one) instead of one request each; a window
+  longer than half again ``window_rows`` (one huge shard) is cut, and its shard is then read once per
+  piece. Where a sample is read on its own cheaply (a member of a local tar shard, one ``pread``), the
+  window is cut into ordinary chunks, so its first batch does not wait for the whole window.
   A larger window mixes more shards into each batch (closer to a global shuffle). On a file
   sorted by class (4 classes, 100-row groups, 2000-4000 rows), 2048-row windows give batches
   0.97-1.0x the label entropy of a global shuffle, 1024-row windows 0.91-0.97x
@@ -33,7 +35,8 @@ __all__ = ["epoch_order", "rank_slice", "chunk_bounds", "RankPlan", "SHARDED_KIN
 # Sources whose rows live in shards (Parquet row groups, tar shards): shuffled by windows of whole
 # shards. A folder or manifest row is a file of its own, read alone, and is shuffled globally.
 SHARDED_KINDS = ("parquet", "webdataset")
-# Of those, the ones whose shard is read as a whole (a Parquet row group): one chunk per window.
+# Of those, the ones whose shard is read as a whole (a Parquet row group): one chunk per window. A
+# remote tar shard's window is one chunk too (``RankPlan.for_rows``): its members come in ranges.
 WHOLE_SHARD_KINDS = ("parquet",)
 
 
@@ -114,13 +117,14 @@ class RankPlan:
     @classmethod
     def for_rows(cls, rows, *, seed: int, shuffle: bool, chunk_rows: int, window_rows: int, rank: int = 0,
                  world_size: int = 1) -> RankPlan:  # fmt: skip
-        """The plan for a listing (``raypipe.sources.SourceRows``): shard windows for sharded kinds."""
+        """The plan for a listing (``raypipe.sources.SourceRows``): shard windows for sharded kinds, each
+        one chunk where its shards are read whole or from an object store."""
         table = rows.table
         sharded = rows.kind in SHARDED_KINDS and "shard" in table.column_names
         return cls(
             len(rows), seed=seed, shuffle=shuffle, chunk_rows=chunk_rows, rank=rank, world_size=world_size,
             shards=table.column("shard").to_numpy() if sharded else None, window_rows=window_rows,
-            whole_windows=rows.kind in WHOLE_SHARD_KINDS,
+            whole_windows=rows.kind in WHOLE_SHARD_KINDS or not rows.root.is_local,
         )  # fmt: skip
 
     @property
