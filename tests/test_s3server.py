@@ -73,6 +73,25 @@ def test_listing_and_reads_match_local_with_latency(server, data, where):
         assert server.max_active > 1, "requests did not overlap"
 
 
+def test_the_added_latency_is_all_a_request_waits(data):
+    """One client reading objects one after another on one connection waits ``latency_ms`` per request and
+    no more: a GET's body must not wait for the client's delayed ACK of its headers (Nagle's algorithm
+    on the server's socket would add ~40 ms to every GET, far more than the latency it models)."""
+    import time
+
+    with S3Server(data, latency_ms=5) as s:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+        keys = sorted(p.relative_to(data / "bkt").as_posix() for p in (data / "bkt" / "folder").rglob("*.jpg"))[:10]
+        t0 = time.perf_counter()
+        for key in keys:
+            conn.request("GET", f"/bkt/{key}")
+            response = conn.getresponse()
+            assert response.status == 200 and response.read() == (data / "bkt" / key).read_bytes()
+        per_request = (time.perf_counter() - t0) / len(keys)
+        conn.close()
+    assert per_request < 0.030, f"{per_request * 1e3:.1f} ms per GET with 5 ms of added latency"
+
+
 def test_pipeline_epoch_from_s3_matches_local(ray_local, server, data):
     fs = server.filesystem()
     aug = TrainAugment(input_size=24)

@@ -3,9 +3,11 @@
 Object stores answer each request after tens of milliseconds; a reader that waits for each answer
 in turn is bound by that latency, not by its CPUs. This server reproduces exactly that on one
 machine: every response waits ``latency_ms`` before its first byte, then streams the file at local
-speed. It costs little CPU itself (a thread per connection, files sent with ``sendfile``), so a
-benchmark measures the reader rather than the server (moto, which models all of S3, spends enough CPU
-per request to cap a 2-core machine well below what raypipe reads).
+speed. It costs far less CPU than moto, which models all of S3 and spends enough per request to cap a
+2-core machine well below what raypipe reads: a thread per connection, files sent with ``sendfile``,
+about 0.3 ms of CPU per request from one client connection and twice that with 32 connections sharing
+the interpreter (``python bench/s3_request_cost.py`` prints it). On a small machine that is still CPU
+a real store would not take from the reader: figures taken with it are a floor.
 
 Each top-level folder of ``root`` is a bucket; ``root/bucket/a/b.jpg`` is object ``a/b.jpg``. What
 pyarrow's ``S3FileSystem`` sends to list, stat, read and write is implemented: ListBuckets,
@@ -156,6 +158,9 @@ def _make_handler(server: S3Server):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections, as with a real store
         server_version = "raypipe-s3server"
+        # A GET's headers and body go out in two writes; with Nagle's algorithm on, the body waits for
+        # the client's delayed ACK of the headers (~40 ms on Linux), which would add to every GET.
+        disable_nagle_algorithm = True
 
         def log_message(self, format, *args):  # noqa: A002 - the base class's name
             pass
