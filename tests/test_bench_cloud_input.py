@@ -20,14 +20,17 @@ def test_cloud_input_smoke(tmp_path):
     out = tmp_path / "figures.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "cloud_input.py"), "--images", "200", "--epochs", "2",
-         "--workdir", str(tmp_path / "work"), "--json", str(out)],
+         "--rounds", "2", "--workdir", str(tmp_path / "work"), "--json", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=880,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     figures = json.loads(out.read_text())
     names = ["folder", "parquet", "webdataset", "s3 folder", "s3 shards", "s3 folder + cache"]
-    assert list(figures["results"]) == names
-    assert all(r["images"] == [200, 200] for r in figures["results"].values())
+    assert list(figures["ratios"]) == names
+    assert [len(figures["ratios"][n]) for n in names] == [2, 2, 2, 2, 2, 1]  # a ratio per round; the cache runs once
+    assert figures["ratios"]["folder"] == [1.0, 1.0]
+    runs = [r[n] for r in figures["rounds"] for n in names[:-1]] + [figures["cache"]]
+    assert len(runs) == 11 and all(r["images"] == [200, 200] for r in runs)
     assert 0 < figures["entropy"]["ratio"] <= 1.5
     assert proc.stdout.rstrip().splitlines()[-1].startswith("| s3 (20 ms) folder + cache |")
     cache = tmp_path / "work" / "cache"
