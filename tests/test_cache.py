@@ -153,6 +153,7 @@ def test_second_read_hits_the_cache(served, tmp_path):
     server.reset_counts()
     assert again.read_block(_batch(rows)) == got
     assert server.count() == 0, dict(server.requests)  # no HeadObject, no GetObject
+    assert again._pool is None  # hits are local reads, made in the caller's thread: no request threads
     local = open_source(str(bucket / "folder"))
     assert got == BlockReader(local.root, local.kind).read_block(_batch(local))
     # the cache is no way out of the root

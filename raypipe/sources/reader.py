@@ -102,15 +102,44 @@ class BlockReader:
         """Whether remote objects are read through the local cache."""
         return self.options.cache is not None and not self.root.is_local
 
+    def _local_cache(self) -> LocalCache:
+        if self._cache is None:
+            self._store = _store_name(self.root.filesystem)
+            self._cache = local_cache(self.options.cache)  # type: ignore[arg-type]
+        return self._cache
+
+    def _cache_hit(self, path: str, listed: tuple[int, int]) -> Result | None:
+        """The bytes of ``path`` when the cache holds the object as listed (or the skip of a path outside
+        the root); None when the store must be asked (a miss, an unlisted object, a changed one)."""
+        size, mtime_ns = listed
+        if size < 0 or mtime_ns < 0:
+            return None
+        try:
+            where = self.root.resolve(path)
+        except SkipImage as e:
+            return e
+        cache = self._local_cache()
+        key = LocalCache.key(self._store, where, size, mtime_ns)
+        if key in self._changed:
+            return None
+        try:
+            fd = cache.open(key, size)
+        except OSError:
+            return None
+        if fd is None:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            try:
+                return f.read()
+            except OSError:
+                return None
+
     def _cached_fd(self, where: str, listed: tuple[int, int] = _UNLISTED) -> int:
         """A descriptor of the whole object ``where`` (inside the root) in the local cache, fetched
         first if it is not there or changed (its size or time); retried as any remote read. ``listed``:
         the object's (size, mtime_ns) as the listing saw them, which key the entry without asking the
         store; -1s: the store is asked (a ``HEAD``)."""
-        if self._cache is None:
-            self._store = _store_name(self.root.filesystem)
-            self._cache = local_cache(self.options.cache)  # type: ignore[arg-type]
-        fs, cache, store = self.root.filesystem, self._cache, self._store
+        fs, cache, store = self.root.filesystem, self._local_cache(), self._store
 
         def fill(f) -> None:
             _copy_object(fs, where, f)
@@ -171,6 +200,16 @@ class BlockReader:
         elif self.kind == "webdataset":
             self._read_members(paths, rows["offset"], rows["size"], todo, out, listed)
         else:
+            if self.cached:
+                # A hit is a local file read of tens of microseconds: read here. Handing it to the
+                # thread pool would cost several times that (hand-offs, the interpreter lock). Only
+                # the misses go to the store, with requests in flight.
+                misses = []
+                for i in todo:
+                    out[i] = self._cache_hit(str(paths[i]), listed(i))
+                    if out[i] is None:
+                        misses.append(i)
+                todo = misses
             read = self._map(lambda i: self._read_file(str(paths[i]), listed(i)), todo)
             for i, data in zip(todo, read, strict=True):
                 out[i] = data
