@@ -111,8 +111,9 @@ class ParquetGroups:
 
     File footers are read once per process (``metadata``); each thread opens its own ``ParquetFile``
     over them, as a ``ParquetFile`` must not be read from two threads at once while remote row groups
-    are fetched concurrently. ``opener`` (given a remote file's full path, returns what
-    ``pq.ParquetFile`` reads) replaces the filesystem's ``open_input_file``: the reader's cache.
+    are fetched concurrently. ``opener`` (given a remote file's full path and its ``listed`` (size,
+    mtime_ns) as the caller's rows carry them, returns what ``pq.ParquetFile`` reads) replaces the
+    filesystem's ``open_input_file``: the reader's cache.
     """
 
     def __init__(self, root: DatasetRoot, column: str, *, opener=None):
@@ -131,33 +132,36 @@ class ParquetGroups:
         """The full path of file ``rel`` (inside the root), as ``opener`` is given it."""
         return self.root.root if rel == "" else self.root.resolve(rel)
 
-    def _source(self, rel: str):
+    def _source(self, rel: str, listed: tuple[int, int]):
         path = self.path(rel)
         if self.root.is_local:
             return path
-        return self._opener(path) if self._opener is not None else self.root.filesystem.open_input_file(path)
+        return self._opener(path, listed) if self._opener is not None else self.root.filesystem.open_input_file(path)
 
-    def group_starts(self, rel: str) -> np.ndarray:
-        """First row of each row group of file ``rel``, plus its row count at the end (footer read once)."""
+    def group_starts(self, rel: str, listed: tuple[int, int] = (-1, -1)) -> np.ndarray:
+        """First row of each row group of file ``rel``, plus its row count at the end (footer read once);
+        ``listed``: the file's (size, mtime_ns) as listed, for the opener (-1s: not known)."""
         with self._lock:
             found = self._meta.get(rel)
         if found is None:
-            meta = pq.ParquetFile(self._source(rel)).metadata
+            meta = pq.ParquetFile(self._source(rel, listed)).metadata
             sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
             found = (meta, np.cumsum([0] + sizes))
             with self._lock:
                 self._meta[rel] = found
         return found[1]
 
-    def read_group(self, rel: str, group: int, offsets: list[int]) -> list[bytes | SkipImage]:
+    def read_group(
+        self, rel: str, group: int, offsets: list[int], listed: tuple[int, int] = (-1, -1)
+    ) -> list[bytes | SkipImage]:
         """The cells at ``offsets`` (rows counted from the group's first) of row group ``group``."""
         files = getattr(self._local, "files", None)
         if files is None or len(files) > 64:
             files = self._local.files = {}
         pf = files.get(rel)
         if pf is None:
-            self.group_starts(rel)
-            pf = files[rel] = pq.ParquetFile(self._source(rel), metadata=self._meta[rel][0])
+            self.group_starts(rel, listed)
+            pf = files[rel] = pq.ParquetFile(self._source(rel, listed), metadata=self._meta[rel][0])
         col = pf.read_row_group(group, columns=[self.column]).column(self.column)
         out: list[bytes | SkipImage] = []
         for offset, cell in zip(offsets, col.take(pa.array(offsets, type=pa.int64())).to_pylist(), strict=True):

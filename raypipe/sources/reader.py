@@ -70,9 +70,6 @@ class BlockReader:
         self._store = ""  # the store's name in cache keys, set with _cache
         self._pool: ThreadPoolExecutor | None = None
         self._handles: dict[str, object] = {}
-        # Parquet files' listed (size, mtime_ns) by full path, for the ParquetGroups opener (which is
-        # given a path only); set from each block's rows before its files are opened.
-        self._listed_files: dict[str, tuple[int, int]] = {}
         # Listed cache keys of objects found changed since the listing: read through the HEAD path
         # directly, rather than fetched in full again only to find the size wrong once more.
         self._changed: set[str] = set()
@@ -170,9 +167,7 @@ class BlockReader:
 
         return with_retries(fetch, self.options)
 
-    def _open_cached(self, where: str, listed: tuple[int, int] | None = None):
-        if listed is None:  # the ParquetGroups opener: what the block's rows said of this file
-            listed = self._listed_files.get(where, _UNLISTED)
+    def _open_cached(self, where: str, listed: tuple[int, int] = _UNLISTED):
         return os.fdopen(self._cached_fd(where, listed), "rb")
 
     def read_block(self, rows: Mapping[str, np.ndarray]) -> list[Result]:
@@ -251,17 +246,11 @@ class BlockReader:
         reader = self._parquet
         assert reader is not None
         groups: dict[tuple[str, int], list[int]] = {}
-        if self.cached:
-            if len(self._listed_files) >= _MEMO_MAX:
-                self._listed_files.clear()
-            for rel, i in {str(paths[i]): i for i in todo}.items():  # a row of each file: all carry its stamp
-                try:
-                    self._listed_files[reader.path(rel)] = listed(i)
-                except SkipImage:
-                    pass  # outside the root: group_starts below makes it each of its rows' skip
-        for rel in dict.fromkeys(str(paths[i]) for i in todo):
+        # each file's (size, mtime_ns) as listed, from a row of it (all its rows carry the same)
+        stamps = {str(paths[i]): listed(i) for i in todo}
+        for rel in stamps:
             try:
-                with_retries(lambda rel=rel: reader.group_starts(rel), self.options)
+                with_retries(lambda rel=rel: reader.group_starts(rel, stamps[rel]), self.options)
             except SkipImage as e:
                 for i in todo:
                     if str(paths[i]) == rel:
@@ -284,7 +273,7 @@ class BlockReader:
             first = int(reader.group_starts(rel)[group])
             offsets = [int(rows[i]) - first for i in idx]
             try:
-                return with_retries(lambda: reader.read_group(rel, group, offsets), self.options)
+                return with_retries(lambda: reader.read_group(rel, group, offsets, stamps[rel]), self.options)
             except SkipImage as e:
                 return [e] * len(idx)
             except (OSError, pa.ArrowInvalid) as e:
