@@ -2,8 +2,9 @@
 
 Reads every object under ``s3://bench/folder`` of a ``bench/cloud_input.py`` work folder (or any folder of
 buckets) from ``raypipe.testing.s3server`` in its own process, with ``--threads`` requests in flight from
-one client process (pyarrow's ``S3FileSystem``), first whole objects (``open_input_stream``: a HEAD and a
-GET each), then a HEAD alone::
+one client process, first whole objects through pyarrow's ``S3FileSystem`` (``open_input_stream``: a HEAD
+and a GET each), then a HEAD alone, then whole objects with one GET each as raypipe reads a folder
+(``raypipe.sources.single_get``, obstore)::
 
     python bench/cloud_input.py --images 3000 --epochs 1 --workdir /tmp/cloudbench
     python bench/s3_request_cost.py /tmp/cloudbench/buckets --prefix bench/folder
@@ -48,7 +49,17 @@ def main() -> None:
         def head(path: str) -> int:
             return fs.get_file_info(path).size
 
-        for name, fn in (("HEAD + GET", whole), ("HEAD", head)):
+        from raypipe.sources.single_get import single_get_for
+
+        getter = single_get_for(fs)
+
+        def single(path: str) -> int:
+            return len(getter.read(path))
+
+        contenders = [("HEAD + GET (pyarrow)", whole), ("HEAD (pyarrow)", head)]
+        if getter is not None:
+            contenders.append(("GET (single_get, obstore)", single))
+        for name, fn in contenders:
             s0, c0, t0 = sum(served.cpu_times()[:2]), time.process_time(), time.perf_counter()
             with ThreadPoolExecutor(a.threads) as pool:
                 n = sum(1 for _ in pool.map(fn, paths))

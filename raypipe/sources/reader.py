@@ -11,7 +11,8 @@ How a block is read depends on where it lies:
 - a local root is read sequentially: a file read costs microseconds, and threads would only add
   overhead to the decoding that follows;
 - a remote root keeps up to ``ReadOptions.in_flight`` requests in flight (see ``raypipe.sources.remote``
-  for why, and for the retries), holding one block's bytes at a time;
+  for why, and for the retries), holding one block's bytes at a time; a whole image on S3 is one GET
+  (``raypipe.sources.single_get``), pyarrow's HEAD + GET the fallback;
 - Parquet rows are grouped by (file, row group): each row group a block touches is read once;
 - tar members are grouped by shard: a local shard is opened once per block and its members read with
   ``pread``; remote members that lie close together in a shard are fetched with one ranged request;
@@ -40,6 +41,7 @@ from raypipe.sources.cache import LocalCache, SizeMismatch, local_cache
 from raypipe.sources.parquet import ParquetGroups
 from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.remote import ReadOptions, read_skip, with_retries
+from raypipe.sources.single_get import single_get_for
 
 __all__ = ["BlockReader"]
 
@@ -70,6 +72,8 @@ class BlockReader:
         self._store = ""  # the store's name in cache keys, set with _cache
         self._pool: ThreadPoolExecutor | None = None
         self._handles: dict[str, object] = {}
+        # Whole image objects of an s3:// root with one GET each instead of pyarrow's HEAD + GET
+        self._single_get = single_get_for(root.filesystem) if kind in ("folder", "manifest") else None
         # Listed cache keys of objects found changed since the listing: read through the HEAD path
         # directly, rather than fetched in full again only to find the size wrong once more.
         self._changed: set[str] = set()
@@ -139,7 +143,11 @@ class BlockReader:
         fs, cache, store = self.root.filesystem, self._local_cache(), self._store
 
         def fill(f) -> None:
-            _copy_object(fs, where, f)
+            data = self._get_whole(where)
+            if data is not None:
+                f.write(data)
+            else:
+                _copy_object(fs, where, f)
 
         size, mtime_ns = listed
         if size >= 0 and mtime_ns >= 0:
@@ -236,9 +244,23 @@ class BlockReader:
             if self.cached:
                 with self._open_cached(where, listed) as f:
                     return f.read()
+            data = self._get_whole(where)
+            if data is not None:
+                return data
             return with_retries(lambda: _read_stream(self.root, where), self.options)
         except OSError as e:
             return read_skip(e, path)
+
+    def _get_whole(self, where: str) -> bytes | None:
+        """The object's bytes with a single GET (``raypipe.sources.single_get``), or None: no such path
+        here, or it failed, and the caller reads through pyarrow (with the retries and the skips)."""
+        getter = self._single_get
+        if getter is None or not getter.usable:
+            return None
+        try:
+            return getter.read(where)
+        except Exception:  # noqa: BLE001 - read again through pyarrow, which reports what is wrong
+            return None
 
     # -- Parquet: each row group once per block ---------------------------------------------------
 
