@@ -4,10 +4,11 @@ Object stores answer each request after tens of milliseconds; a reader that wait
 in turn is bound by that latency, not by its CPUs. This server reproduces exactly that on one
 machine: every response waits ``latency_ms`` before its first byte, then streams the file at local
 speed. It costs far less CPU than moto, which models all of S3 and spends enough per request to cap a
-2-core machine well below what raypipe reads: a thread per connection, files sent with ``sendfile``,
-about 0.3 ms of CPU per request from one client connection and twice that with 32 connections sharing
-the interpreter (``python bench/s3_request_cost.py`` prints it). On a small machine that is still CPU
-a real store would not take from the reader: figures taken with it are a floor.
+2-core machine well below what raypipe reads: one thread runs an asyncio loop for every connection
+(threads per connection would spend more on handing the interpreter lock around than on the requests),
+and a response goes out in one write once its latency has passed (``python bench/s3_request_cost.py``
+prints the CPU per request). On a small machine that is still CPU a real store would not take from the
+reader: figures taken with it are a floor.
 
 Each top-level folder of ``root`` is a bucket; ``root/bucket/a/b.jpg`` is object ``a/b.jpg``. What
 pyarrow's ``S3FileSystem`` sends to list, stat, read and write is implemented: ListBuckets,
@@ -27,16 +28,19 @@ S3 client at the printed endpoint (``AWS_ENDPOINT_URL`` is honoured by pyarrow a
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
+import io
 import os
 import shutil
+import socket
 import threading
 import time
 import urllib.parse
 import uuid
 from collections import Counter
 from email.utils import formatdate
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from xml.sax.saxutils import escape
 
 __all__ = ["S3Server"]
@@ -46,7 +50,7 @@ _UPLOADS = ".s3server-uploads"  # per-bucket folder of multipart uploads in prog
 
 
 class S3Server:
-    """``ThreadingHTTPServer`` on 127.0.0.1 (a free port) serving ``root``'s folders as buckets.
+    """An HTTP server on 127.0.0.1 (a free port) serving ``root``'s folders as buckets.
 
     ``latency_ms`` is added before the first byte of every response (changeable while running).
     ``requests`` counts requests by ``(method, action)`` (``"GET", "GetObject"``…), ``log`` keeps the
@@ -64,13 +68,14 @@ class S3Server:
         self.active = self.max_active = 0
         self._log_size = log_size
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _make_handler(self))
-        self._httpd.daemon_threads = True
+        self._handler = _make_handler(self)
+        self._sock = socket.create_server(("127.0.0.1", port), backlog=256)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
-        return self._httpd.server_address[1]
+        return self._sock.getsockname()[1]
 
     @property
     def endpoint(self) -> str:
@@ -78,16 +83,71 @@ class S3Server:
 
     def start(self) -> S3Server:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._httpd.serve_forever, name="s3server", daemon=True)
+            loop = self._loop = asyncio.new_event_loop()
+            started = threading.Event()
+
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                self._server = loop.run_until_complete(asyncio.start_server(self._serve, sock=self._sock))
+                started.set()
+                loop.run_forever()
+
+            self._thread = threading.Thread(target=run, name="s3server", daemon=True)
             self._thread.start()
+            started.wait()
         return self
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._httpd.shutdown()
-            self._thread.join()
-            self._thread = None
-        self._httpd.server_close()
+        loop, thread = self._loop, self._thread
+        if thread is not None and loop is not None:
+
+            async def close() -> None:
+                self._server.close()
+                for task in asyncio.all_tasks():
+                    if task is not asyncio.current_task():
+                        task.cancel()
+
+            asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=10)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
+            self._thread = self._loop = None
+        self._sock.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection: requests one after another (keep-alive), each answered after the latency."""
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, version = (lines[0].split(" ", 2) + ["", ""])[:3]
+                headers = _Headers(line.split(":", 1) for line in lines[1:] if ":" in line)
+                body = await _read_body(reader, headers)
+                handler = self._handler.for_request(method, path, version, headers, body)
+                try:
+                    handler.dispatch()  # counts the request as active (``_enter``) until it is answered
+                except Exception as e:  # noqa: BLE001 - a bug here: the client gets a 500, the server goes on
+                    handler = self._handler.for_request(method, path, version, headers, b"")
+                    handler.close_connection = True
+                    self._enter(method, "InternalError", path, "", "")
+                    handler._error(500, "InternalError", f"{type(e).__name__}: {e}")
+                try:
+                    if self.latency_ms > 0:
+                        await asyncio.sleep(self.latency_ms / 1000.0)
+                    writer.write(handler.wfile.getvalue())
+                    await writer.drain()
+                finally:
+                    self._leave()
+                if handler.close_connection:
+                    return
+        except (ConnectionError, asyncio.CancelledError):
+            return
+        finally:
+            writer.close()
 
     def __enter__(self) -> S3Server:
         return self.start()
@@ -156,11 +216,29 @@ def _iso(ts: float) -> str:
 
 def _make_handler(server: S3Server):
     class Handler(BaseHTTPRequestHandler):
+        """The S3 actions, answering one parsed request into ``wfile`` (the server's loop sends it: one
+        write, after the latency; the TCP_NODELAY it sets keeps a reply from waiting for the client's
+        delayed ACK of an earlier one, ~40 ms on Linux). ``BaseHTTPRequestHandler`` lends the status
+        line and header formatting; its socket handling is not used."""
+
         protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections, as with a real store
         server_version = "raypipe-s3server"
-        # A GET's headers and body go out in two writes; with Nagle's algorithm on, the body waits for
-        # the client's delayed ACK of the headers (~40 ms on Linux), which would add to every GET.
-        disable_nagle_algorithm = True
+
+        @classmethod
+        def for_request(cls, method: str, path: str, version: str, headers, body: bytes) -> Handler:
+            self = cls.__new__(cls)
+            self.command, self.path, self.request_version = method, path, version or "HTTP/1.1"
+            self.requestline = f"{method} {path} {version}"
+            self.headers, self.rfile, self.wfile = headers, io.BytesIO(body), io.BytesIO()
+            self.client_address = ("127.0.0.1", 0)
+            self.close_connection = headers.get("Connection", "").lower() == "close" or version == "HTTP/1.0"
+            return self
+
+        def dispatch(self) -> None:
+            if self.command not in ("GET", "HEAD", "PUT", "POST", "DELETE"):
+                server._enter(self.command, "Unsupported", self.path, "", "")
+                return self._Unsupported("", "", {})
+            self._handle(self.command)
 
         def log_message(self, format, *args):  # noqa: A002 - the base class's name
             pass
@@ -173,10 +251,6 @@ def _make_handler(server: S3Server):
             bucket, _, key = path.lstrip("/").partition("/")
             query = urllib.parse.parse_qs(url.query, keep_blank_values=True)
             return bucket, key, {k: v[0] for k, v in query.items()}, url.query
-
-        def _wait(self) -> None:
-            if server.latency_ms > 0:
-                time.sleep(server.latency_ms / 1000.0)
 
         def _body(self) -> bytes:
             if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -197,7 +271,6 @@ def _make_handler(server: S3Server):
             return data
 
         def _send(self, status: int, body: bytes = b"", headers: dict | None = None, *, head: bool = False) -> None:
-            self._wait()
             self.send_response(status)
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
@@ -218,27 +291,7 @@ def _make_handler(server: S3Server):
             bucket, key, query, raw_query = self._parse()
             action = _action(method, bucket, key, query, self.headers)
             server._enter(method, action, f"/{bucket}/{key}", raw_query, self.headers.get("Range", ""))
-            try:
-                getattr(self, "_" + action)(bucket, key, query)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-            finally:
-                server._leave()
-
-        def do_GET(self):
-            self._handle("GET")
-
-        def do_HEAD(self):
-            self._handle("HEAD")
-
-        def do_PUT(self):
-            self._handle("PUT")
-
-        def do_POST(self):
-            self._handle("POST")
-
-        def do_DELETE(self):
-            self._handle("DELETE")
+            getattr(self, "_" + action)(bucket, key, query)
 
         # -- buckets ----------------------------------------------------------------------------
 
@@ -325,14 +378,12 @@ def _make_handler(server: S3Server):
             length = end - start + 1
             headers["Content-Length"] = str(length)
             try:
-                f = open(path, "rb")  # noqa: SIM115 - closed below, after the body is sent
+                with open(path, "rb") as f:
+                    data = os.pread(f.fileno(), length, start) if length > 0 else b""
             except OSError:
                 return self._error(404, "NoSuchKey", key)
-            with f:
-                self._send(status, headers=headers)
-                if length > 0:
-                    self.wfile.flush()
-                    _send_range(self.connection, f, start, length)
+            self._send(status, headers=headers)
+            self.wfile.write(data)
 
         def _PutObject(self, bucket, key, query):
             base = server._locate(bucket)
@@ -499,17 +550,34 @@ def _range(header: str, size: int) -> tuple[int, int] | None:
     return (start, end) if start < size and start <= end else None
 
 
-def _send_range(sock, f, start: int, length: int) -> None:
-    try:
-        sent = 0
-        while sent < length:
-            n = os.sendfile(sock.fileno(), f.fileno(), start + sent, length - sent)
-            if n == 0:
-                break
-            sent += n
-    except (AttributeError, OSError):  # no sendfile here: copy through user space
-        f.seek(start)
-        sock.sendall(f.read(length))
+class _Headers(dict):
+    """A request's headers, looked up without regard to case (``get`` as on ``email.message.Message``)."""
+
+    def __init__(self, pairs):
+        super().__init__((name.strip().lower(), value.strip()) for name, value in pairs)
+
+    def get(self, name: str, default=None):
+        return super().get(name.lower(), default)
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: _Headers) -> bytes:
+    """A request's body as sent: ``Content-Length`` bytes, or a chunked body up to its end, still chunked
+    (``Handler._body`` decodes it)."""
+    if headers.get("Transfer-Encoding", "").lower() == "chunked":
+        raw = bytearray()
+        while True:
+            line = await reader.readline()
+            raw += line
+            size = int(line.split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while True:
+                    trailer = await reader.readline()
+                    raw += trailer
+                    if trailer in (b"\r\n", b"\n", b""):
+                        return bytes(raw)
+            raw += await reader.readexactly(size + 2)
+    length = int(headers.get("Content-Length") or 0)
+    return await reader.readexactly(length) if length > 0 else b""
 
 
 def _atomic_write(path: str, write) -> None:
