@@ -158,3 +158,27 @@ def test_never_serves_outside_its_root(server, data, tmp_path):
         conn.close()
     finally:
         link.unlink()
+
+
+def test_the_same_prefix_through_another_filesystem_reads_through_that_one(data, tmp_path):
+    """A worker keeps its augmentation stage between tasks; a later pipeline naming the same bucket and
+    prefix through another filesystem (another endpoint here) must read through its own, not the first
+    one's (which, here, is gone)."""
+    from raypipe.config import DecodeConfig
+    from raypipe.stages.augment import StageSpec, augment_block
+
+    def spec_and_rows(server):
+        rows = open_source("s3://bkt/folder", filesystem=server.filesystem())
+        spec = StageSpec(kind=rows.kind, root=rows.root, augment=TrainAugment(input_size=24), decode=DecodeConfig(),
+                         seed=0, epoch=0)  # fmt: skip
+        return spec, {k: v[:8] for k, v in _batch(rows).items()}
+
+    with S3Server(data) as first:
+        spec, rows = spec_and_rows(first)
+        assert augment_block(rows, spec)["ok"].all()
+    with S3Server(data) as second:  # another port; the first server has stopped
+        spec, rows = spec_and_rows(second)
+        second.reset_counts()
+        out = augment_block(rows, spec)
+        assert out["ok"].all(), list(out["detail"])
+        assert second.count("GetObject") == 8

@@ -156,9 +156,21 @@ _STAGES: dict[tuple, AugmentStage] = {}
 
 def augment_block(batch: dict[str, np.ndarray], spec: StageSpec) -> dict[str, np.ndarray]:
     stage = _STAGES.get(spec.reuse_key)
-    if stage is None:
+    # The same bucket and prefix may be read through another filesystem (another endpoint or
+    # credentials) by a later pipeline of the same job: its stage reads through its own. (pyarrow
+    # filesystems compare by their options but do not hash, so they are checked here, not keyed.)
+    if stage is None or not _same_filesystem(stage.spec.root.filesystem, spec.root.filesystem):
         if len(_STAGES) > 8:
             _STAGES.clear()
         stage = _STAGES[spec.reuse_key] = AugmentStage(spec)
     stage.spec = spec  # same transform and reader; this epoch's seed
     return stage(batch)
+
+
+def _same_filesystem(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    try:
+        return a is b or bool(a.equals(b))
+    except Exception:  # noqa: BLE001 - a filesystem that cannot compare itself: a stage of its own
+        return False
