@@ -109,22 +109,28 @@ class BlockReader:
             self._cache = local_cache(self.options.cache)  # type: ignore[arg-type]
         return self._cache
 
-    def _cache_hit(self, path: str, listed: tuple[int, int]) -> Result | None:
-        """The bytes of ``path`` when the cache holds the object as listed (or the skip of a path outside
-        the root); None when the store must be asked (a miss, an unlisted object, a changed one)."""
+    def _listed_key(self, where: str, listed: tuple[int, int]) -> str | None:
+        """The cache key of object ``where`` as the listing saw it, or None: the listing did not describe
+        it (-1s), or it was found changed since."""
         size, mtime_ns = listed
         if size < 0 or mtime_ns < 0:
             return None
+        self._local_cache()  # sets the store's name
+        key = LocalCache.key(self._store, where, size, mtime_ns)
+        return None if key in self._changed else key
+
+    def _cache_hit(self, path: str, listed: tuple[int, int]) -> Result | None:
+        """The bytes of ``path`` when the cache holds the object as listed (or the skip of a path outside
+        the root); None when the store must be asked (a miss, an unlisted object, a changed one)."""
         try:
             where = self.root.resolve(path)
         except SkipImage as e:
             return e
-        cache = self._local_cache()
-        key = LocalCache.key(self._store, where, size, mtime_ns)
-        if key in self._changed:
+        key = self._listed_key(where, listed)
+        if key is None:
             return None
         try:
-            fd = cache.open(key, size)
+            fd = self._local_cache().open(key, listed[0])
         except OSError:
             return None
         if fd is None:
@@ -149,20 +155,18 @@ class BlockReader:
             else:
                 _copy_object(fs, where, f)
 
-        size, mtime_ns = listed
-        if size >= 0 and mtime_ns >= 0:
-            key = LocalCache.key(store, where, size, mtime_ns)
-            if key not in self._changed:
-                try:
-                    # A hit opens the local entry: no request. A miss fetches the object and keeps it
-                    # only if it brought the listed size.
-                    return with_retries(lambda: cache.get(key, size, fill), self.options)
-                except SizeMismatch:
-                    # Changed since the listing: keyed below by what the store says now, so the read
-                    # returns what it holds now.
-                    if len(self._changed) >= _MEMO_MAX:
-                        self._changed.clear()
-                    self._changed.add(key)
+        key = self._listed_key(where, listed)
+        if key is not None:
+            try:
+                # A hit opens the local entry: no request. A miss fetches the object and keeps it
+                # only if it brought the listed size.
+                return with_retries(lambda: cache.get(key, listed[0], fill), self.options)
+            except SizeMismatch:
+                # Changed since the listing: keyed below by what the store says now, so the read
+                # returns what it holds now.
+                if len(self._changed) >= _MEMO_MAX:
+                    self._changed.clear()
+                self._changed.add(key)
 
         def fetch() -> int:
             info = fs.get_file_info(where)
