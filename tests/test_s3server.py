@@ -182,3 +182,21 @@ def test_the_same_prefix_through_another_filesystem_reads_through_that_one(data,
         out = augment_block(rows, spec)
         assert out["ok"].all(), list(out["detail"])
         assert second.count("GetObject") == 8
+
+
+def test_a_chunked_body_and_an_unknown_method(tmp_path):
+    """A body sent with ``Transfer-Encoding: chunked`` is stored as its data; a method S3 does not have is
+    a 501 on a connection that goes on serving."""
+    (tmp_path / "bkt").mkdir()
+    with S3Server(tmp_path) as s:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+        conn.request("PUT", "/bkt/a.bin", body=iter([b"hello ", b"chunked ", b"world"]), encode_chunked=True)
+        assert conn.getresponse().status == 200
+        conn.request("OPTIONS", "/bkt/a.bin")
+        response = conn.getresponse()
+        assert response.status == 501 and b"NotImplemented" in response.read()
+        conn.request("GET", "/bkt/a.bin")
+        assert conn.getresponse().read() == b"hello chunked world"
+        conn.close()
+        assert s.count("Unsupported") == 1
+    assert (tmp_path / "bkt" / "a.bin").read_bytes() == b"hello chunked world"

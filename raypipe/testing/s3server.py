@@ -2,11 +2,11 @@
 
 Object stores answer each request after tens of milliseconds; a reader that waits for each answer
 in turn is bound by that latency, not by its CPUs. This server reproduces exactly that on one
-machine: every response waits ``latency_ms`` before its first byte, then streams the file at local
-speed. It costs far less CPU than moto, which models all of S3 and spends enough per request to cap a
-2-core machine well below what raypipe reads: one thread runs an asyncio loop for every connection
-(threads per connection would spend more on handing the interpreter lock around than on the requests),
-and a response goes out in one write once its latency has passed (``python bench/s3_request_cost.py``
+machine: every response waits ``latency_ms`` before its first byte, then comes at local speed. It
+costs far less CPU than moto, which models all of S3 and spends enough per request to cap a 2-core
+machine well below what raypipe reads: one thread runs an asyncio loop for every connection (threads
+per connection would spend more on handing the interpreter lock around than on the requests), and a
+response goes out in one write once its latency has passed (``python bench/s3_request_cost.py``
 prints the CPU per request). On a small machine that is still CPU a real store would not take from the
 reader: figures taken with it are a floor.
 
@@ -129,7 +129,7 @@ class S3Server:
                 body = await _read_body(reader, headers)
                 handler = self._handler.for_request(method, path, version, headers, body)
                 try:
-                    handler.dispatch()  # counts the request as active (``_enter``) until it is answered
+                    handler.answer()  # counts the request as active (``_enter``) until it is sent
                 except Exception as e:  # noqa: BLE001 - a bug here: the client gets a 500, the server goes on
                     handler = self._handler.for_request(method, path, version, headers, b"")
                     handler.close_connection = True
@@ -234,12 +234,6 @@ def _make_handler(server: S3Server):
             self.close_connection = headers.get("Connection", "").lower() == "close" or version == "HTTP/1.0"
             return self
 
-        def dispatch(self) -> None:
-            if self.command not in ("GET", "HEAD", "PUT", "POST", "DELETE"):
-                server._enter(self.command, "Unsupported", self.path, "", "")
-                return self._Unsupported("", "", {})
-            self._handle(self.command)
-
         def log_message(self, format, *args):  # noqa: A002 - the base class's name
             pass
 
@@ -253,19 +247,7 @@ def _make_handler(server: S3Server):
             return bucket, key, {k: v[0] for k, v in query.items()}, url.query
 
         def _body(self) -> bytes:
-            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                out = bytearray()
-                while True:
-                    size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                    if size == 0:
-                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                            pass
-                        break
-                    out += self.rfile.read(size)
-                    self.rfile.readline()
-                data = bytes(out)
-            else:
-                data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            data = self.rfile.read()  # the body as the loop read it (``_read_body``: chunking undone)
             if "aws-chunked" in self.headers.get("Content-Encoding", ""):
                 data = _decode_aws_chunked(data)
             return data
@@ -287,10 +269,10 @@ def _make_handler(server: S3Server):
                     f"</Message><RequestId>0</RequestId></Error>").encode()  # fmt: skip
             self._send(status, body, head=head)
 
-        def _handle(self, method: str) -> None:
+        def answer(self) -> None:
             bucket, key, query, raw_query = self._parse()
-            action = _action(method, bucket, key, query, self.headers)
-            server._enter(method, action, f"/{bucket}/{key}", raw_query, self.headers.get("Range", ""))
+            action = _action(self.command, bucket, key, query, self.headers)
+            server._enter(self.command, action, f"/{bucket}/{key}", raw_query, self.headers.get("Range", ""))
             getattr(self, "_" + action)(bucket, key, query)
 
         # -- buckets ----------------------------------------------------------------------------
@@ -561,21 +543,18 @@ class _Headers(dict):
 
 
 async def _read_body(reader: asyncio.StreamReader, headers: _Headers) -> bytes:
-    """A request's body as sent: ``Content-Length`` bytes, or a chunked body up to its end, still chunked
-    (``Handler._body`` decodes it)."""
+    """A request's body: ``Content-Length`` bytes, or a chunked body's data up to its end (trailers read
+    and dropped)."""
     if headers.get("Transfer-Encoding", "").lower() == "chunked":
-        raw = bytearray()
+        data = bytearray()
         while True:
-            line = await reader.readline()
-            raw += line
-            size = int(line.split(b";")[0].strip() or b"0", 16)
+            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
             if size == 0:
-                while True:
-                    trailer = await reader.readline()
-                    raw += trailer
-                    if trailer in (b"\r\n", b"\n", b""):
-                        return bytes(raw)
-            raw += await reader.readexactly(size + 2)
+                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    pass
+                return bytes(data)
+            data += await reader.readexactly(size)
+            await reader.readline()  # the CRLF after the chunk
     length = int(headers.get("Content-Length") or 0)
     return await reader.readexactly(length) if length > 0 else b""
 
