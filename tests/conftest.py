@@ -34,11 +34,17 @@ def pytest_pyfunc_call(pyfuncitem):
     """Run tests marked ``isolated`` in a child pytest process.
 
     Multi-node tests start and stop a ``ray.cluster_utils.Cluster``; when its GCS goes away, a Ray
-    client thread left in the process can end the whole interpreter (seen once: pytest exited 1 with
-    no report). In a child process that can only fail the one test.
+    client thread left in the process can end the whole interpreter (pytest exits 1 with no report).
+    In a child process that can only fail the one test. The parent's own Ray is shut down first (the
+    next test that needs it starts a new one): a driver whose Ray dies under it also ends the whole
+    interpreter, and a second Ray session beside a child's cluster on a small machine is where that
+    has happened (CI's pytest exited 1 with no report right after the Ray Train recipe's child).
     """
     if "isolated" not in pyfuncitem.keywords or os.environ.get("RAYPIPE_ISOLATED_CHILD"):
         return None
+    import ray
+
+    ray.shutdown()
     env = dict(os.environ, RAYPIPE_ISOLATED_CHILD="1")
     cmd = [sys.executable, "-m", "pytest", pyfuncitem.nodeid, "-q", "-p", "no:cacheprovider", "--rootdir",
            str(pyfuncitem.config.rootpath)]
