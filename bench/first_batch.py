@@ -4,7 +4,9 @@ out of a ``DeviceLoader`` on the CPU (a fresh worker's start, the first chunk, t
 
     python bench/first_batch.py /tmp/photo4k
 
-``raypipe bench`` reports the total as the first batch of its raypipe row, beside timm's.
+This is the path that waits for Ray (``connect()``, a ``FeederSource``). ``raypipe bench`` reports the
+first batch of the timm drop-in, which starts Ray in the background and makes its first chunks in the
+trainer's process meanwhile, beside timm's.
 """
 
 from __future__ import annotations

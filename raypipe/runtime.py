@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import socket
+import threading
 import warnings
 
 import ray
 
 from raypipe import timeouts
+from raypipe.ray_logs import quiet_ray_startup
 
 __all__ = [
     "connect",
+    "starting",
+    "wait_connected",
     "tune_consumer_process",
     "worker_pool_env",
     "check_ray_address",
@@ -24,16 +29,97 @@ __all__ = [
 
 
 def connect(
-    *, num_cpus: int | None = None, object_store_memory: int | None = None, quiet: bool = True, dashboard: bool = False
+    *,
+    num_cpus: int | None = None,
+    object_store_memory: int | None = None,
+    quiet: bool = True,
+    dashboard: bool = False,
+    wait: bool = True,
 ) -> None:
     """``ray.init`` once: joins ``RAY_ADDRESS`` (set by ``ray job submit``; ``RAY_ADDRESS=auto`` joins a
     cluster started with ``ray start`` on this machine), else starts a private local Ray, with the
     dashboard (on 127.0.0.1) only when ``dashboard``: Ray Train needs it, as its placement-group cleaner
     asks the State API, which the dashboard serves, whether the train controller still lives (without
     it the cleaner warns every few seconds and cannot clean up). Never joins some other local cluster by
-    accident (Ray's bare ``ray.init()`` would). Token auth is Ray's default in 2.60 and is left on."""
+    accident (Ray's bare ``ray.init()`` would). Token auth is Ray's default in 2.60 and is left on.
+
+    ``wait=False`` returns at once and connects on a background thread: a local Ray takes seconds to
+    start, and raypipe's streams make their first chunks in this process meanwhile (``starting``), so
+    a trainer has its first batches before the cluster is up. Until ``wait_connected()`` returns, this
+    process must not call Ray itself (Ray would start a second cluster of its own)."""
+    global _START
+    if _START is not None:
+        if not _START.done.is_set():
+            if wait:
+                wait_connected()
+            return
+        _START = None  # finished: connected (below, a no-op) or failed (tried again)
     if ray.is_initialized():
         return
+    if wait:
+        _connect_now(num_cpus=num_cpus, object_store_memory=object_store_memory, quiet=quiet, dashboard=dashboard)
+        return
+    _START = _BackgroundStart(
+        dict(num_cpus=num_cpus, object_store_memory=object_store_memory, quiet=quiet, dashboard=dashboard)
+    )
+
+
+def starting() -> bool:
+    """Whether a ``connect(wait=False)`` is still under way. Raises its error once it has failed."""
+    start = _START
+    if start is None:
+        return False
+    if not start.done.is_set():
+        return True
+    if start.error is not None:
+        raise start.error  # its own type: a caller tells an unreachable RAY_ADDRESS from a bug, as after connect()
+    return False
+
+
+def wait_connected(timeout_s: float | None = None) -> None:
+    """Block until a ``connect(wait=False)`` has finished (at once when none is under way); raises its
+    error, or ``TimeoutError`` after ``timeout_s``."""
+    start = _START
+    if start is not None and not start.done.wait(timeout_s):
+        raise TimeoutError(f"Ray did not start within {timeout_s} s")
+    starting()
+
+
+class _BackgroundStart:
+    """``connect`` on a thread that then stays parked for the life of the process. It must outlive the
+    start: the Ray processes a local ``ray.init`` starts are told by the kernel to die with the thread
+    that started them (Linux's parent-death signal follows the thread, not the process)."""
+
+    def __init__(self, kwargs: dict):
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, args=(kwargs,), name="raypipe-connect", daemon=True).start()
+        atexit.register(self._end_with_process)
+
+    def _end_with_process(self) -> None:
+        """A process that ends while its Ray is still starting (an error in the trainer's set-up) waits
+        for the start, then shuts Ray down: stopped half-way, Ray's agents would outlive the process."""
+        if self.done.wait(60.0) and ray.is_initialized():  # a start takes seconds; a minute bounds a stuck one
+            ray.shutdown()
+
+    def _run(self, kwargs: dict) -> None:
+        # Quiet as the CLI's start is: these messages would land in the middle of the trainer's output.
+        # (Among them, that Ray cannot set its SIGTERM handler off the main thread: that handler only
+        # turns SIGTERM into an exit, and a terminated driver takes its local Ray down with it anyway.)
+        try:
+            with quiet_ray_startup(verbose=not kwargs["quiet"]):
+                _connect_now(**kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for the cluster
+            self.error = exc
+        finally:
+            self.done.set()
+        threading.Event().wait()  # parked: see the class doc
+
+
+_START: _BackgroundStart | None = None
+
+
+def _connect_now(*, num_cpus: int | None, object_store_memory: int | None, quiet: bool, dashboard: bool) -> None:
     kwargs: dict = {"logging_level": logging.WARNING if quiet else logging.INFO, "log_to_driver": True}
     if os.environ.get("RAY_ADDRESS"):
         check_ray_address(os.environ["RAY_ADDRESS"])

@@ -44,6 +44,9 @@ def pytest_pyfunc_call(pyfuncitem):
         return None
     import ray
 
+    from raypipe.runtime import wait_connected
+
+    wait_connected(120)  # not shut down half-way through a background start
     ray.shutdown()
     env = dict(os.environ, RAYPIPE_ISOLATED_CHILD="1")
     cmd = [sys.executable, "-m", "pytest", pyfuncitem.nodeid, "-q", "-p", "no:cacheprovider", "--rootdir",
@@ -72,8 +75,9 @@ def ray_local():
     """A local 2-CPU Ray with no dashboard; kept across tests, restarted if a test shut it down."""
     import ray
 
-    from raypipe.runtime import worker_pool_env
+    from raypipe.runtime import wait_connected, worker_pool_env
 
+    wait_connected(120)  # a background start an earlier test's loader left under way: never two ray.init at once
     if not ray.is_initialized():
         for key, value in worker_pool_env(2).items():  # as raypipe.runtime.connect starts one
             os.environ.setdefault(key, value)

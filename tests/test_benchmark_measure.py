@@ -140,7 +140,7 @@ def test_every_loader_that_feeds_a_trainer_gives_normalised_fp32_nchw(ray_local,
     contenders.raypipe_pipeline(str(sample_dir), aug, batch_size=8, epochs=1)
     contenders.timm_loader(str(sample_dir), aug, batch_size=8, epochs=1, workers=1)
     contenders.naive_ray_data(str(sample_dir), aug, batch_size=8, epochs=1)
-    images = {"raypipe": got["raypipe"]["image"], "timm": got["timm (1 workers)"][0],
+    images = {"raypipe": got["raypipe"][0], "timm": got["timm (1 workers)"][0],
               "naive": got["naive Ray Data"]["image"]}  # fmt: skip
     for name, x in images.items():
         assert str(x.dtype) == "torch.float32", name

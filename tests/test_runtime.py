@@ -4,6 +4,7 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -125,3 +126,103 @@ def test_a_refused_priority_change_warns_and_the_stage_still_runs(monkeypatch):
     with pytest.warns(RuntimeWarning, match="could not take niceness 0 and SCHED_IDLE"):
         assert call_at_niceness(0, lambda x: x * 2, 21, sched_idle=True) == 42
     assert call_at_niceness(0, lambda x: x + 1, 1, sched_idle=True) == 2  # the pool stays usable
+
+
+_FIRST_EPOCH_BEFORE_RAY = """
+import threading, sys
+import numpy as np, ray, torch
+from raypipe import runtime
+from raypipe.timm import create_loader
+
+gate, connect_now = threading.Event(), runtime._connect_now
+runtime._connect_now = lambda **kw: (gate.wait(), connect_now(**kw))  # the cluster starts when the test says
+data = sys.argv[1]
+loader = create_loader(data, (3, 32, 32), 6, is_training=True, device=torch.device("cpu"), color_jitter=None)
+assert runtime.starting() and not ray.is_initialized()
+first = [(x.numpy().copy(), y.numpy().copy()) for x, y in loader]  # epoch 0, all of it before Ray is up
+assert runtime.starting() and not ray.is_initialized()
+made_here = loader.source._stream.local_chunks
+gate.set()
+runtime.wait_connected(120)
+second = [y.numpy().copy() for _, y in loader]  # epoch 1, from Ray's tasks
+assert loader.source._stream.local_chunks == made_here
+loader.close()
+again = create_loader(data, (3, 32, 32), 6, is_training=True, device=torch.device("cpu"), color_jitter=None)
+same = [(x.numpy(), y.numpy()) for x, y in again]  # epoch 0 again, now made by Ray's tasks
+again.close()
+assert len(first) == len(same) == len(second) == 3
+assert all(np.array_equal(a, c) and np.array_equal(b, d) for (a, b), (c, d) in zip(first, same))
+print("made here", made_here)
+ray.shutdown()
+"""
+
+
+def test_a_loader_has_its_first_epoch_before_ray_is_up_and_the_same_batches(tmp_path):
+    from raypipe.sample_data import write_sample_data
+
+    write_sample_data(tmp_path, classes=2, per_class=9, seed=2)  # 18 images: 3 full batches of 6
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, "-c", _FIRST_EPOCH_BEFORE_RAY, str(tmp_path)], capture_output=True,
+                         text=True, env=env, timeout=240)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert int(out.stdout.split()[-1]) >= 1
+
+
+def test_a_failed_background_start_is_raised_where_the_cluster_is_needed(monkeypatch):
+    import raypipe.runtime as runtime
+
+    def refuse(**kwargs):
+        raise ConnectionError("no such cluster")
+
+    monkeypatch.setattr(runtime, "_START", None)
+    monkeypatch.setattr(runtime, "_connect_now", refuse)
+    runtime.connect(wait=False)
+    with pytest.raises(ConnectionError, match="no such cluster"):  # its own type, as connect() raises it
+        runtime.wait_connected(30)
+    with pytest.raises(ConnectionError, match="no such cluster"):
+        runtime.starting()  # what a stream asks before each chunk
+    tried = []
+    monkeypatch.setattr(runtime, "_connect_now", lambda **kwargs: tried.append(kwargs))
+    monkeypatch.setattr(runtime.ray, "is_initialized", lambda: False)  # whatever Ray this test session has
+    runtime.connect()  # a later call tries again, and the failed start is no longer reported
+    assert len(tried) == 1 and runtime.starting() is False
+
+
+_END_WHILE_RAY_STARTS = """
+import sys, time
+from raypipe import runtime
+runtime.connect(wait=False)
+time.sleep(float(sys.argv[1]))  # the trainer's set-up fails while Ray is still starting
+raise SystemExit("bad data path")
+"""
+
+
+@pytest.mark.parametrize("after_s", [0.0, 3.0])
+def test_a_process_that_ends_while_ray_starts_leaves_no_ray_process_behind(after_s):
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen([sys.executable, "-c", _END_WHILE_RAY_STARTS, str(after_s)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 1 and "bad data path" in err
+    # Ray's session directory ends with the driver's pid; its processes keep their logs there open
+    # (their command lines are renamed, so the files are what shows whose they are).
+    tag = f"_{proc.pid}/"
+
+    def of_the_script() -> list[int]:
+        found = []
+        for other in psutil.process_iter():
+            try:
+                if any("/session_" in f.path and tag in f.path for f in other.open_files()):
+                    found.append(other.pid)
+            except (psutil.Error, OSError):
+                pass
+        return found
+
+    deadline = time.monotonic() + 15  # processes told to stop may take a moment to go
+    while (left := of_the_script()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:  # do not leave them to the rest of the run, then fail
+        psutil.Process(pid).kill()
+    assert not left

@@ -171,3 +171,24 @@ def test_two_ranks_on_a_two_node_cluster_share_it(sample_dir):
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_chunks_made_here_while_the_cluster_starts_are_the_tasks_chunks(ray_local, sample_dir, monkeypatch):
+    import raypipe.runtime
+
+    def batches(starting_calls: int):
+        calls = []
+        monkeypatch.setattr(raypipe.runtime, "starting", lambda: calls.append(1) or len(calls) <= starting_calls)
+        pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5, seed=3),
+                        execution=ExecutionConfig(chunk_rows=7, num_tasks=2))  # fmt: skip
+        source = EpochSource(pipe, end_epoch=2)
+        out = [[(b["sample_id"].tolist(), b["image"].tobytes()) for b in source] for _ in range(2)]
+        local = source._stream.local_chunks
+        source.close()
+        return out, local
+
+    reference, none_here = batches(0)
+    started_late, here = batches(3)
+    assert (none_here, here) == (0, 3)  # 48 rows in chunks of 7: 7 chunks an epoch, the first 3 made here
+    assert started_late == reference  # the same rows, order and pixels either way
+    assert all(sorted(i for ids, _ in epoch for i in ids) == list(range(48)) for epoch in started_late)

@@ -5,9 +5,10 @@ all their worker processes run at the same priority (niceness 0, the default):
 
 1. decode limit — libjpeg-turbo full decode only (simplejpeg), one process, rate × cores;
 2. raypipe kernel — our decode + augment in one process (per core);
-3. raypipe — the README's Python API: ``FeederSource`` -> ``DeviceLoader`` (CPU, fp32), workers at
-   niceness 0 (``ExecutionConfig(worker_nice=0)``);
-4. raypipe packed — the uint8 batches a GPU trainer receives, before the device side;
+3. raypipe — the timm drop-in, ``raypipe.timm.create_loader``, called with timm's row's arguments
+   (CPU, fp32; it starts Ray in the background and makes the first chunks in its own process while
+   Ray starts), workers at niceness 0 (``ExecutionConfig(worker_nice=0)``);
+4. raypipe packed — ``EpochSource``: the uint8 batches a GPU trainer receives, before the device side;
 5. timm — ``create_loader(is_training=True, use_prefetcher=True, num_workers=N, persistent_workers=True)``
    for each N asked (``raypipe bench`` tries 1x and 2x the cores);
 6. naive Ray Data — ``read_binary_files`` + timm's transform in ``map_batches`` + ``iter_torch_batches``,
@@ -67,34 +68,34 @@ def kernel_per_core(files: list[bytes], aug: TrainAugment) -> Result:
 
 def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: int, device_side: bool = True,
                      started: float | None = None) -> Result:  # fmt: skip
-    """The README's API into a CPU DeviceLoader, or (``device_side=False``) the packed uint8 batches as a
-    GPU trainer receives them, before the device side (which a GPU machine runs on the GPU)."""
+    """The timm drop-in with the timm row's arguments, or (``device_side=False``) the packed uint8 batches
+    as a GPU trainer receives them, before the device side (which a GPU machine runs on the GPU)."""
+    import torch
+
     from raypipe.config import ExecutionConfig
-    from raypipe.device import DeviceLoader
-    from raypipe.pipeline import EpochSource, FeederSource, Pipeline
+    from raypipe.pipeline import EpochSource, Pipeline
+    from raypipe.timm import create_loader
 
     # Workers at the default priority, as timm's and Ray Data's are.
-    pipe = Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size),
-                    execution=ExecutionConfig(worker_nice=0, worker_sched_idle=False))  # fmt: skip
+    execution = ExecutionConfig(worker_nice=0, worker_sched_idle=False)
     # One stream for all epochs: each epoch's first chunks run while the previous one's last are packed,
     # as in a training run; the last measured epoch starts chunks of an epoch nobody reads (close()).
     if device_side:
-        loader = DeviceLoader.from_timm(FeederSource(pipe, end_epoch=epochs + 1), device="cpu", img_dtype="float32")
+        loader = create_loader(data, batch_size=batch_size, is_training=True, use_prefetcher=True,
+                               device=torch.device("cpu"), execution=execution, **_timm_kwargs(aug))  # fmt: skip
     else:
-        loader = EpochSource(pipe, end_epoch=epochs + 1)
-
-    def make_epoch(epoch: int):
-        return loader
+        loader = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size), execution=execution),
+                             end_epoch=epochs + 1)  # fmt: skip
 
     try:
         return measure_epochs(
             "raypipe" if device_side else "raypipe packed",
-            make_epoch,
+            lambda epoch: loader,
             epochs=epochs,
-            count=lambda b: int(b["image"].shape[0]),
+            count=(lambda b: int(b[0].shape[0])) if device_side else (lambda b: int(b["image"].shape[0])),
             object_store=True,
-            note="FeederSource -> DeviceLoader(cpu, fp32), workers at niceness 0" if device_side
-            else "EpochSource: exact uint8 batches, no device side",
+            note="raypipe.timm.create_loader(timm's arguments, device=cpu), fp32, workers at niceness 0"
+            if device_side else "EpochSource: exact uint8 batches, no device side",
             started=started,
         )
     finally:

@@ -104,6 +104,7 @@ def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
     import torch  # noqa: F401 - imported before the clock starts, as in a training script
 
     from raypipe.benchmark import contenders  # noqa: F401 - the same: module imports are not the loader's
+    from raypipe.integrations import timm as _timm_dropin  # noqa: F401
     from raypipe.pipeline import feeder, pipeline  # noqa: F401
 
     if name in ("timm", "naive"):
@@ -119,8 +120,10 @@ def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
     if name != "timm":
         from raypipe.runtime import connect
 
+        # raypipe's own rows start Ray in the background and make their first chunks here meanwhile, as
+        # the timm drop-in does by itself; Ray Data needs its cluster before anything else.
         with quiet_ray_startup(settings.get("verbose", False)):
-            connect(quiet=not settings.get("verbose", False))
+            connect(quiet=not settings.get("verbose", False), wait=name == "naive")
     try:
         return _run_one(name, aug, argparse.Namespace(**settings), [], cores, started=started)
     except Exception as e:  # Ray's exception classes do not pickle back to the parent: send the text

@@ -58,7 +58,9 @@ def main(args: argparse.Namespace) -> int:
     from raypipe.pipeline.pipeline import EpochSource, Pipeline
     from raypipe.runtime import process_memory_mb, tune_consumer_process
 
-    connect_quietly(args, object_store_memory=args.object_store_mb * 2**20 if args.object_store_mb else None)
+    # In the background: the first chunks are made here while Ray starts (raypipe.pipeline.stream).
+    connect_quietly(args, object_store_memory=args.object_store_mb * 2**20 if args.object_store_mb else None,
+                    wait=False)  # fmt: skip
     tune_consumer_process()
     augment = cfg["eval"] if args.eval else cfg["augment"]
     pipe = Pipeline(rows, augment, config=cfg["pipeline"], execution=cfg["execution"], decode=cfg["decode"],

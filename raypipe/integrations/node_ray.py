@@ -36,20 +36,22 @@ def node_key() -> str:
     return f"group-{group}" if group is not None else f"host-{socket.gethostname()}"
 
 
-def connect_node(*, local_rank: int | None = None, num_cpus: int | None = None) -> str:
+def connect_node(*, local_rank: int | None = None, num_cpus: int | None = None, wait: bool = True) -> str | None:
     """Connect this process to its node's Ray (see the module doc) and return the cluster's GCS address.
 
-    Without an initialised ``torch.distributed`` (or with one process) this is ``raypipe.runtime.connect()``.
-    ``local_rank``: this process's rank on its node (default: torchrun's ``LOCAL_RANK``).
+    Without an initialised ``torch.distributed`` (or with one process) this is ``raypipe.runtime.connect()``,
+    and ``wait=False`` is passed on to it (the address is then None: the cluster is still starting).
+    The ranks of a node always wait, as they exchange the address. ``local_rank``: this process's rank
+    on its node (default: torchrun's ``LOCAL_RANK``).
     """
-    from raypipe.runtime import connect
+    from raypipe.runtime import connect, starting
 
-    if ray.is_initialized():
+    if ray.is_initialized() and not starting():
         return ray.get_runtime_context().gcs_address
     several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     if os.environ.get("RAY_ADDRESS") or not several:
-        connect(num_cpus=num_cpus)
-        return ray.get_runtime_context().gcs_address
+        connect(num_cpus=num_cpus, wait=wait)
+        return ray.get_runtime_context().gcs_address if wait else None
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
     head = None

@@ -167,7 +167,9 @@ def create_loader(
     from raypipe.integrations.node_ray import connect_node
     from raypipe.pipeline import Pipeline
 
-    connect_node()
+    # One process: Ray starts in the background, and the first chunks are made here meanwhile
+    # (raypipe.pipeline.stream), so the first batch does not wait for a cluster, as timm's does not.
+    connect_node(wait=world_size > 1)
     erasing = is_training and not no_aug  # timm's PrefetchLoader erases only then
     device_kwargs = dict(
         device=device, img_dtype=torch.float16 if fp16 else img_dtype, mean=tuple(mean), std=tuple(std),

@@ -97,7 +97,9 @@ class FeederSource:
         if prefetch < 1:
             raise ValueError(f"prefetch={prefetch}: expected >= 1")
         from raypipe.pipeline.pipeline import check_task_fits
+        from raypipe.runtime import wait_connected
 
+        wait_connected()  # the feeder is a Ray actor: it needs the cluster (connect(wait=False) may be starting it)
         check_task_fits(pipeline.execution)  # here, where the cluster was started (the feeder cannot tell)
         self.pipeline = pipeline
         self.rank = rank

@@ -108,13 +108,16 @@ class Pipeline:
     ) -> ChunkStream:  # fmt: skip
         """This rank's chunks of epochs ``start_epoch`` … ``end_epoch`` (exclusive; None: no end)."""
         ex = self.execution
-        check_task_fits(ex)
         options: dict = {"num_cpus": ex.cpus_per_task}
         if ex.resources:
             options["resources"] = dict(ex.resources)
+
+        def cluster_budget() -> RankBudget:  # asked once the cluster is up, then again as it changes
+            check_task_fits(ex)
+            return self.budget(world_size=world_size, reserved_cpus=reserved_cpus)
+
         return ChunkStream(
-            self.columns(), self.plan(rank, world_size), self.stage_spec,
-            lambda: self.budget(world_size=world_size, reserved_cpus=reserved_cpus), options,
+            self.columns(), self.plan(rank, world_size), self.stage_spec, cluster_budget, options,
             start_epoch=start_epoch, end_epoch=end_epoch,
         )  # fmt: skip
 

@@ -14,6 +14,11 @@ once: the object store a rank may fill (``in_flight`` chunks), how far the worke
 consumer, and how long a slow chunk can hold the others (they finish and wait; nothing new starts).
 Taking results in order also makes batch composition a function of the seed alone.
 
+Before the cluster is up (``raypipe.connect(wait=False)`` still starting it), the consumer runs the
+next chunk's stage itself, in this process: the same function on the same rows, so the same output,
+and the trainer has its first batches while Ray starts. Once the cluster is up, the chunks that are
+left go to Ray tasks as above.
+
 Why plain Ray tasks and not a Ray Data execution: a Ray Data ``Dataset`` plans one input task per
 block before it starts (milliseconds each: a hundred epochs of an ImageNet shard cost minutes up
 front), and its iterator hands blocks out in completion order, so a stalled block would let the
@@ -24,6 +29,7 @@ window have neither problem, and need nothing beyond Ray's public core API.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import ray
 
+from raypipe import runtime
 from raypipe.pipeline.budget import RankBudget
 from raypipe.pipeline.order import RankPlan
 from raypipe.stages.augment import StageSpec, augment_block
@@ -83,9 +90,10 @@ class ChunkStream:
         self._plan = plan
         self._spec_for_epoch = spec_for_epoch
         self._budget_fn = budget
-        self.budget = budget()
-        self._budget_at = time.monotonic()
-        self._task = _augment_chunk.options(**task_options)
+        self.budget: RankBudget | None = None  # taken from the cluster once it is up
+        self._budget_at = 0.0
+        self._task = _augment_chunk.options(**task_options)  # a wrapper: needs no cluster yet
+        self.local_chunks = 0  # chunks this process made itself while the cluster was starting
         self._pending: collections.deque = collections.deque()  # (epoch, index, last, rows, ref)
         self._todo = self._chunks(start_epoch, end_epoch)
         self._closed = False
@@ -101,7 +109,7 @@ class ChunkStream:
             epoch += 1
 
     def _submit(self) -> None:
-        if time.monotonic() - self._budget_at > BUDGET_REFRESH_S:
+        if self.budget is None or time.monotonic() - self._budget_at > BUDGET_REFRESH_S:
             self.budget, self._budget_at = self._budget_fn(), time.monotonic()
         while len(self._pending) < self.budget.in_flight:
             item = next(self._todo, None)
@@ -121,6 +129,8 @@ class ChunkStream:
     def __next__(self) -> Chunk:
         if self._closed:
             raise StopIteration
+        if not self._pending and runtime.starting():
+            return self._run_here()
         self._submit()
         if not self._pending:
             raise StopIteration
@@ -128,6 +138,20 @@ class ChunkStream:
         block = self._wait(ref, epoch, index) if ref is not None else None
         self._submit()  # refill the window before the consumer starts on this chunk
         return Chunk(epoch, index, last, n, block)
+
+    def _run_here(self) -> Chunk:
+        item = next(self._todo, None)
+        if item is None:
+            raise StopIteration
+        epoch, index, last, idx = item
+        block = None
+        if len(idx):
+            rows = {name: col[idx] for name, col in self._columns.items()}
+            # At the trainer's own priority: nothing else of raypipe's runs yet to make room for.
+            spec = dataclasses.replace(self._spec_for_epoch(epoch), nice=0, sched_idle=False)
+            block = augment_block(rows, spec)
+            self.local_chunks += 1
+        return Chunk(epoch, index, last, len(idx), block)
 
     def _wait(self, ref, epoch: int, index: int) -> dict[str, np.ndarray]:
         waited = 0.0
