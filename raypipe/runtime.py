@@ -18,6 +18,7 @@ __all__ = [
     "connect",
     "starting",
     "wait_connected",
+    "release_start",
     "tune_consumer_process",
     "worker_pool_env",
     "check_ray_address",
@@ -45,8 +46,10 @@ def connect(
 
     ``wait=False`` returns at once and connects on a background thread: a local Ray takes seconds to
     start, and raypipe's streams make their first chunks in this process meanwhile (``starting``), so
-    a trainer has its first batches before the cluster is up. Until ``wait_connected()`` returns, this
-    process must not call Ray itself (Ray would start a second cluster of its own)."""
+    a trainer has its first batches before the cluster is up. The start itself begins once a stream's
+    first batches are out (``release_start``) or something waits for the cluster (``wait_connected``),
+    so that Ray's start does not share the cores with the first batch. Until ``wait_connected()``
+    returns, this process must not call Ray itself (Ray would start a second cluster of its own)."""
     global _START
     if _START is not None:
         if not _START.done.is_set():
@@ -80,9 +83,19 @@ def wait_connected(timeout_s: float | None = None) -> None:
     """Block until a ``connect(wait=False)`` has finished (at once when none is under way); raises its
     error, or ``TimeoutError`` after ``timeout_s``."""
     start = _START
-    if start is not None and not start.done.wait(timeout_s):
-        raise TimeoutError(f"Ray did not start within {timeout_s} s")
+    if start is not None:
+        start.go.set()
+        if not start.done.wait(timeout_s):
+            raise TimeoutError(f"Ray did not start within {timeout_s} s")
     starting()
+
+
+def release_start() -> None:
+    """Let a ``connect(wait=False)`` begin its start, if it has not yet (a stream calls this when its
+    consumer comes back for a second chunk: the first chunk's batches are out, Ray may take the cores)."""
+    start = _START
+    if start is not None:
+        start.go.set()
 
 
 class _BackgroundStart:
@@ -91,6 +104,7 @@ class _BackgroundStart:
     that started them (Linux's parent-death signal follows the thread, not the process)."""
 
     def __init__(self, kwargs: dict):
+        self.go = threading.Event()  # see connect's doc
         self.done = threading.Event()
         self.error: BaseException | None = None
         threading.Thread(target=self._run, args=(kwargs,), name="raypipe-connect", daemon=True).start()
@@ -99,6 +113,8 @@ class _BackgroundStart:
     def _end_with_process(self) -> None:
         """A process that ends while its Ray is still starting (an error in the trainer's set-up) waits
         for the start, then shuts Ray down: stopped half-way, Ray's agents would outlive the process."""
+        if not self.go.is_set():
+            return  # never begun
         if self.done.wait(60.0) and ray.is_initialized():  # a start takes seconds; a minute bounds a stuck one
             ray.shutdown()
 
@@ -106,6 +122,7 @@ class _BackgroundStart:
         # Quiet as the CLI's start is: these messages would land in the middle of the trainer's output.
         # (Among them, that Ray cannot set its SIGTERM handler off the main thread: that handler only
         # turns SIGTERM into an exit, and a terminated driver takes its local Ray down with it anyway.)
+        self.go.wait()
         try:
             with quiet_ray_startup(verbose=not kwargs["quiet"]):
                 _connect_now(**kwargs)

@@ -4,6 +4,7 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -192,6 +193,7 @@ _END_WHILE_RAY_STARTS = """
 import sys, time
 from raypipe import runtime
 runtime.connect(wait=False)
+runtime.release_start()  # as a stream does once it has made its first chunk
 time.sleep(float(sys.argv[1]))  # the trainer's set-up fails while Ray is still starting
 raise SystemExit("bad data path")
 """
@@ -226,3 +228,24 @@ def test_a_process_that_ends_while_ray_starts_leaves_no_ray_process_behind(after
     for pid in left:  # do not leave them to the rest of the run, then fail
         psutil.Process(pid).kill()
     assert not left
+
+
+def test_a_background_start_begins_once_a_chunk_is_made_or_the_cluster_is_awaited(monkeypatch):
+    import raypipe.runtime as runtime
+
+    started = threading.Event()
+    monkeypatch.setattr(runtime, "_START", None)
+    monkeypatch.setattr(runtime, "_connect_now", lambda **kwargs: started.set())
+    monkeypatch.setattr(runtime.ray, "is_initialized", lambda: False)
+    runtime.connect(wait=False)
+    assert not started.wait(0.5) and runtime.starting()  # held: the first batch has the cores
+    runtime.release_start()
+    assert started.wait(30)
+    runtime.wait_connected(30)
+    assert runtime.starting() is False
+
+    started.clear()
+    monkeypatch.setattr(runtime, "_START", None)
+    runtime.connect(wait=False)
+    runtime.wait_connected(30)  # waiting for the cluster lets the start begin too
+    assert started.is_set()

@@ -16,8 +16,9 @@ Taking results in order also makes batch composition a function of the seed alon
 
 Before the cluster is up (``raypipe.connect(wait=False)`` still starting it), the consumer runs the
 next chunk's stage itself, in this process: the same function on the same rows, so the same output,
-and the trainer has its first batches while Ray starts. Once the cluster is up, the chunks that are
-left go to Ray tasks as above.
+and the trainer has its first batches while Ray starts (which begins once the first chunk's batches
+are out, so that the two do not share the cores). Once the cluster is up, the chunks that are left
+go to Ray tasks as above.
 
 Why plain Ray tasks and not a Ray Data execution: a Ray Data ``Dataset`` plans one input task per
 block before it starts (milliseconds each: a hundred epochs of an ImageNet shard cost minutes up
@@ -94,6 +95,7 @@ class ChunkStream:
         self._budget_at = 0.0
         self._task = _augment_chunk.options(**task_options)  # a wrapper: needs no cluster yet
         self.local_chunks = 0  # chunks this process made itself while the cluster was starting
+        self._made_here = False
         self._pending: collections.deque = collections.deque()  # (epoch, index, last, rows, ref)
         self._todo = self._chunks(start_epoch, end_epoch)
         self._closed = False
@@ -140,6 +142,11 @@ class ChunkStream:
         return Chunk(epoch, index, last, n, block)
 
     def _run_here(self) -> Chunk:
+        if self._made_here:
+            # The consumer is back for more: the previous chunk's batches are out, so Ray's start may
+            # take the cores now (before, it would slow the first batch by about as much again).
+            runtime.release_start()
+        self._made_here = True
         item = next(self._todo, None)
         if item is None:
             raise StopIteration
