@@ -44,12 +44,14 @@ def connect(
     it the cleaner warns every few seconds and cannot clean up). Never joins some other local cluster by
     accident (Ray's bare ``ray.init()`` would). Token auth is Ray's default in 2.60 and is left on.
 
-    ``wait=False`` returns at once and connects on a background thread: a local Ray takes seconds to
-    start, and raypipe's streams make their first chunks in this process meanwhile (``starting``), so
-    a trainer has its first batches before the cluster is up. The start itself begins once a stream's
-    first batches are out (``release_start``) or something waits for the cluster (``wait_connected``),
-    so that Ray's start does not share the cores with the first batch. Until ``wait_connected()``
-    returns, this process must not call Ray itself (Ray would start a second cluster of its own)."""
+    ``wait=False`` returns at once and starts the private local Ray on a background thread (joining
+    ``RAY_ADDRESS`` is done at once all the same, so that an unreachable address is an error here): a
+    local Ray takes seconds to start, and raypipe's streams make their first chunks in this process
+    meanwhile (``starting``), so a trainer has its first batches before the cluster is up. The start
+    itself begins once a stream's first batches are out (``release_start``) or something waits for the
+    cluster (``wait_connected``), so that Ray's start does not share the cores with the first batch.
+    Until ``wait_connected()`` returns, this process must not call Ray itself (Ray would start a second
+    cluster of its own)."""
     global _START
     if _START is not None:
         if not _START.done.is_set():
@@ -59,7 +61,7 @@ def connect(
         _START = None  # finished: connected (below, a no-op) or failed (tried again)
     if ray.is_initialized():
         return
-    if wait:
+    if wait or os.environ.get("RAY_ADDRESS"):
         _connect_now(num_cpus=num_cpus, object_store_memory=object_store_memory, quiet=quiet, dashboard=dashboard)
         return
     _START = _BackgroundStart(

@@ -177,6 +177,11 @@ def test_a_failed_background_start_is_raised_where_the_cluster_is_needed(monkeyp
 
     monkeypatch.setattr(runtime, "_START", None)
     monkeypatch.setattr(runtime, "_connect_now", refuse)
+    monkeypatch.setattr(runtime.ray, "is_initialized", lambda: False)  # whatever Ray this test session has
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    with pytest.raises(ConnectionError, match="no such cluster"):
+        runtime.connect(wait=False)  # joining a cluster is done at once: its address is checked here
+    monkeypatch.delenv("RAY_ADDRESS")
     runtime.connect(wait=False)
     with pytest.raises(ConnectionError, match="no such cluster"):  # its own type, as connect() raises it
         runtime.wait_connected(30)
@@ -184,7 +189,6 @@ def test_a_failed_background_start_is_raised_where_the_cluster_is_needed(monkeyp
         runtime.starting()  # what a stream asks before each chunk
     tried = []
     monkeypatch.setattr(runtime, "_connect_now", lambda **kwargs: tried.append(kwargs))
-    monkeypatch.setattr(runtime.ray, "is_initialized", lambda: False)  # whatever Ray this test session has
     runtime.connect()  # a later call tries again, and the failed start is no longer reported
     assert len(tried) == 1 and runtime.starting() is False
 
@@ -234,6 +238,7 @@ def test_a_background_start_begins_once_a_chunk_is_made_or_the_cluster_is_awaite
     import raypipe.runtime as runtime
 
     started = threading.Event()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(runtime, "_START", None)
     monkeypatch.setattr(runtime, "_connect_now", lambda **kwargs: started.set())
     monkeypatch.setattr(runtime.ray, "is_initialized", lambda: False)
