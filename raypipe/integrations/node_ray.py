@@ -40,7 +40,7 @@ def connect_node(*, local_rank: int | None = None, num_cpus: int | None = None, 
     """Connect this process to its node's Ray (see the module doc) and return the cluster's GCS address.
 
     Without an initialised ``torch.distributed`` (or with one process) this is ``raypipe.runtime.connect()``,
-    and ``wait=False`` is passed on to it (the address is then None: the cluster is still starting).
+    and ``wait=False`` is passed on to it (the address is None while the local cluster is starting).
     The ranks of a node always wait, as they exchange the address. ``local_rank``: this process's rank
     on its node (default: torchrun's ``LOCAL_RANK``).
     """
@@ -51,7 +51,7 @@ def connect_node(*, local_rank: int | None = None, num_cpus: int | None = None, 
     several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     if os.environ.get("RAY_ADDRESS") or not several:
         connect(num_cpus=num_cpus, wait=wait)
-        return ray.get_runtime_context().gcs_address if wait else None
+        return None if starting() else ray.get_runtime_context().gcs_address
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
     head = None

@@ -95,7 +95,6 @@ class ChunkStream:
         self._budget_at = 0.0
         self._task = _augment_chunk.options(**task_options)  # a wrapper: needs no cluster yet
         self.local_chunks = 0  # chunks this process made itself while the cluster was starting
-        self._made_here = False
         self._pending: collections.deque = collections.deque()  # (epoch, index, last, rows, ref)
         self._todo = self._chunks(start_epoch, end_epoch)
         self._closed = False
@@ -110,6 +109,9 @@ class ChunkStream:
                 yield epoch, 0, True, np.empty(0, np.int64)
             epoch += 1
 
+    def _rows(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: col[idx] for name, col in self._columns.items()}
+
     def _submit(self) -> None:
         if self.budget is None or time.monotonic() - self._budget_at > BUDGET_REFRESH_S:
             self.budget, self._budget_at = self._budget_fn(), time.monotonic()
@@ -119,8 +121,7 @@ class ChunkStream:
                 return
             epoch, index, last, idx = item
             if len(idx):
-                rows = {name: col[idx] for name, col in self._columns.items()}
-                ref = self._task.remote(rows, self._spec_for_epoch(epoch))
+                ref = self._task.remote(self._rows(idx), self._spec_for_epoch(epoch))
             else:
                 ref = None  # an empty epoch (a rank with no rows): nothing to run
             self._pending.append((epoch, index, last, len(idx), ref))
@@ -142,21 +143,19 @@ class ChunkStream:
         return Chunk(epoch, index, last, n, block)
 
     def _run_here(self) -> Chunk:
-        if self._made_here:
+        if self.local_chunks:
             # The consumer is back for more: the previous chunk's batches are out, so Ray's start may
             # take the cores now (before, it would slow the first batch by about as much again).
             runtime.release_start()
-        self._made_here = True
         item = next(self._todo, None)
         if item is None:
             raise StopIteration
         epoch, index, last, idx = item
         block = None
         if len(idx):
-            rows = {name: col[idx] for name, col in self._columns.items()}
             # At the trainer's own priority: nothing else of raypipe's runs yet to make room for.
             spec = dataclasses.replace(self._spec_for_epoch(epoch), nice=0, sched_idle=False)
-            block = augment_block(rows, spec)
+            block = augment_block(self._rows(idx), spec)
             self.local_chunks += 1
         return Chunk(epoch, index, last, len(idx), block)
 
