@@ -145,7 +145,7 @@ class ChunkStream:
     def _run_here(self) -> Chunk:
         if self.local_chunks:
             # The consumer is back for more: the previous chunk's batches are out, so Ray's start may
-            # take the cores now (before, it would slow the first batch by about as much again).
+            # take the cores now (before, it would share them with the first batch).
             runtime.release_start()
         item = next(self._todo, None)
         if item is None:
