@@ -233,16 +233,26 @@ def profile_normalise(args: argparse.Namespace) -> None:
                 normalize_module._CHUNK_BYTES, normalize_module._SERIAL_ELEMENTS = sizes
         finally:
             normalize_module._cext = cext
-        fused = "not built"
+        fused = planar = "not built"
         if normalize_module.reads_host_directly(dtype, "NHWC", True):
             wall, cpu = per_image_wall_cpu(normalize, x, dtype=dtype, out=out, **kw)
             fused = f"{wall:6.0f} (CPU {cpu:4.0f})"
+            # into contiguous NCHW, as timm's prefetcher yields (and the timm drop-in): torch's path, then C's
+            nchw = torch.empty(b, 3, s, s, dtype=dtype)
+            normalize_module._cext = None
+            try:
+                torch_planar = per_image(normalize, x, dtype=dtype, out=nchw, channels_last=False, **kw)
+            finally:
+                normalize_module._cext = cext
+            wall = per_image(normalize, x, dtype=dtype, out=nchw, channels_last=False, **kw)
+            planar = f"torch path {torch_planar:6.0f}, C extension {wall:6.0f}"
         elif cext is not None:
-            fused = "n/a for this dtype"
+            fused = planar = "n/a for this dtype"
         print(
             f"normalise {str(dtype):15s} µs/image: one-pass torch kernel {one_pass:6.0f}; torch path: two passes "
             f"into a fresh output {fresh:6.0f}, into a reused output {reused:6.0f} (CPU {reused_cpu:4.0f}; not "
-            f"chunked: {unchunked:6.0f}, CPU {unchunked_cpu:4.0f}); C extension, reused output: {fused}"
+            f"chunked: {unchunked:6.0f}, CPU {unchunked_cpu:4.0f}); C extension, reused output: {fused}; "
+            f"into contiguous NCHW: {planar}"
         )
     images = [np.random.default_rng(i).integers(0, 256, (b, s, s, 3), dtype=np.uint8) for i in range(4)]
     for a in images:

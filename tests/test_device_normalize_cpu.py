@@ -15,7 +15,9 @@ from raypipe.device import DeviceLoader, Normalize, RandomErasing
 
 norm = importlib.import_module("raypipe.device.normalize")  # the package exports the function by this name
 C_DTYPES = [torch.float32, torch.bfloat16]
-SAME_ORDER = [("NHWC", True), ("NCHW", False)]  # input memory order == output memory order
+# (input layout, channels_last output) the C kernel reads: the same memory order in and out, and NHWC
+# into contiguous NCHW (timm's prefetcher layout, transposed in the same pass)
+C_ORDERS = [("NHWC", True), ("NCHW", False), ("NHWC", False)]
 
 
 def _path(monkeypatch, name: str) -> None:
@@ -43,11 +45,12 @@ def test_the_extension_is_built_in_this_environment():
     assert norm._cext is not None
     assert norm.reads_host_directly(torch.float32, "NHWC", True)
     assert not norm.reads_host_directly(torch.float16, "NHWC", True)  # fp16: torch's path
-    assert not norm.reads_host_directly(torch.float32, "NCHW", True)  # a transpose: torch's path
+    assert norm.reads_host_directly(torch.float32, "NHWC", False)  # NHWC -> planar NCHW in one pass
+    assert not norm.reads_host_directly(torch.float32, "NCHW", True)  # planar -> channels-last: torch's path
 
 
 @pytest.mark.parametrize("dtype", C_DTYPES)
-@pytest.mark.parametrize("layout,channels_last", SAME_ORDER)
+@pytest.mark.parametrize("layout,channels_last", C_ORDERS)
 @pytest.mark.parametrize("shape", [(1, 1, 1), (3, 5, 7), (2, 17, 33), (1, 224, 224)])
 def test_extension_equals_torch_path(monkeypatch, dtype, layout, channels_last, shape):
     if norm._cext is None:
@@ -134,7 +137,7 @@ def test_extension_rejects_mismatched_buffers():
     bad = [
         ((src, np.zeros(11, np.float32), mul, add, 1, 0), "one output value per src byte"),
         ((src, dst, mul, np.ones(2, np.float32), 1, 0), "same, non-zero length"),
-        ((src, dst, mul, add, 5, 0), "multiple of inner"),
+        ((src, dst, mul, add, 5, 0), "multiple of its period"),
         ((src, dst, mul, add, 1, 2), "kind"),
         ((src, np.zeros(12, np.int16), mul, add, 1, 0), "one output value per src byte"),
     ]
@@ -143,6 +146,25 @@ def test_extension_rejects_mismatched_buffers():
             norm._cext.affine_u8(*args)
     with pytest.raises(TypeError):
         norm._cext.affine_u8(src, src.copy().tobytes(), mul, add, 1, 0)  # read-only output
+    for args, message in bad:  # the planar entry point checks the same (its period is the plane)
+        with pytest.raises(ValueError, match=message):
+            norm._cext.affine_u8_planar(*args)
+
+
+def test_planar_kernel_transposes_every_channel_count():
+    """affine_u8_planar: images of ``plane`` pixels, interleaved in, one plane per channel out; sizes
+    across its pixel blocks (1024) and channel counts besides the specialised 3."""
+    if norm._cext is None:
+        pytest.skip("the _affine C extension is not built")
+    for n, plane, c in [(2, 1, 3), (3, 1500, 3), (2, 2048, 1), (1, 1030, 4), (2, 7, 2)]:
+        rng = np.random.default_rng(plane * c)
+        src = rng.integers(0, 256, (n, plane, c), dtype=np.uint8)
+        mul = rng.uniform(0.01, 0.05, c).astype(np.float32)
+        add = rng.uniform(-2.5, 2.5, c).astype(np.float32)
+        dst = np.full((n, c, plane), np.nan, np.float32)
+        norm._cext.affine_u8_planar(src.reshape(-1), dst.reshape(-1), mul, add, plane, 0)
+        want = src.transpose(0, 2, 1).astype(np.float32) * mul[:, None] + add[:, None]
+        np.testing.assert_allclose(dst, want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])

@@ -6,6 +6,13 @@
  * along a row for channels-last memory (NHWC), inner = H*W for planar memory (NCHW). kind 0 writes
  * float32, kind 1 bfloat16 (computed in float32, rounded to nearest even once).
  *
+ * affine_u8_planar(src, dst, mul, add, plane, kind) -> None
+ *
+ * The same arithmetic from interleaved to planar memory (NHWC in, contiguous NCHW out, as timm's
+ * prefetcher yields): src holds images of `plane` pixels of C = len(mul) channels each, and
+ * dst[n][c][p] = src[n][p][c] * mul[c] + add[c]. The transpose is done in the same pass, on blocks of
+ * pixels that stay in the L1 cache while each of their C planes is written.
+ *
  * Why C: torch's CPU kernels need two passes here (an exact uint8 -> float copy, then an in-place
  * addcmul; the one mixed-dtype addcmul does not vectorise), each op costs microseconds of dispatch, and
  * above 32768 values an op fans out to torch's intra-op threads, which wait on each other on cores the
@@ -53,6 +60,37 @@ static inline uint16_t to_bf16(float f) {
             }                                                                                             \
     }
 
+/* Interleaved -> planar: per image, blocks of BLOCK pixels; each channel's plane is written from the
+ * block while it is in L1. The channel count is a constant in the specialised 3-channel loop, so the
+ * compiler vectorises its strided loads. */
+#define BLOCK 1024
+#define DEFINE_PLANAR(NAME, OUT_T, MADD, STORE, ATTR)                                                    \
+    ATTR static void NAME(const uint8_t *restrict s, OUT_T *restrict d, const float *restrict m,          \
+                          const float *restrict a, size_t images, size_t C, size_t plane) {              \
+        for (size_t n = 0; n < images; n++, s += plane * C, d += plane * C)                               \
+            for (size_t p0 = 0; p0 < plane; p0 += BLOCK) {                                                \
+                const size_t len = plane - p0 < BLOCK ? plane - p0 : BLOCK;                               \
+                const uint8_t *sb = s + p0 * C;                                                           \
+                if (C == 3) {                                                                             \
+                    for (size_t k = 0; k < 3; k++) {                                                      \
+                        OUT_T *restrict dk = d + k * plane + p0;                                          \
+                        const float mk = m[k], ak = a[k];                                                 \
+                        for (size_t j = 0; j < len; j++)                                                  \
+                            dk[j] = STORE(MADD(sb[3 * j + k], mk, ak));                                   \
+                    }                                                                                     \
+                } else {                                                                                  \
+                    for (size_t k = 0; k < C; k++) {                                                      \
+                        OUT_T *restrict dk = d + k * plane + p0;                                          \
+                        const float mk = m[k], ak = a[k];                                                 \
+                        for (size_t j = 0; j < len; j++)                                                  \
+                            dk[j] = STORE(MADD(sb[C * j + k], mk, ak));                                   \
+                    }                                                                                     \
+                }                                                                                         \
+            }                                                                                             \
+    }
+
+typedef void (*planar_fn)(const uint8_t *, void *, const float *, const float *, size_t, size_t, size_t);
+
 typedef void (*kernel_fn)(const uint8_t *, void *, const float *, const float *, size_t, size_t, size_t);
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
@@ -76,14 +114,42 @@ __attribute__((target("avx2,fma"))) static void f32_fused_stream(const uint8_t *
 
 DEFINE_KERNEL(f32_plain, float, PLAIN, STORE_F32, )
 DEFINE_KERNEL(bf16_plain, uint16_t, PLAIN, STORE_BF16, )
+DEFINE_PLANAR(f32_planar_plain, float, PLAIN, STORE_F32, )
+DEFINE_PLANAR(bf16_planar_plain, uint16_t, PLAIN, STORE_BF16, )
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define HAVE_FUSED_VARIANT 1
 DEFINE_KERNEL(f32_fused, float, FUSED, STORE_F32, __attribute__((target("avx2,fma"))))
 DEFINE_KERNEL(bf16_fused, uint16_t, FUSED, STORE_BF16, __attribute__((target("avx2,fma"))))
+DEFINE_PLANAR(f32_planar_fused, float, FUSED, STORE_F32, __attribute__((target("avx2,fma"))))
+DEFINE_PLANAR(bf16_planar_fused, uint16_t, FUSED, STORE_BF16, __attribute__((target("avx2,fma"))))
 #endif
 
 static kernel_fn kernels[2];
+static planar_fn planar_kernels[2];
 static int use_fused = 0;
+
+/* The checks both entry points share; NULL when the buffers fit, else what is wrong. */
+static const char *check_buffers(const Py_buffer *src, const Py_buffer *dst, const Py_buffer *mul,
+                                 const Py_buffer *add, Py_ssize_t inner, int kind) {
+    Py_ssize_t itemsize = kind == 0 ? 4 : 2;
+    Py_ssize_t P = mul->len / (Py_ssize_t)sizeof(float);
+    if (kind != 0 && kind != 1)
+        return "kind must be 0 (float32) or 1 (bfloat16)";
+    if (P < 1 || mul->len != add->len || mul->len % (Py_ssize_t)sizeof(float) != 0)
+        return "mul and add must be float32 buffers of the same, non-zero length";
+    if (inner < 1 || src->len % (inner * P) != 0)
+        return "len(src) must be a multiple of its period times len(mul)";
+    if (dst->len != src->len * itemsize)
+        return "dst must hold one output value per src byte";
+    return NULL;
+}
+
+static void release(Py_buffer *src, Py_buffer *dst, Py_buffer *mul, Py_buffer *add) {
+    PyBuffer_Release(src);
+    PyBuffer_Release(dst);
+    PyBuffer_Release(mul);
+    PyBuffer_Release(add);
+}
 
 static PyObject *affine_u8(PyObject *self, PyObject *args) {
     Py_buffer src, dst, mul, add;
@@ -91,18 +157,9 @@ static PyObject *affine_u8(PyObject *self, PyObject *args) {
     int kind;
     if (!PyArg_ParseTuple(args, "y*w*y*y*ni", &src, &dst, &mul, &add, &inner, &kind))
         return NULL;
-    const char *problem = NULL;
-    Py_ssize_t itemsize = kind == 0 ? 4 : 2;
-    Py_ssize_t P = mul.len / (Py_ssize_t)sizeof(float);
-    if (kind != 0 && kind != 1)
-        problem = "kind must be 0 (float32) or 1 (bfloat16)";
-    else if (P < 1 || mul.len != add.len || mul.len % (Py_ssize_t)sizeof(float) != 0)
-        problem = "mul and add must be float32 buffers of the same, non-zero length";
-    else if (inner < 1 || src.len % (inner * P) != 0)
-        problem = "len(src) must be a multiple of inner * len(mul)";
-    else if (dst.len != src.len * itemsize)
-        problem = "dst must hold one output value per src byte";
+    const char *problem = check_buffers(&src, &dst, &mul, &add, inner, kind);
     if (problem == NULL) {
+        Py_ssize_t P = mul.len / (Py_ssize_t)sizeof(float);
         size_t periods = (size_t)(src.len / (inner * P));
         Py_BEGIN_ALLOW_THREADS
 #ifdef HAVE_FUSED_VARIANT
@@ -115,12 +172,32 @@ static PyObject *affine_u8(PyObject *self, PyObject *args) {
                           periods, (size_t)P, (size_t)inner);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    PyBuffer_Release(&mul);
-    PyBuffer_Release(&add);
+    release(&src, &dst, &mul, &add);
     if (problem != NULL) {
         PyErr_Format(PyExc_ValueError, "affine_u8: %s", problem);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *affine_u8_planar(PyObject *self, PyObject *args) {
+    Py_buffer src, dst, mul, add;
+    Py_ssize_t plane;
+    int kind;
+    if (!PyArg_ParseTuple(args, "y*w*y*y*ni", &src, &dst, &mul, &add, &plane, &kind))
+        return NULL;
+    const char *problem = check_buffers(&src, &dst, &mul, &add, plane, kind);
+    if (problem == NULL) {
+        size_t C = (size_t)(mul.len / (Py_ssize_t)sizeof(float));
+        size_t images = (size_t)src.len / ((size_t)plane * C);
+        Py_BEGIN_ALLOW_THREADS
+        planar_kernels[kind]((const uint8_t *)src.buf, dst.buf, (const float *)mul.buf, (const float *)add.buf,
+                             images, C, (size_t)plane);
+        Py_END_ALLOW_THREADS
+    }
+    release(&src, &dst, &mul, &add);
+    if (problem != NULL) {
+        PyErr_Format(PyExc_ValueError, "affine_u8_planar: %s", problem);
         return NULL;
     }
     Py_RETURN_NONE;
@@ -133,6 +210,9 @@ static PyMethodDef methods[] = {
      "affine_u8(src, dst, mul, add, inner, kind): dst[i] = src[i] * mul[k] + add[k], k = (i // inner) % "
      "len(mul); src uint8, mul/add float32, dst float32 (kind 0) or bfloat16 bits (kind 1); all "
      "C-contiguous. ValueError on mismatched sizes."},
+    {"affine_u8_planar", affine_u8_planar, METH_VARARGS,
+     "affine_u8_planar(src, dst, mul, add, plane, kind): dst[n][c][p] = src[n][p][c] * mul[c] + add[c] for "
+     "images of `plane` pixels of len(mul) channels; types as affine_u8. ValueError on mismatched sizes."},
     {"fused", fused, METH_NOARGS, "fused() -> bool: whether the multiply-add is fused (as torch's, on this CPU)."},
     {NULL, NULL, 0, NULL},
 };
@@ -142,11 +222,15 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_affine", NULL, -1, 
 PyMODINIT_FUNC PyInit__affine(void) {
     kernels[0] = (kernel_fn)f32_plain;
     kernels[1] = (kernel_fn)bf16_plain;
+    planar_kernels[0] = (planar_fn)f32_planar_plain;
+    planar_kernels[1] = (planar_fn)bf16_planar_plain;
 #ifdef HAVE_FUSED_VARIANT
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         kernels[0] = (kernel_fn)f32_fused;
         kernels[1] = (kernel_fn)bf16_fused;
+        planar_kernels[0] = (planar_fn)f32_planar_fused;
+        planar_kernels[1] = (planar_fn)bf16_planar_fused;
         use_fused = 1;
     }
 #endif

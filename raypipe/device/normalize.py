@@ -8,10 +8,11 @@ the default path never copies to change layout.
 - GPU: one kernel (``torch.addcmul`` on the uint8 input) does the conversion, any layout change and the
   arithmetic in one memory pass.
 - CPU, float32/bfloat16 with input and output in the same memory order (NHWC -> channels_last, NCHW ->
-  contiguous): the optional C extension ``_affine`` (setup.py) does it in one fused pass on the calling
-  thread, ~50 µs/img at 224 px fp32 instead of ~140 (``bench/pipeline_profile.py --normalise``), with
-  the same bits as the torch path below; it reads numpy input (also read-only memory, such as a batch in
-  Ray's object store) without a copy.
+  contiguous), or NHWC into contiguous NCHW (timm's prefetcher layout, which the timm drop-in yields):
+  the optional C extension ``_affine`` (setup.py) does it in one fused pass on the calling thread, the
+  transpose included, with the same bits as the torch path below; it reads numpy input (also read-only
+  memory, such as a batch in Ray's object store) without a copy. ``bench/pipeline_profile.py
+  --normalise`` times both paths.
 - CPU otherwise: that mixed-dtype kernel with a per-channel broadcast on the innermost (size-3) dimension
   does not vectorise (430-450 µs/img at 224 px fp32). Two passes are 3-6x faster: an exact uint8 -> float
   copy, then an in-place ``addcmul`` over rows of ``W*C`` values with the channel constants tiled along
@@ -145,8 +146,9 @@ def nchw_shape(shape: Sequence[int], layout: str) -> tuple[int, int, int, int]:
 
 def reads_host_directly(dtype: torch.dtype, layout: str, channels_last: bool) -> bool:
     """True when :func:`normalize` on the CPU reads its input in place, numpy (even read-only) or torch,
-    in one pass (the C extension, for this dtype and same memory order in and out)."""
-    return _cext is not None and dtype in _AFFINE_KINDS and channels_last == (layout == "NHWC")
+    in one pass (the C extension, for this dtype, from NHWC to either memory format or from NCHW to
+    contiguous NCHW)."""
+    return _cext is not None and dtype in _AFFINE_KINDS and (layout == "NHWC" or not channels_last)
 
 
 def normalize(
@@ -188,7 +190,7 @@ def normalize(
     if device.type != "cpu":
         mul, add = _affine(*key)
         return torch.addcmul(add, nchw_view(x, layout), mul, out=out)
-    if reads_host_directly(dtype, layout, channels_last) and _normalize_fused(x, out, key, channels_last):
+    if reads_host_directly(dtype, layout, channels_last) and _normalize_fused(x, out, key, layout, channels_last):
         return out
     if isinstance(x, np.ndarray):
         x = torch.from_numpy(x if x.flags.writeable else x.copy())  # torch refuses read-only memory
@@ -222,7 +224,9 @@ def normalize(
     return out
 
 
-def _normalize_fused(x: torch.Tensor | np.ndarray, out: torch.Tensor, key: tuple, channels_last: bool) -> bool:
+def _normalize_fused(
+    x: torch.Tensor | np.ndarray, out: torch.Tensor, key: tuple, layout: str, channels_last: bool
+) -> bool:
     """One pass through the C extension when ``x`` is C-contiguous uint8 memory; False to fall back."""
     if isinstance(x, torch.Tensor):
         if x.dtype != torch.uint8 or not x.is_contiguous():
@@ -230,12 +234,16 @@ def _normalize_fused(x: torch.Tensor | np.ndarray, out: torch.Tensor, key: tuple
         x = x.detach().numpy()
     elif x.dtype != np.uint8 or not x.flags.c_contiguous:
         return False
-    dtype = key[3]
+    dtype, kind = key[3], _AFFINE_KINDS[key[3]]
     dst = out.permute(0, 2, 3, 1) if channels_last else out  # memory order, contiguous by the check above
-    dst = dst.view(torch.int16) if dtype == torch.bfloat16 else dst
+    dst = (dst.view(torch.int16) if dtype == torch.bfloat16 else dst).detach().numpy()
     n, c, h, w = out.shape
-    mul, add = _host_constants(*key, w * c if channels_last else c)
-    _cext.affine_u8(x, dst.detach().numpy(), mul, add, 1 if channels_last else h * w, _AFFINE_KINDS[dtype])
+    if channels_last == (layout == "NHWC"):  # the same memory order in and out
+        mul, add = _host_constants(*key, w * c if channels_last else c)
+        _cext.affine_u8(x, dst, mul, add, 1 if channels_last else h * w, kind)
+    else:  # NHWC in, planar NCHW out: the transpose in the same pass
+        mul, add = _host_constants(*key, c)
+        _cext.affine_u8_planar(x, dst, mul, add, h * w, kind)
     return True
 
 
