@@ -293,3 +293,25 @@ def test_hints_for_a_parquet_tree_and_a_single_files_rows(tmp_path):
         open_source(str(tmp_path / "hf"))
     single = open_source(str(tmp_path / "hf" / "data" / "train-00000-of-00001.parquet"))
     assert single.root.display("") == str(tmp_path / "hf" / "data" / "train-00000-of-00001.parquet")
+
+
+def test_table_columns_equal_pyarrows_own_conversion():
+    """``column_array`` reads int64 and string columns through their buffers; it must give what
+    ``to_numpy(zero_copy_only=False)`` gives, for sliced and multi-chunk columns and nulls too."""
+    from raypipe.sources.table import column_array, int64_array, make_rows, table_columns
+
+    table = make_rows([f"c{i % 3}/é{i}.jpg" for i in range(10)], [i % 3 for i in range(10)],
+                      errors=[None, "bad"] * 5, members=[f"m{i}" for i in range(10)])  # fmt: skip
+    two_chunks = pa.concat_tables([table.slice(0, 4), table.slice(4)])
+    for t in (table, table.slice(3, 5), two_chunks, table.slice(0, 0)):
+        got = table_columns(t)
+        for name in t.column_names:
+            want = t.column(name).to_numpy(zero_copy_only=False)
+            assert got[name].dtype == want.dtype and list(got[name]) == list(want), name
+    with_null = pa.chunked_array([pa.array([1, None, 3], type=pa.int64())])
+    np.testing.assert_array_equal(column_array(with_null), with_null.to_numpy(zero_copy_only=False))  # NaN for null
+    view = column_array(table.column("sample_id"))
+    assert not view.flags.writeable  # the table's own memory
+    assert int64_array(np.arange(3)).equals(pa.array([0, 1, 2], type=pa.int64()))
+    with pytest.raises(ValueError, match="1-D"):
+        int64_array(np.zeros((2, 2)))

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
 
 from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
 from raypipe.sources import SourceRows
+from raypipe.sources.table import int64_array, table_columns
 from raypipe.stages.augment import AugmentStage, StageSpec
 
 __all__ = ["SCAN_IN_PROCESS_MAX", "stage_blocks", "first_images", "ScanTally", "scan_blocks"]
@@ -50,8 +50,7 @@ def stage_blocks(
     )
     stage = AugmentStage(spec)
     for start in range(0, len(order), chunk):
-        table = rows.table.take(pa.array(order[start : start + chunk], type=pa.int64()))
-        yield stage({name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names})
+        yield stage(table_columns(rows.table.take(int64_array(order[start : start + chunk]))))
 
 
 def first_images(

@@ -119,11 +119,13 @@ class RankPlan:
                  world_size: int = 1) -> RankPlan:  # fmt: skip
         """The plan for a listing (``raypipe.sources.SourceRows``): shard windows for sharded kinds, each
         one chunk where its shards are read whole or from an object store."""
+        from raypipe.sources.table import column_array  # the order itself needs numpy only
+
         table = rows.table
         sharded = rows.kind in SHARDED_KINDS and "shard" in table.column_names
         return cls(
             len(rows), seed=seed, shuffle=shuffle, chunk_rows=chunk_rows, rank=rank, world_size=world_size,
-            shards=table.column("shard").to_numpy() if sharded else None, window_rows=window_rows,
+            shards=column_array(table.column("shard")) if sharded else None, window_rows=window_rows,
             whole_windows=rows.kind in WHOLE_SHARD_KINDS or not rows.root.is_local,
         )  # fmt: skip
 

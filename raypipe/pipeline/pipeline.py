@@ -23,6 +23,7 @@ from raypipe.pipeline.order import RankPlan
 from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.pipeline.stream import ChunkStream
 from raypipe.sources import SourceRows, open_source
+from raypipe.sources.table import table_columns
 from raypipe.stages.augment import StageSpec
 
 __all__ = ["Pipeline", "EpochSource", "EpochRun"]
@@ -99,7 +100,7 @@ class Pipeline:
         """The listing as numpy columns, made once: each chunk's rows are a take of them."""
         if self._columns is None:
             table = self.rows.table
-            self._columns = {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+            self._columns = table_columns(table)
         return self._columns
 
     def stream(

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 from raypipe.kernels.errors import BAD_LABEL, SkipImage
 from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.reader import BlockReader
-from raypipe.sources.table import SourceRows
+from raypipe.sources.table import SourceRows, int64_array, table_columns
 
 __all__ = ["FORMATS", "ConvertReport", "convert", "parse_size", "plan_shards"]
 
@@ -176,7 +176,7 @@ def _write_shard(job: _ShardJob) -> dict:
         table = rows.table
         for start in range(0, table.num_rows, _CHUNK):
             chunk = table.slice(start, _CHUNK)
-            batch = {k: chunk.column(k).to_numpy(zero_copy_only=False) for k in chunk.column_names}
+            batch = table_columns(chunk)
             for i, data in enumerate(reader.read_block({**batch, "error": _unless_label(batch["error"])})):
                 sid, err = int(batch["sample_id"][i]), batch["error"][i]
                 if isinstance(data, SkipImage):
@@ -235,8 +235,7 @@ def _mean_bytes(rows: SourceRows, max_side: int | None) -> float:
     """Mean stored size of up to ``_PROBE`` evenly spaced samples (the same ones on every run)."""
     n = len(rows)
     picks = np.unique(np.linspace(0, n - 1, min(n, _PROBE)).astype(np.int64))
-    part = rows.table.take(pa.array(picks))
-    batch = {k: part.column(k).to_numpy(zero_copy_only=False) for k in part.column_names}
+    batch = table_columns(rows.table.take(int64_array(picks)))
     reader = BlockReader(rows.root, rows.kind, rows.image_column)
     sizes = []
     for data in reader.read_block({**batch, "error": _unless_label(batch["error"])}):
@@ -311,7 +310,7 @@ def convert(
     pending = {}
     for name, span in zip(names, plan, strict=True):
         # take, not slice: a pickled slice would carry the whole table's buffers to every task
-        part = SourceRows(kind=rows.kind, root=rows.root, table=rows.table.take(pa.array(span, type=pa.int64())),
+        part = SourceRows(kind=rows.kind, root=rows.root, table=rows.table.take(int64_array(span)),
                           classes=rows.classes, image_column=rows.image_column)  # fmt: skip
         job = _ShardJob(part, out_root, name, format, max_side, key_width, row_group_rows)
         pending[task.remote(job)] = name

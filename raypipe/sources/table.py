@@ -38,7 +38,7 @@ from pyarrow.compute import max as pc_max
 
 from raypipe.sources.paths import DatasetRoot
 
-__all__ = ["ROW_SCHEMA", "SourceRows", "listed_stamp", "make_rows"]
+__all__ = ["ROW_SCHEMA", "SourceRows", "column_array", "int64_array", "listed_stamp", "make_rows", "table_columns"]
 
 ROW_SCHEMA = pa.schema(
     [
@@ -85,10 +85,10 @@ class SourceRows:
                 "their labels would mean nothing to a model trained on those"
             )
         remap = np.array([index[name] for name in self.classes], dtype=np.int64)
-        labels = self.table.column("label").to_numpy()
+        labels = column_array(self.table.column("label"))
         renumbered = np.where(labels >= 0, remap[np.clip(labels, 0, None)], labels)
         table = self.table.set_column(
-            self.table.schema.get_field_index("label"), "label", pa.array(renumbered, type=pa.int64())
+            self.table.schema.get_field_index("label"), "label", int64_array(renumbered)
         )
         return replace(self, table=table, classes=tuple(classes))
 
@@ -101,7 +101,7 @@ class SourceRows:
         h = hashlib.sha256(f"raypipe-listing-v1:{self.kind}:{len(self)}".encode())
         for name in ("sample_id", "label", "row"):
             col = self.table.column(name)
-            h.update(np.ascontiguousarray(col.to_numpy(zero_copy_only=False), dtype="<i8").tobytes())
+            h.update(np.ascontiguousarray(column_array(col), dtype="<i8").tobytes())
         paths = self.table.column("path").combine_chunks()
         offsets, data = _string_buffers(paths)
         h.update(np.ascontiguousarray(np.diff(offsets), dtype="<i8").tobytes())  # lengths: "ab"+"c" != "a"+"bc"
@@ -113,7 +113,7 @@ class SourceRows:
         inside a Parquet file), never on its position in the listing: a split made from it (train/val)
         keeps every image on its side when files are added to or removed from the dataset."""
         paths = self.table.column("path").combine_chunks()
-        rows = self.table.column("row").to_numpy(zero_copy_only=False).astype(np.uint64)
+        rows = column_array(self.table.column("row")).astype(np.uint64)
         keys = np.empty(len(self), dtype=np.uint64)
         for lo in range(0, len(self), _KEY_CHUNK):  # bounded temporaries: ~8 bytes per path byte
             hi = min(lo + _KEY_CHUNK, len(self))
@@ -131,7 +131,7 @@ class SourceRows:
     def num_classes(self) -> int:
         if self.classes:
             return len(self.classes)
-        labels = self.table.column("label").to_numpy()
+        labels = column_array(self.table.column("label"))
         return int(labels.max()) + 1 if len(labels) else 0
 
 
@@ -153,24 +153,72 @@ def make_rows(
     n = len(paths)
 
     def ints(values, default):
-        return pa.array(default if values is None else np.asarray(values, np.int64), type=pa.int64())
+        return int64_array(default if values is None else values)
 
     return pa.table(
         {
-            "sample_id": pa.array(np.arange(n, dtype=np.int64)),
-            "label": pa.array(np.asarray(labels, dtype=np.int64)),
-            "path": pa.array(paths, type=pa.string()),
-            "row": pa.array(np.full(n, -1, np.int64) if rows is None else np.asarray(rows, np.int64)),
-            "error": pa.array([None] * n if errors is None else errors, type=pa.string()),
+            "sample_id": int64_array(np.arange(n, dtype=np.int64)),
+            "label": int64_array(labels),
+            "path": _string_array(paths),
+            "row": ints(rows, np.full(n, -1, np.int64)),
+            "error": _string_array([None] * n if errors is None else errors),
             "shard": ints(shards, np.arange(n, dtype=np.int64)),
             "offset": ints(offsets, np.full(n, -1, np.int64)),
             "size": ints(sizes, np.full(n, -1, np.int64)),
-            "member": pa.array([None] * n if members is None else members, type=pa.string()),
+            "member": _string_array([None] * n if members is None else members),
             "object_size": ints(object_sizes, np.full(n, -1, np.int64)),
             "object_mtime_ns": ints(object_mtimes, np.full(n, -1, np.int64)),
         },
         schema=ROW_SCHEMA,
     )
+
+
+# Row tables go to and from numpy through their buffers: pyarrow's ``pa.array`` and ``to_numpy`` import
+# pandas on their first call in a process (to check for pandas objects), a quarter of a second of CPU
+# before a listing's first batch, in every process that lists or reads one.
+def int64_array(values) -> pa.Array:
+    """``values`` (any 1-D integer sequence) as an int64 arrow array."""
+    data = np.ascontiguousarray(values, dtype=np.int64)
+    if data.ndim != 1:
+        raise ValueError(f"expected a 1-D sequence of integers, got shape {data.shape}")
+    return pa.Array.from_buffers(pa.int64(), len(data), [None, pa.py_buffer(data)])
+
+
+def _string_array(values) -> pa.Array:
+    """A string array of ``values`` (str or None); all None is a null array of strings."""
+    values = list(values)
+    if all(v is None for v in values):
+        return pa.nulls(len(values), pa.string())
+    if any(v is None for v in values):
+        return pa.array(values, type=pa.string())  # a validity bitmap: pyarrow's own builder
+    encoded = [v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return pa.Array.from_buffers(
+        pa.large_string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+    ).cast(pa.string())
+
+
+def column_array(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A column as numpy, as ``to_numpy(zero_copy_only=False)`` gives it: int64 without nulls as a
+    read-only view of its buffer, strings as an object array (None for nulls)."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if arr.type == pa.int64() and arr.null_count == 0:
+        if len(arr) == 0:
+            return np.empty(0, np.int64)
+        view = np.frombuffer(arr.buffers()[1], np.int64, count=len(arr), offset=arr.offset * 8)
+        view.flags.writeable = False  # the table's own memory
+        return view
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        out = np.empty(len(arr), dtype=object)
+        out[:] = arr.to_pylist()
+        return out
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def table_columns(table: pa.Table) -> dict[str, np.ndarray]:
+    """Every column of ``table`` through :func:`column_array`."""
+    return {name: column_array(table.column(name)) for name in table.column_names}
 
 
 def listed_stamp(info: pafs.FileInfo) -> tuple[int, int]:
