@@ -344,7 +344,7 @@ def main(argv=None) -> int:
     p.add_argument("--worker-nice", type=int, default=10, help="augmentation workers' niceness (as PipelineConfig)")
     p.add_argument("--worker-sched-idle", action=argparse.BooleanOptionalAction,
                    help="augmentation threads under SCHED_IDLE (default: on for cuda, like the job)")  # fmt: skip
-    p.add_argument("--cpus-per-task", type=float, default=1.0, help="CPUs per raypipe augmentation task")
+    p.add_argument("--cpus-per-task", type=float, default=0.5, help="CPUs per raypipe augmentation task")
     p.add_argument("--seconds", type=float, default=20.0, help="timed window per feed")
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="timm loader workers")

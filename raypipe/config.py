@@ -241,9 +241,8 @@ class ExecutionConfig:
 
     # Augmentation tasks a rank keeps running at once; None: its share of the cluster (raypipe.pipeline.budget).
     num_tasks: int | None = None
-    # One task per core: a task's reads wait on its reader's threads, not on the core, so a second task
-    # per core adds only a worker process to start and schedule (docs/performance.md compares them).
-    cpus_per_task: float = 1.0
+    # Two tasks per core: one decodes while the other waits on Ray (task hand-off, object store writes).
+    cpus_per_task: float = 0.5
     # Rows per chunk (one task) of an unsharded source; None: auto_chunk_rows(batch_size).
     chunk_rows: int | None = None
     # Finished chunks a rank may hold beyond one per running task (the consumer's look-ahead); with
