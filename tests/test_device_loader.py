@@ -438,3 +438,24 @@ def test_cuda_device_without_cuda_is_a_clear_error():
         pytest.skip("CUDA present")
     with pytest.raises(ValueError, match="device"):
         DeviceLoader([], device="cuda")
+
+
+def test_a_process_that_exits_with_a_pass_unfinished_exits_cleanly():
+    """A script that takes a few batches and exits without close(): the producer thread is stopped at
+    exit rather than left inside torch's code while Python finalises (which aborted the process)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from raypipe.device import DeviceLoader\n"
+        "src = [{'image': np.zeros((64, 96, 96, 3), np.uint8), 'label': np.arange(64), 'sample_id': np.arange(64)}"
+        " for _ in range(6)]\n"
+        "it = iter(DeviceLoader.from_timm(src, device='cpu', img_dtype='float32', channels_last=False))\n"
+        "next(it); next(it)\n"
+        "print('taken')\n"
+    )
+    for _ in range(3):  # the abort depended on where the producer was when the process ended
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stdout.strip() == "taken", (proc.returncode, proc.stderr[-500:])
+        assert "terminate called" not in proc.stderr

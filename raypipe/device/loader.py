@@ -41,10 +41,12 @@ never touched.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -63,6 +65,18 @@ from raypipe.device.staging import Staging
 __all__ = ["DeviceLoader", "LoaderStats"]
 
 _END = object()
+
+# Loaders whose producer thread may still run. A process that ends with a pass unfinished (a script
+# that takes a few batches and exits without close()) would leave the daemon producer inside torch's
+# C++ code while Python finalises, and the runtime aborts the process ("terminate called without an
+# active exception", exit 134); the passes are stopped before that instead.
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_passes() -> None:
+    for loader in list(_LIVE):
+        loader._stop(loader._active)
 
 
 @dataclass
@@ -164,6 +178,7 @@ class DeviceLoader:
         self._noise = torch.Generator(device=self.device)  # pixel-mode erasing noise, on the device
         self._active: _Epoch | None = None
         self._closed = False
+        _LIVE.add(self)
 
     @classmethod
     def from_timm(cls, source: Iterable, **kwargs: Any) -> DeviceLoader:
