@@ -69,14 +69,16 @@ _END = object()
 # Loaders whose producer thread may still run. A process that ends with a pass unfinished (a script
 # that takes a few batches and exits without close()) would leave the daemon producer inside torch's
 # C++ code while Python finalises, and the runtime aborts the process ("terminate called without an
-# active exception", exit 134); the passes are stopped before that instead.
+# active exception", exit 134); the passes are stopped before that instead, each given a few seconds
+# (a producer blocked in its source's next() cannot see the stop, and an exit should not hang on it).
 _LIVE: weakref.WeakSet = weakref.WeakSet()
+_EXIT_STOP_S = 5.0
 
 
 @atexit.register
 def _stop_live_passes() -> None:
     for loader in list(_LIVE):
-        loader._stop(loader._active)
+        loader._stop(loader._active, timeout_s=min(loader.close_timeout_s, _EXIT_STOP_S))
 
 
 @dataclass
@@ -280,7 +282,7 @@ class DeviceLoader:
             except queue.Empty:
                 continue
 
-    def _stop(self, ep: _Epoch | None) -> None:
+    def _stop(self, ep: _Epoch | None, timeout_s: float | None = None) -> None:
         if ep is None or ep.thread is None:
             return
         ep.stop.set()
@@ -290,10 +292,11 @@ class DeviceLoader:
             except queue.Empty:
                 break
         if ep.thread is not threading.current_thread():
-            ep.thread.join(self.close_timeout_s)
+            timeout_s = self.close_timeout_s if timeout_s is None else timeout_s
+            ep.thread.join(timeout_s)
             if ep.thread.is_alive():
                 warnings.warn(
-                    f"DeviceLoader producer did not stop within {self.close_timeout_s}s "
+                    f"DeviceLoader producer did not stop within {timeout_s}s "
                     "(source blocked in next()?); it is a daemon thread and will not keep the process alive",
                     RuntimeWarning,
                     stacklevel=3,
