@@ -241,8 +241,10 @@ class ExecutionConfig:
 
     # Augmentation tasks a rank keeps running at once; None: its share of the cluster (raypipe.pipeline.budget).
     num_tasks: int | None = None
-    # Two tasks per core: one decodes while the other waits on Ray (task hand-off, object store writes).
-    cpus_per_task: float = 0.5
+    # None: by the source (``Pipeline`` decides, raypipe.pipeline.budget.cpus_per_task_for): one task per
+    # core where a task's reads are local and its chunk is small, two where a task waits (remote reads,
+    # a whole-window chunk's hand-over) and the second keeps the core busy meanwhile.
+    cpus_per_task: float | None = None
     # Rows per chunk (one task) of an unsharded source; None: auto_chunk_rows(batch_size).
     chunk_rows: int | None = None
     # Finished chunks a rank may hold beyond one per running task (the consumer's look-ahead); with
@@ -266,8 +268,8 @@ class ExecutionConfig:
         ):
             _fail("num_tasks", self.num_tasks, "expected a positive int or None")
         c = self.cpus_per_task
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c <= 64:
-            _fail("cpus_per_task", c, "expected 0 < cpus_per_task <= 64")
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c <= 64):
+            _fail("cpus_per_task", c, "expected 0 < cpus_per_task <= 64, or None (by the source)")
         if self.chunk_rows is not None and (
             isinstance(self.chunk_rows, bool) or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1
         ):

@@ -145,8 +145,8 @@ assert runtime.starting() and not ray.is_initialized()
 made_here = loader.source._stream.local_chunks
 gate.set()
 runtime.wait_connected(120)
-second = [y.numpy().copy() for _, y in loader]  # epoch 1, from Ray's tasks
-assert loader.source._stream.local_chunks == made_here
+second = [y.numpy().copy() for _, y in loader]  # epoch 1: made here until the workers are set up, then by tasks
+assert loader.source._stream._setting_up is not None  # the workers' set-up was sent once Ray was up
 loader.close()
 again = create_loader(data, (3, 32, 32), 6, is_training=True, device=torch.device("cpu"), color_jitter=None)
 same = [(x.numpy(), y.numpy()) for x, y in again]  # epoch 0 again, now made by Ray's tasks

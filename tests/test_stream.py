@@ -159,7 +159,9 @@ def test_two_ranks_on_a_two_node_cluster_share_it(sample_dir):
         pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8))
         alone = pipe.budget(world_size=1)
         ranks = [pipe.budget(world_size=2) for _ in range(2)]
-        assert alone.workers == 8 and sum(b.workers for b in ranks) == alone.workers
+        # a local folder: one task per core, so the 4 CPUs of both nodes run 4 tasks in all
+        assert pipe.execution.cpus_per_task == 1.0
+        assert alone.workers == 4 and sum(b.workers for b in ranks) == alone.workers
         store = 300 * 2**20 * 0.5  # STORE_SHARE of both nodes' stores
         assert sum(b.in_flight for b in ranks) * 8 * 32 * 32 * 3 <= store
         ids = []
@@ -174,21 +176,30 @@ def test_two_ranks_on_a_two_node_cluster_share_it(sample_dir):
 
 
 def test_chunks_made_here_while_the_cluster_starts_are_the_tasks_chunks(ray_local, sample_dir, monkeypatch):
+    """While the cluster starts, then until the workers' set-up tasks are done, the consumer makes the
+    chunks itself: the same batches as Ray's tasks make."""
     import raypipe.runtime
+    from raypipe.pipeline.stream import ChunkStream
 
-    def batches(starting_calls: int):
-        calls = []
+    def batches(starting_calls: int, setting_up_calls: int):
+        calls, waits = [], []
         monkeypatch.setattr(raypipe.runtime, "starting", lambda: calls.append(1) or len(calls) <= starting_calls)
+        # the set-up tasks "not done yet" for the first calls, then done (their results are still taken)
+        ready = lambda self: waits.append(1) or len(waits) > setting_up_calls  # noqa: E731
+        monkeypatch.setattr(ChunkStream, "_workers_ready", ready)
         pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5, seed=3),
                         execution=ExecutionConfig(chunk_rows=7, num_tasks=2))  # fmt: skip
         source = EpochSource(pipe, end_epoch=2)
         out = [[(b["sample_id"].tolist(), b["image"].tobytes()) for b in source] for _ in range(2)]
-        local = source._stream.local_chunks
+        stream = source._stream
         source.close()
-        return out, local
+        return out, stream
 
-    reference, none_here = batches(0)
-    started_late, here = batches(3)
-    assert (none_here, here) == (0, 3)  # 48 rows in chunks of 7: 7 chunks an epoch, the first 3 made here
+    reference, from_tasks = batches(0, 0)
+    started_late, here = batches(3, 2)
+    # 48 rows in chunks of 7: 7 chunks an epoch; 3 made while the cluster starts, 2 while workers set up
+    assert (from_tasks.local_chunks, here.local_chunks) == (0, 5)
+    assert from_tasks._setting_up is None  # a stream that began on a running cluster sends no set-up tasks
+    assert here.workers_set_up and len(here._setting_up) == here.budget.workers == 2
     assert started_late == reference  # the same rows, order and pixels either way
     assert all(sorted(i for ids, _ in epoch for i in ids) == list(range(48)) for epoch in started_late)

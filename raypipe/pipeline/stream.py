@@ -17,8 +17,11 @@ Taking results in order also makes batch composition a function of the seed alon
 Before the cluster is up (``raypipe.connect(wait=False)`` still starting it), the consumer runs the
 next chunk's stage itself, in this process: the same function on the same rows, so the same output,
 and the trainer has its first batches while Ray starts (which begins once the first chunk's batches
-are out, so that the two do not share the cores). Once the cluster is up, the chunks that are left
-go to Ray tasks as above.
+are out, so that the two do not share the cores). Once the cluster is up, such a stream sends one
+set-up task per worker (a worker process's first task imports the kernels and builds the transform
+and reader, a second or more of CPU) and goes on making chunks here until they are done; the chunks
+that are left then go to Ray tasks as above, whose first results come back a chunk's time later
+instead of after every worker's set-up.
 
 Why plain Ray tasks and not a Ray Data execution: a Ray Data ``Dataset`` plans one input task per
 block before it starts (milliseconds each: a hundred epochs of an ImageNet shard cost minutes up
@@ -42,7 +45,7 @@ import ray
 from raypipe import runtime
 from raypipe.pipeline.budget import RankBudget
 from raypipe.pipeline.order import RankPlan
-from raypipe.stages.augment import StageSpec, augment_block
+from raypipe.stages.augment import StageSpec, augment_block, stage_for
 
 __all__ = ["Chunk", "ChunkStream", "STALL_WARN_S"]
 
@@ -59,6 +62,11 @@ BUDGET_REFRESH_S = 30.0
 @ray.remote(max_retries=3)  # a worker that died (OOM, node lost) is retried; same output: per-sample seeds
 def _augment_chunk(rows: dict[str, np.ndarray], spec: StageSpec) -> dict[str, np.ndarray]:
     return augment_block(rows, spec)
+
+
+@ray.remote(max_retries=3)
+def _set_up_stage(spec: StageSpec) -> None:
+    stage_for(spec)  # cached in the worker process: its first chunk finds it made
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,9 @@ class ChunkStream:
         self.budget: RankBudget | None = None  # taken from the cluster once it is up
         self._budget_at = 0.0
         self._task = _augment_chunk.options(**task_options)  # a wrapper: needs no cluster yet
+        self._set_up_task = _set_up_stage.options(**task_options)
+        self._setting_up: list | None = None  # the workers' set-up tasks, once the cluster is up
+        self.workers_set_up = False
         self.local_chunks = 0  # chunks this process made itself while the cluster was starting
         self._pending: collections.deque = collections.deque()  # (epoch, index, last, rows, ref)
         self._todo = self._chunks(start_epoch, end_epoch)
@@ -112,9 +123,12 @@ class ChunkStream:
     def _rows(self, idx: np.ndarray) -> dict[str, np.ndarray]:
         return {name: col[idx] for name, col in self._columns.items()}
 
-    def _submit(self) -> None:
+    def _refresh_budget(self) -> None:
         if self.budget is None or time.monotonic() - self._budget_at > BUDGET_REFRESH_S:
             self.budget, self._budget_at = self._budget_fn(), time.monotonic()
+
+    def _submit(self) -> None:
+        self._refresh_budget()
         while len(self._pending) < self.budget.in_flight:
             item = next(self._todo, None)
             if item is None:
@@ -132,7 +146,7 @@ class ChunkStream:
     def __next__(self) -> Chunk:
         if self._closed:
             raise StopIteration
-        if not self._pending and runtime.starting():
+        if not self._pending and self._make_here():
             return self._run_here()
         self._submit()
         if not self._pending:
@@ -141,6 +155,27 @@ class ChunkStream:
         block = self._wait(ref, epoch, index) if ref is not None else None
         self._submit()  # refill the window before the consumer starts on this chunk
         return Chunk(epoch, index, last, n, block)
+
+    def _make_here(self) -> bool:
+        """Whether the consumer makes the next chunk itself: while the cluster starts and then, for a
+        stream that began so, until the workers' set-up tasks are done (see the module's doc)."""
+        if runtime.starting():
+            return True
+        if self.workers_set_up or not self.local_chunks:
+            return False
+        if self._setting_up is None:
+            self._refresh_budget()
+            spec = self._spec_for_epoch(0)  # any epoch's: a stage is reused across epochs
+            self._setting_up = [self._set_up_task.remote(spec) for _ in range(self.budget.workers)]
+        if not self._workers_ready():
+            return True
+        ray.get(self._setting_up)  # a stage that cannot be set up fails here, with its own error
+        self.workers_set_up = True
+        return False
+
+    def _workers_ready(self) -> bool:
+        ready, _ = ray.wait(self._setting_up, num_returns=len(self._setting_up), timeout=0)
+        return len(ready) == len(self._setting_up)
 
     def _run_here(self) -> Chunk:
         if self.local_chunks:

@@ -29,7 +29,7 @@ from raypipe.sources.reader import BlockReader
 
 T = TypeVar("T")
 
-__all__ = ["StageSpec", "AugmentStage", "augment_block", "OUTPUT_COLUMNS"]
+__all__ = ["StageSpec", "AugmentStage", "augment_block", "stage_for", "OUTPUT_COLUMNS"]
 
 OUTPUT_COLUMNS = ("image", "label", "sample_id", "ok", "reason", "detail", "path")
 
@@ -155,6 +155,11 @@ _STAGES: dict[tuple, AugmentStage] = {}
 
 
 def augment_block(batch: dict[str, np.ndarray], spec: StageSpec) -> dict[str, np.ndarray]:
+    return stage_for(spec)(batch)
+
+
+def stage_for(spec: StageSpec) -> AugmentStage:
+    """This process's stage for ``spec``, made on first use (imports, transform, reader)."""
     stage = _STAGES.get(spec.reuse_key)
     # The same bucket and prefix may be read through another filesystem (another endpoint or
     # credentials) by a later pipeline of the same job: its stage reads through its own. (pyarrow
@@ -164,7 +169,7 @@ def augment_block(batch: dict[str, np.ndarray], spec: StageSpec) -> dict[str, np
             _STAGES.clear()
         stage = _STAGES[spec.reuse_key] = AugmentStage(spec)
     stage.spec = spec  # same transform and reader; this epoch's seed
-    return stage(batch)
+    return stage
 
 
 def _same_filesystem(a, b) -> bool:
