@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from raypipe.pipeline.budget import rank_budget
-from raypipe.pipeline.order import RankPlan, chunk_bounds, epoch_order, rank_slice
+from raypipe.pipeline.order import RankPlan, chunk_bounds, doubling_bounds, epoch_order, rank_slice
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 7])
@@ -41,6 +41,20 @@ def test_sharded_rows_form_windows_of_whole_shards():
     assert sorted(owner) == list(range(20))
     first = [int(s) for s in dict.fromkeys(shards[np.concatenate(chunks)])]
     assert first != sorted(first)  # the shards themselves are shuffled
+
+
+def test_a_streams_first_window_is_cut_into_doubling_pieces_in_the_same_order():
+    shards = np.repeat(np.arange(30), 100)  # 30 Parquet row groups of 100 rows, read whole
+    plan = RankPlan(3000, seed=0, shuffle=True, chunk_rows=128, shards=shards, window_rows=2048)
+    whole, ramped = plan.chunks(0), plan.chunks(0, ramp=True)
+    assert np.array_equal(np.concatenate(ramped), np.concatenate(whole))  # the same order: the same batches
+    first = len(whole[0])
+    sizes = [len(c) for c in ramped[: len(ramped) - len(whole) + 1]]
+    assert sizes[:-1] == [128 * 2**k for k in range(len(sizes) - 1)] and sum(sizes) == first
+    assert [len(c) for c in ramped[len(sizes):]] == [len(c) for c in whole[1:]]  # later windows stay whole
+    assert doubling_bounds(10, 10, 4) == [] and doubling_bounds(0, 3, 4) == [(0, 3)]
+    folder = RankPlan(3000, seed=0, shuffle=True, chunk_rows=128)  # ordinary chunks: nothing to cut
+    assert [len(c) for c in folder.chunks(0, ramp=True)] == [len(c) for c in folder.chunks(0)]
 
 
 def test_a_huge_shard_is_cut_into_chunks():

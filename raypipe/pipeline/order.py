@@ -24,13 +24,19 @@ Two shuffles, chosen by the rows' ``shard`` column (see ``raypipe.sources.table`
 
 Ranks take contiguous, equal (±1 row) slices of the epoch's order, so each sample is in exactly one
 rank's epoch and a shard is read by at most two ranks.
+
+A stream's first epoch (``chunks(epoch, ramp=True)``) cuts its first whole window into pieces that
+double from ``chunk_rows`` (128, 256, 512, … rows): nothing runs ahead of a run's start, and its first
+batch would otherwise wait for a whole window of work on one core. Each piece reads the window's
+shards itself, so they are read a few times (about log2(window_rows / chunk_rows)) once per run. The
+order, and so every batch, is the same either way: only where the work is cut moves.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["epoch_order", "rank_slice", "chunk_bounds", "RankPlan", "SHARDED_KINDS"]
+__all__ = ["epoch_order", "rank_slice", "chunk_bounds", "doubling_bounds", "RankPlan", "SHARDED_KINDS"]
 
 # Sources whose rows live in shards (Parquet row groups, tar shards): shuffled by windows of whole
 # shards. A folder or manifest row is a file of its own, read alone, and is shuffled globally.
@@ -89,6 +95,16 @@ def chunk_bounds(lo: int, hi: int, window_starts: np.ndarray, chunk_rows: int) -
     return out
 
 
+def doubling_bounds(lo: int, hi: int, first: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` cut into pieces of ``first``, ``2 * first``, ``4 * first``, … rows (the last one what
+    is left)."""
+    out, size = [], max(1, first)
+    while lo < hi:
+        out.append((lo, min(lo + size, hi)))
+        lo, size = lo + size, 2 * size
+    return out
+
+
 class RankPlan:
     """One rank's epochs: ``rows(epoch)`` its row indices in order, ``chunks(epoch)`` the same cut into
     the units of work the workers run (each a sorted-by-order index array)."""
@@ -141,14 +157,18 @@ class RankPlan:
         """Rows this rank reads per epoch."""
         return self._span.stop - self._span.start
 
-    def chunks(self, epoch: int) -> list[np.ndarray]:
+    def chunks(self, epoch: int, *, ramp: bool = False) -> list[np.ndarray]:
+        """This rank's chunks of ``epoch``; ``ramp``: the first whole window cut into doubling pieces (a
+        stream's first epoch: see the module's doc)."""
         order, starts = epoch_order(
             self.n, seed=self.seed, epoch=epoch, shuffle=self.shuffle, shards=self.shards,
             window_rows=self.window_rows,
         )  # fmt: skip
         limit = self.max_chunk_rows if self.sharded else self.chunk_rows
-
-        return [order[a:b] for a, b in chunk_bounds(self._span.start, self._span.stop, starts, limit)]
+        bounds = chunk_bounds(self._span.start, self._span.stop, starts, limit)
+        if ramp and bounds and limit > self.chunk_rows:
+            bounds = doubling_bounds(*bounds[0], self.chunk_rows) + bounds[1:]
+        return [order[a:b] for a, b in bounds]
 
     def rows(self, epoch: int) -> np.ndarray:
         chunks = self.chunks(epoch)

@@ -17,11 +17,11 @@ Taking results in order also makes batch composition a function of the seed alon
 Before the cluster is up (``raypipe.connect(wait=False)`` still starting it), the consumer runs the
 next chunk's stage itself, in this process: the same function on the same rows, so the same output,
 and the trainer has its first batches while Ray starts (which begins once the first chunk's batches
-are out, so that the two do not share the cores). Once the cluster is up, such a stream sends one
-set-up task per worker (a worker process's first task imports the kernels and builds the transform
-and reader, a second or more of CPU) and goes on making chunks here until they are done; the chunks
-that are left then go to Ray tasks as above, whose first results come back a chunk's time later
-instead of after every worker's set-up.
+are out, so that the two do not share the cores). Once the cluster is up, such a stream sends as
+many set-up tasks as it runs tasks at once (each imports the kernels and builds the transform and
+reader in the worker process it lands on) and goes on making chunks here until they are done, rather
+than waiting idle on workers that are still starting; the chunks that are left then go to Ray tasks
+as above.
 
 Why plain Ray tasks and not a Ray Data execution: a Ray Data ``Dataset`` plans one input task per
 block before it starts (milliseconds each: a hundred epochs of an ImageNet shard cost minutes up
@@ -113,7 +113,7 @@ class ChunkStream:
     def _chunks(self, start: int, end: int | None) -> Iterator[tuple[int, int, bool, np.ndarray]]:
         epoch = start
         while end is None or epoch < end:
-            chunks = self._plan.chunks(epoch)
+            chunks = self._plan.chunks(epoch, ramp=epoch == start)  # nothing runs ahead of the first
             for i, idx in enumerate(chunks):
                 yield epoch, i, i == len(chunks) - 1, idx
             if not chunks:
