@@ -242,8 +242,8 @@ class ExecutionConfig:
     # Augmentation tasks a rank keeps running at once; None: its share of the cluster (raypipe.pipeline.budget).
     num_tasks: int | None = None
     # None: by the source (``Pipeline`` decides, raypipe.pipeline.budget.cpus_per_task_for): one task per
-    # core where a task's reads are local and its chunk is small, two where a task waits (remote reads,
-    # a whole-window chunk's hand-over) and the second keeps the core busy meanwhile.
+    # core where a task reads local files, two where it reads from an object store and waits on its
+    # requests, the second task decoding meanwhile.
     cpus_per_task: float | None = None
     # Rows per chunk (one task) of an unsharded source; None: auto_chunk_rows(batch_size).
     chunk_rows: int | None = None

@@ -66,13 +66,13 @@ def rank_budget(
     return RankBudget(workers=workers, in_flight=in_flight, cpus=round(share, 3))
 
 
-def cpus_per_task_for(*, remote: bool, whole_windows: bool) -> float:
+def cpus_per_task_for(*, remote: bool) -> float:
     """The CPUs an augmentation task asks for when ``ExecutionConfig.cpus_per_task`` is left to the
-    source. A task that reads local files chunk by chunk keeps its core busy: one task per core, so the
-    consumer's node starts (and feeds) no more worker processes than it has cores. A task that waits
-    (``remote``: reads from an object store; ``whole_windows``: a window of whole shards handed over as
-    one large block) leaves its core idle meanwhile: two tasks per core, the second decoding then."""
-    return 0.5 if remote or whole_windows else 1.0
+    source. A task that reads local files (a folder, a Parquet window, a tar shard) keeps its core
+    busy: one task per core, so a node starts (and feeds) no more worker processes than it has cores.
+    A task that reads from an object store (``remote``) waits on its requests, even with many in
+    flight: two tasks per core, the second decoding meanwhile."""
+    return 0.5 if remote else 1.0
 
 
 def eligible_resources(resources: Mapping[str, float]) -> tuple[float, float]:

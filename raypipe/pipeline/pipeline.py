@@ -20,7 +20,7 @@ import numpy as np
 from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline.accounting import EpochLedger, EpochReport
 from raypipe.pipeline.budget import RankBudget, cpus_per_task_for, eligible_resources, rank_budget
-from raypipe.pipeline.order import WHOLE_SHARD_KINDS, RankPlan
+from raypipe.pipeline.order import RankPlan
 from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.pipeline.stream import ChunkStream
 from raypipe.sources import SourceRows, open_source
@@ -132,7 +132,7 @@ def _with_task_cpus(execution: ExecutionConfig, rows: SourceRows) -> ExecutionCo
     """``execution`` with ``cpus_per_task`` decided by the source where it was left to it (None)."""
     if execution.cpus_per_task is not None:
         return execution
-    cpus = cpus_per_task_for(remote=not rows.root.is_local, whole_windows=rows.kind in WHOLE_SHARD_KINDS)
+    cpus = cpus_per_task_for(remote=not rows.root.is_local)
     return dataclasses.replace(execution, cpus_per_task=cpus)
 
 
