@@ -283,7 +283,7 @@ def main() -> None:
     p.add_argument("--img-size", type=int, default=224)
     p.add_argument("--auto-augment", help="a timm policy, e.g. rand-m9-mstd0.5-inc1 (default: none)")
     p.add_argument("--chunk-rows", type=int, help="rows per chunk (default: raypipe's auto_chunk_rows)")
-    p.add_argument("--cpus-per-task", type=float, help="ExecutionConfig.cpus_per_task (default: by the source)")
+    p.add_argument("--cpus-per-task", type=float, default=1.0, help="ExecutionConfig.cpus_per_task")
     p.add_argument("--num-tasks", type=int, help="ExecutionConfig.num_tasks")
     p.add_argument("--device-loader", action="store_true", help="read through a CPU DeviceLoader")
     p.add_argument("--img-dtype", default="float32")

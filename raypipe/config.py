@@ -241,10 +241,10 @@ class ExecutionConfig:
 
     # Augmentation tasks a rank keeps running at once; None: its share of the cluster (raypipe.pipeline.budget).
     num_tasks: int | None = None
-    # None: by the source (``Pipeline`` decides, raypipe.pipeline.budget.cpus_per_task_for): one task per
-    # core where a task reads local files, two where it reads from an object store and waits on its
-    # requests, the second task decoding meanwhile.
-    cpus_per_task: float | None = None
+    # One task per core: a task keeps its core busy, also over an object store, whose requests it keeps
+    # in flight while it decodes the rows already read; and a node runs no more worker processes than
+    # it has cores, each paying its own set-up.
+    cpus_per_task: float = 1.0
     # Rows per chunk (one task) of an unsharded source; None: auto_chunk_rows(batch_size).
     chunk_rows: int | None = None
     # Finished chunks a rank may hold beyond one per running task (the consumer's look-ahead); with
@@ -268,8 +268,8 @@ class ExecutionConfig:
         ):
             _fail("num_tasks", self.num_tasks, "expected a positive int or None")
         c = self.cpus_per_task
-        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c <= 64):
-            _fail("cpus_per_task", c, "expected 0 < cpus_per_task <= 64, or None (by the source)")
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c <= 64:
+            _fail("cpus_per_task", c, "expected 0 < cpus_per_task <= 64")
         if self.chunk_rows is not None and (
             isinstance(self.chunk_rows, bool) or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1
         ):

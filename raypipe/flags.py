@@ -114,8 +114,7 @@ def add_pipeline_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("execution")
     g.add_argument("--num-tasks", type=int, help="augmentation tasks at once (default: this rank's share of the CPUs)")
     g.add_argument("--cpus-per-task", type=float,
-                   help="CPUs each augmentation task asks Ray for (default: by the source: 1 for local files, "
-                        "0.5 for object stores, whose tasks wait on requests)")
+                   help=f"CPUs each augmentation task asks Ray for {d('execution', 'cpus_per_task')}")
     g.add_argument("--chunk-rows", type=int, help="rows per augmentation task (default: from the batch size)")
     g.add_argument("--prefetch-chunks", type=int,
                    help=f"finished chunks held ahead of the consumer {d('execution', 'prefetch_chunks')}")

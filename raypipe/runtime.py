@@ -214,7 +214,7 @@ def worker_pool_env(cpus: int) -> dict[str, str]:
       augmentation all but stops. ``ExecutionConfig.worker_nice`` then lowers only the augmentation
       thread, on purpose (an unprivileged process can raise its niceness but never lower it back).
     - ``RAY_num_workers_soft_limit``: Ray ends idle worker processes beyond it (default: the CPU count)
-      after a second; with up to two augmentation tasks per CPU (object stores) and a consumer that
+      after a second; with a task per CPU beside the trainer's own processes and a consumer that
       applies backpressure, workers idle briefly and would be ended and restarted, each restart setting
       its stage up again
       (``python bench/pipeline_profile.py DATA --consumer-ms 300 --ray-soft-limit 2`` counts them).

@@ -307,18 +307,3 @@ def test_first_block_is_handed_out_before_later_blocks_finish(ray_local, sample_
     assert not failed, failed
     assert run.report.emitted == 16 and sorted(np.concatenate([b["sample_id"] for b in batches])) == list(range(16))
 
-
-def test_cpus_per_task_left_to_the_source_is_one_core_for_local_files_and_half_for_object_stores(
-    sample_dir, tmp_path
-):
-    from raypipe.pipeline.budget import cpus_per_task_for
-
-    assert cpus_per_task_for(remote=False) == 1.0
-    assert cpus_per_task_for(remote=True) == 0.5  # an s3:// source: its reads wait on requests
-    assert Pipeline(str(sample_dir), AUG).execution.cpus_per_task == 1.0
-    images = [f.read_bytes() for f in sorted(sample_dir.rglob("*.jpg"))[:6]]
-    pq.write_table(pa.table({"image": pa.array(images, pa.binary()), "label": pa.array([0, 1] * 3, pa.int64())}),
-                   tmp_path / "part-0.parquet", row_group_size=2)  # fmt: skip
-    assert Pipeline(str(tmp_path), AUG).execution.cpus_per_task == 1.0  # a local Parquet file too
-    given = ExecutionConfig(cpus_per_task=0.25, worker_nice=3)
-    assert Pipeline(str(sample_dir), AUG, execution=given).execution == given  # a given value is kept

@@ -13,7 +13,7 @@ import pytest
 from image_factory import tar_bytes
 
 from raypipe.config import PipelineConfig, TrainAugment
-from raypipe.kernels.errors import MISSING
+from raypipe.kernels.errors import MISSING, SkipImage
 from raypipe.pipeline import Pipeline
 from raypipe.sources import BlockReader, ReadOptions, open_source
 
@@ -70,6 +70,31 @@ def test_folder_block_from_s3_matches_local(s3, sample_dir):
     batch = {k: v[:1] if k != "path" else v for k, v in batch.items()}
     (skip,) = reader.read_block(batch)
     assert skip.reason == MISSING
+    reader.close()
+
+
+def test_a_remote_folder_block_read_without_waiting_gives_futures_of_the_same_bytes(s3, sample_dir):
+    """read_block(wait=False): a remote folder's rows come back as Futures at once (the stage decodes the
+    first while the later ones are in flight), each resolving to what read_block() returns; a missing
+    object is still a skip, not an exception."""
+    from concurrent.futures import Future
+
+    fs, _ = s3
+    remote = open_source(f"s3://{BUCKET}/folder", filesystem=fs)
+    batch = _batch(remote)
+    batch["path"] = batch["path"].copy()
+    batch["path"][1] = "c0/missing.jpg"
+    reader = BlockReader(remote.root, "folder", options=ReadOptions(in_flight=4))
+    pending = reader.read_block(batch, wait=False)
+    assert len(pending) == len(batch["path"]) and all(isinstance(x, Future) for x in pending)
+    def shown(x):
+        return x.reason if isinstance(x, SkipImage) else x
+
+    assert [shown(x.result()) for x in pending] == [shown(x) for x in reader.read_block(batch)]
+    assert pending[1].result().reason == MISSING
+    local = open_source(str(sample_dir))  # a local root is read before it returns, as with wait=True
+    here = BlockReader(local.root, "folder").read_block(_batch(local), wait=False)
+    assert all(isinstance(x, bytes) for x in here)
     reader.close()
 
 

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["RankBudget", "rank_budget", "cpus_per_task_for", "eligible_resources", "STORE_SHARE"]
+__all__ = ["RankBudget", "rank_budget", "eligible_resources", "STORE_SHARE"]
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +64,6 @@ def rank_budget(
             in_flight = max(1, fits)
             workers = min(workers, in_flight)
     return RankBudget(workers=workers, in_flight=in_flight, cpus=round(share, 3))
-
-
-def cpus_per_task_for(*, remote: bool) -> float:
-    """The CPUs an augmentation task asks for when ``ExecutionConfig.cpus_per_task`` is left to the
-    source. A task that reads local files (a folder, a Parquet window, a tar shard) keeps its core
-    busy: one task per core, so a node starts (and feeds) no more worker processes than it has cores.
-    A task that reads from an object store (``remote``) waits on its requests, even with many in
-    flight: two tasks per core, the second decoding meanwhile."""
-    return 0.5 if remote else 1.0
 
 
 def eligible_resources(resources: Mapping[str, float]) -> tuple[float, float]:

@@ -10,7 +10,6 @@ that spans the run, so an epoch starts as soon as the previous one's last batch 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import numpy as np
 
 from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline.accounting import EpochLedger, EpochReport
-from raypipe.pipeline.budget import RankBudget, cpus_per_task_for, eligible_resources, rank_budget
+from raypipe.pipeline.budget import RankBudget, eligible_resources, rank_budget
 from raypipe.pipeline.order import RankPlan
 from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.pipeline.stream import ChunkStream
@@ -49,7 +48,7 @@ class Pipeline:
         self.rows = source if isinstance(source, SourceRows) else open_source(source)
         self.augment = augment
         self.config = config or PipelineConfig()
-        self.execution = _with_task_cpus(execution or ExecutionConfig(), self.rows)
+        self.execution = execution or ExecutionConfig()
         self.decode = decode or DecodeConfig()
         self.content_digest = content_digest
         h, w = augment.input_size
@@ -128,14 +127,6 @@ class Pipeline:
         return EpochRun(self, epoch, rank=rank, world_size=world_size)
 
 
-def _with_task_cpus(execution: ExecutionConfig, rows: SourceRows) -> ExecutionConfig:
-    """``execution`` with ``cpus_per_task`` decided by the source where it was left to it (None)."""
-    if execution.cpus_per_task is not None:
-        return execution
-    cpus = cpus_per_task_for(remote=not rows.root.is_local)
-    return dataclasses.replace(execution, cpus_per_task=cpus)
-
-
 def check_task_fits(execution: ExecutionConfig) -> None:
     """An augmentation task that no node can hold would wait without a word. On raypipe's private
     local cluster nothing more will join, so that is an error; elsewhere an autoscaler may still add
@@ -144,15 +135,14 @@ def check_task_fits(execution: ExecutionConfig) -> None:
 
     from raypipe.runtime import private_cluster
 
-    cpus = 0.5 if execution.cpus_per_task is None else execution.cpus_per_task  # None: 0.5 at the least
-    need = {"CPU": cpus, **dict(execution.resources)}
+    need = {"CPU": execution.cpus_per_task, **dict(execution.resources)}
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     if not nodes or any(all(r.get(k, 0.0) >= v for k, v in need.items()) for r in nodes):
         return
     largest = max(r.get("CPU", 0.0) for r in nodes)
     message = (
         f"no node of the cluster can run an augmentation task, which needs {need} (cpus_per_task="
-        f"{cpus:g}, resources={dict(execution.resources)}); the largest node has {largest:g} CPUs"
+        f"{execution.cpus_per_task:g}, resources={dict(execution.resources)}); the largest node has {largest:g} CPUs"
     )
     if private_cluster():
         raise ValueError(message)

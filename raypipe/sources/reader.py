@@ -30,7 +30,7 @@ import errno
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -90,13 +90,16 @@ class BlockReader:
             self._pool.shutdown(wait=True)
             self._pool = None
 
+    def _threads(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.options.in_flight, thread_name_prefix="raypipe-read")
+        return self._pool
+
     def _map(self, fn: Callable, items: Sequence) -> list:
         """``[fn(x) for x in items]``, concurrently for a remote root."""
         if self.root.is_local or len(items) <= 1:
             return [fn(x) for x in items]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.options.in_flight, thread_name_prefix="raypipe-read")
-        return list(self._pool.map(fn, items))
+        return list(self._threads().map(fn, items))
 
     @property
     def cached(self) -> bool:
@@ -182,10 +185,16 @@ class BlockReader:
     def _open_cached(self, where: str, listed: tuple[int, int] = _UNLISTED):
         return os.fdopen(self._cached_fd(where, listed), "rb")
 
-    def read_block(self, rows: Mapping[str, np.ndarray]) -> list[Result]:
+    def read_block(self, rows: Mapping[str, np.ndarray], *, wait: bool = True) -> list[Result | Future]:
         """Bytes (or the skip) of each row of a block: ``rows`` has the block's ``path`` column, and
         ``row`` (Parquet), ``offset``/``size`` (tar shards) and ``error`` columns where the kind has them;
-        ``object_size``/``object_mtime_ns`` key the cache where present (without them, as for -1)."""
+        ``object_size``/``object_mtime_ns`` key the cache where present (without them, as for -1).
+
+        ``wait=False`` returns once the requests are sent where each row is an object of its own in a
+        store (a remote folder or manifest): those rows are then ``Future``s, their requests in row order,
+        so a caller decodes the first rows while the later ones are still in flight, and one task keeps
+        its core busy through the store's latency. Other rows are read before it returns, as with
+        ``wait=True``."""
         paths = rows["path"]
         out: list[Result | None] = [None] * len(paths)
         todo = []
@@ -217,9 +226,17 @@ class BlockReader:
                     if out[i] is None:
                         misses.append(i)
                 todo = misses
-            read = self._map(lambda i: self._read_file(str(paths[i]), listed(i)), todo)
-            for i, data in zip(todo, read, strict=True):
-                out[i] = data
+
+            def one(i: int) -> Result:
+                return self._read_file(str(paths[i]), listed(i))
+
+            if not wait and not self.root.is_local and len(todo) > 1:
+                pool = self._threads()
+                for i in todo:
+                    out[i] = pool.submit(one, i)
+            else:
+                for i, data in zip(todo, self._map(one, todo), strict=True):
+                    out[i] = data
         return out  # type: ignore[return-value]
 
     def describe(self, rows: Mapping[str, np.ndarray], i: int) -> str:

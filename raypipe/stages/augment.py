@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -122,14 +122,17 @@ class AugmentStage:
         shown = np.full(n, "", dtype=object)
         errors = batch.get("error")
         rngs = BlockRngs(self.spec.seed, self.spec.epoch, batch["sample_id"])  # = sample_rng per row, cheaper
-        # the whole block's bytes at once: remote reads overlap, a Parquet row group is read once per block
-        read = self.reader.read_block(batch)
+        # the whole block's reads at once: remote requests overlap (and with this loop's decoding: a row
+        # still in flight is a Future), a Parquet row group is read once per block
+        read = self.reader.read_block(batch, wait=False)
         for i in range(n):
             try:
                 if errors is not None and errors[i]:
                     why, _, more = str(errors[i]).partition(": ")
                     raise SkipImage(why, more)
                 data = read[i]
+                if isinstance(data, Future):
+                    data = data.result()
                 if isinstance(data, SkipImage):
                     raise data
                 self.transform(data, rngs.get(i), out=images[i])

@@ -40,7 +40,7 @@ def _check_cpus(job: TrainJobConfig) -> None:
         return  # augmentation has its own nodes
     total = ray.cluster_resources().get("CPU", 0.0)
     left = total - job.num_workers * job.cpus_per_worker
-    if left < (job.execution.cpus_per_task or 0.5):  # None: the source decides, 0.5 at the least
+    if left < job.execution.cpus_per_task:
         print(
             f"warning: {job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} leave {left:g} of "
             f"{total:g} CPUs, less than one augmentation task needs (cpus_per_task="
