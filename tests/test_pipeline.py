@@ -306,4 +306,3 @@ def test_first_block_is_handed_out_before_later_blocks_finish(ray_local, sample_
         consumer.join(120)
     assert not failed, failed
     assert run.report.emitted == 16 and sorted(np.concatenate([b["sample_id"] for b in batches])) == list(range(16))
-

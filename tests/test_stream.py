@@ -128,9 +128,9 @@ def test_remote_shards_are_fetched_in_few_requests(ray_local, sample_dir, tmp_pa
             assert sorted(_ids(source)) == list(range(48))
         source.close()
         # 2 windows of 2 shards per epoch: a ranged GET per shard and window (and a handle's HEAD per
-        # shard and worker), plus the run's first window read once more by each of its 3 ramp pieces
-        # (4, 8, 12 rows) but the one a window's read counts already; one request per image would be 48
-        # GETs per epoch
+        # shard and worker). The run's first window is cut into 3 ramp pieces (4, 8, 12 rows), each
+        # reading both its shards: 2 x 2 GETs more than one whole window. One request per image would
+        # be 48 GETs per epoch.
         assert server.count("GetObject") <= 2 * 4 + 2 * 2, dict(server.requests)
 
 

@@ -105,7 +105,7 @@ class ChunkStream:
         self._set_up_task = _set_up_stage.options(**task_options)
         self._setting_up: list | None = None  # the workers' set-up tasks, once the cluster is up
         self.workers_set_up = False
-        self.local_chunks = 0  # chunks this process made itself while the cluster was starting
+        self.local_chunks = 0  # chunks this process made itself (cluster starting, workers setting up)
         self._pending: collections.deque = collections.deque()  # (epoch, index, last, rows, ref)
         self._todo = self._chunks(start_epoch, end_epoch)
         self._closed = False
