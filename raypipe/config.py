@@ -235,6 +235,9 @@ class PipelineConfig:
             _fail("max_skips", self.max_skips, "expected an int >= 0 or None")
 
 
+BACKENDS = ("auto", "ray", "local")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExecutionConfig:
     """How a rank's batches are made on the cluster: workers, chunks, priorities."""
@@ -261,6 +264,10 @@ class ExecutionConfig:
     worker_sched_idle: bool | None = None
     # Extra Ray resources each augmentation task asks for, to steer it to preprocessing nodes.
     resources: Mapping[str, float] = field(default_factory=dict)
+    # Where the augmentation tasks run: "ray" (the connected cluster's nodes), "local" (worker
+    # processes of this machine, no Ray: raypipe.pipeline.local_workers), or "auto": Ray when this
+    # process is connected to it (or connecting, or RAY_ADDRESS names a cluster), else local.
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
         if self.num_tasks is not None and (
@@ -287,6 +294,8 @@ class ExecutionConfig:
         ):
             _fail("resources", self.resources, "expected a mapping of resource name -> amount >= 0")
         _set(self, "resources", types.MappingProxyType(dict(self.resources)))
+        if self.backend not in BACKENDS:
+            _fail("backend", self.backend, f"expected one of {', '.join(BACKENDS)}")
 
     def chunk_rows_for(self, batch_size: int) -> int:
         return self.chunk_rows or auto_chunk_rows(batch_size)

@@ -133,12 +133,15 @@ _FIRST_EPOCH_BEFORE_RAY = """
 import threading, sys
 import numpy as np, ray, torch
 from raypipe import runtime
+from raypipe.config import ExecutionConfig
 from raypipe.timm import create_loader
 
 gate, connect_now = threading.Event(), runtime._connect_now
 runtime._connect_now = lambda **kw: (gate.wait(), connect_now(**kw))  # the cluster starts when the test says
 data = sys.argv[1]
-loader = create_loader(data, (3, 32, 32), 6, is_training=True, device=torch.device("cpu"), color_jitter=None)
+ray_tasks = ExecutionConfig(backend="ray")  # the drop-in starts a local Ray in the background for them
+loader = create_loader(data, (3, 32, 32), 6, is_training=True, device=torch.device("cpu"), color_jitter=None,
+                       execution=ray_tasks)
 assert runtime.starting() and not ray.is_initialized()
 first = [(x.numpy().copy(), y.numpy().copy()) for x, y in loader]  # epoch 0, all of it before Ray is up
 assert runtime.starting() and not ray.is_initialized()
@@ -148,7 +151,8 @@ runtime.wait_connected(120)
 second = [y.numpy().copy() for _, y in loader]  # epoch 1: made here until the workers are set up, then by tasks
 assert loader.source._stream._setting_up is not None  # the workers' set-up was sent once Ray was up
 loader.close()
-again = create_loader(data, (3, 32, 32), 6, is_training=True, device=torch.device("cpu"), color_jitter=None)
+again = create_loader(data, (3, 32, 32), 6, is_training=True, device=torch.device("cpu"), color_jitter=None,
+                      execution=ray_tasks)
 same = [(x.numpy(), y.numpy()) for x, y in again]  # epoch 0 again, now made by Ray's tasks
 again.close()
 assert len(first) == len(same) == len(second) == 3

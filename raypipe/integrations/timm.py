@@ -167,9 +167,10 @@ def create_loader(
     from raypipe.integrations.node_ray import connect_node
     from raypipe.pipeline import Pipeline
 
-    # One process: Ray starts in the background, and the first chunks are made here meanwhile
-    # (raypipe.pipeline.stream), so the first batch does not wait for a cluster, as timm's does not.
-    connect_node(wait=world_size > 1)
+    if _wants_ray(execution, world_size=world_size, feeder=feeder):
+        # The first chunks are made here while a local Ray starts in the background
+        # (raypipe.pipeline.stream), so the first batch does not wait for a cluster, as timm's does not.
+        connect_node(wait=world_size > 1)
     erasing = is_training and not no_aug  # timm's PrefetchLoader erases only then
     device_kwargs = dict(
         device=device, img_dtype=torch.float16 if fp16 else img_dtype, mean=tuple(mean), std=tuple(std),
@@ -184,6 +185,21 @@ def create_loader(
         pipeline, training=is_training, rank=rank, world_size=world_size, device_kwargs=device_kwargs,
         dataset=shown, yield_ids=yield_ids, feeder=feeder, reserved_cpus=reserved_cpus,
     )  # fmt: skip
+
+
+def _wants_ray(execution: ExecutionConfig | None, *, world_size: int, feeder: bool) -> bool:
+    """Whether the loader runs on Ray: asked for, or needed (ranks to share a node's cluster, a feeder
+    actor), or there to join (connected, ``RAY_ADDRESS``). Else one trainer on one machine: its tasks
+    run in local worker processes (``ExecutionConfig.backend``), with no cluster to start."""
+    import ray
+
+    from raypipe import runtime
+
+    backend = (execution or ExecutionConfig()).backend
+    if backend != "auto":
+        return backend == "ray"
+    needed = world_size > 1 or feeder
+    return needed or runtime.starting() or ray.is_initialized() or bool(os.environ.get("RAY_ADDRESS"))
 
 
 def _world(distributed: bool, rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """A dataset plus its transform, and the consumer that turns a rank's chunk stream into batches.
 
-    listing rows ─▶ RankPlan (order.py) ─▶ ChunkStream (stream.py): Ray tasks, in order ─▶ EpochSource
+    listing rows ─▶ RankPlan (order.py) ─▶ ChunkStream (stream.py): tasks, in order ─────▶ EpochSource
     (sources/)      this rank's chunks      read + decode + augment on any node          Packer ─▶ batches
                     of every epoch                                                       EpochLedger counts
 
@@ -11,6 +11,7 @@ that spans the run, so an epoch starts as soon as the previous one's last batch 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 
@@ -19,9 +20,10 @@ import numpy as np
 from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline.accounting import EpochLedger, EpochReport
 from raypipe.pipeline.budget import RankBudget, eligible_resources, rank_budget
+from raypipe.pipeline.local_workers import LocalWorkers, local_cpus, shared_memory_dir
 from raypipe.pipeline.order import RankPlan
 from raypipe.pipeline.pack import BatchSpec, Packer
-from raypipe.pipeline.stream import ChunkStream
+from raypipe.pipeline.stream import ChunkStream, RayTasks
 from raypipe.sources import SourceRows, open_source
 from raypipe.sources.table import table_columns
 from raypipe.stages.augment import StageSpec
@@ -32,8 +34,9 @@ log = logging.getLogger(__name__)
 
 
 class Pipeline:
-    """A dataset plus its transform, ready to run epochs on the connected Ray cluster. Constructing it
-    lists the dataset (unless given ``SourceRows``) and nothing else."""
+    """A dataset plus its transform, ready to run epochs on the connected Ray cluster (or, not connected,
+    on local worker processes: ``ExecutionConfig.backend``). Constructing it lists the dataset (unless
+    given ``SourceRows``) and nothing else."""
 
     def __init__(
         self,
@@ -96,6 +99,41 @@ class Pipeline:
             prefetch_chunks=ex.prefetch_chunks, num_tasks=ex.num_tasks, store_bytes=store, chunk_bytes=chunk_bytes,
         )  # fmt: skip
 
+    def uses_ray(self) -> bool:
+        """Whether this pipeline's tasks run on Ray (``ExecutionConfig.backend``)."""
+        backend = self.execution.backend
+        if backend != "auto":
+            return backend == "ray"
+        import ray
+
+        from raypipe import runtime
+
+        return ray.is_initialized() or runtime.starting() or bool(os.environ.get("RAY_ADDRESS"))
+
+    def local_budget(self, *, world_size: int = 1, reserved_cpus: float = 0.0) -> tuple[RankBudget, int, str]:
+        """This rank's share of this machine for local workers: (budget, worker processes, directory of
+        the chunks' shared files). The machine's ranks share its cores (``LOCAL_WORLD_SIZE``, as torchrun
+        sets it). The budget is computed as on a private local Ray (``budget``), and the workers are as
+        many as such a Ray would run at once: one per ``cpus_per_task`` of the rank's cores, the
+        trainer's ``reserved_cpus`` not taken from them (it holds no Ray CPU either), at most the chunks
+        in flight."""
+        ex = self.execution
+        h, w, c = self.batch_spec.image_shape
+        chunk_bytes = self.plan(0, world_size).max_chunk_rows * h * w * c
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        cpus = local_cpus()
+        wanted = (ex.num_tasks or cpus) + ex.prefetch_chunks
+        directory, free = shared_memory_dir(2 * wanted * chunk_bytes)
+        budget = rank_budget(
+            eligible_cpus=cpus, reserved_cpus=reserved_cpus, world_size=ranks_here, cpus_per_task=ex.cpus_per_task,
+            prefetch_chunks=ex.prefetch_chunks, num_tasks=ex.num_tasks, store_bytes=free, chunk_bytes=chunk_bytes,
+        )  # fmt: skip
+        if ex.num_tasks is not None:
+            count = ex.num_tasks
+        else:
+            count = min(budget.in_flight, max(1, int(cpus / ranks_here / ex.cpus_per_task + 1e-9)))
+        return budget, count, directory
+
     def columns(self) -> dict[str, np.ndarray]:
         """The listing as numpy columns, made once: each chunk's rows are a take of them."""
         if self._columns is None:
@@ -109,16 +147,25 @@ class Pipeline:
     ) -> ChunkStream:  # fmt: skip
         """This rank's chunks of epochs ``start_epoch`` … ``end_epoch`` (exclusive; None: no end)."""
         ex = self.execution
-        options: dict = {"num_cpus": ex.cpus_per_task}
-        if ex.resources:
-            options["resources"] = dict(ex.resources)
+        if self.uses_ray():
+            options: dict = {"num_cpus": ex.cpus_per_task}
+            if ex.resources:
+                options["resources"] = dict(ex.resources)
 
-        def cluster_budget() -> RankBudget:  # asked once the cluster is up, then again as it changes
-            check_task_fits(ex)
-            return self.budget(world_size=world_size, reserved_cpus=reserved_cpus)
+            def budget() -> RankBudget:  # asked once the cluster is up, then again as it changes
+                check_task_fits(ex)
+                return self.budget(world_size=world_size, reserved_cpus=reserved_cpus)
+
+            workers = RayTasks(options)
+        else:
+            local, count, directory = self.local_budget(world_size=world_size, reserved_cpus=reserved_cpus)
+            workers = LocalWorkers.shared(count, directory)
+
+            def budget() -> RankBudget:
+                return local
 
         return ChunkStream(
-            self.columns(), self.plan(rank, world_size), self.stage_spec, cluster_budget, options,
+            self.columns(), self.plan(rank, world_size), self.stage_spec, budget, workers,
             start_epoch=start_epoch, end_epoch=end_epoch,
         )  # fmt: skip
 

@@ -1,8 +1,11 @@
-"""The rank's single execution: every epoch's chunks, run as Ray tasks, handed out in order.
+"""The rank's single execution: every epoch's chunks, run as tasks, handed out in order.
 
 One ``ChunkStream`` spans a rank's whole run. It walks the epochs' chunks (``order.RankPlan``) in
-order and keeps at most ``in_flight`` of them submitted as Ray tasks, each reading, decoding and
-augmenting one chunk on any node. The consumer takes the results strictly in submission order::
+order and keeps at most ``in_flight`` of them submitted as tasks, each reading, decoding and
+augmenting one chunk: Ray tasks on any node of the cluster (``RayTasks``), or, for a run that is not
+connected to Ray, worker processes of this machine (``local_workers.LocalWorkers``), which take the
+same chunks in the same order, so the batches are the same. The consumer takes the results strictly
+in submission order::
 
     submitted:  e0c0 e0c1 e0c2 e0c3 | e1c0 e1c1        (in_flight = 6: the window)
     running:         e0c1 e0c2 e0c3   e1c0             (workers = 4)
@@ -14,14 +17,14 @@ once: the object store a rank may fill (``in_flight`` chunks), how far the worke
 consumer, and how long a slow chunk can hold the others (they finish and wait; nothing new starts).
 Taking results in order also makes batch composition a function of the seed alone.
 
-Before the cluster is up (``raypipe.connect(wait=False)`` still starting it), the consumer runs the
-next chunk's stage itself, in this process: the same function on the same rows, so the same output,
-and the trainer has its first batches while Ray starts (which begins once the first chunk's batches
-are out, so that the two do not share the cores). Once the cluster is up, such a stream sends as
-many set-up tasks as it runs tasks at once (each imports the kernels and builds the transform and
-reader in the worker process it lands on) and goes on making chunks here until they are done, rather
-than waiting idle on workers that are still starting; the chunks that are left then go to Ray tasks
-as above.
+Before the workers are up (``raypipe.connect(wait=False)`` still starting Ray, or the local workers
+still starting), the consumer runs the next chunk's stage itself, in this process: the same function
+on the same rows, so the same output, and the trainer has its first batches while the workers start
+(which begins once the first chunk's batches are out, so that the two do not share the cores). Once
+they are up, such a stream sends as many set-up tasks as it runs tasks at once (each imports the
+kernels and builds the transform and reader in the worker process it lands on) and goes on making
+chunks here until they are done, rather than waiting idle on workers that are still starting; the
+chunks that are left then go to the workers as above.
 
 Why plain Ray tasks and not a Ray Data execution: a Ray Data ``Dataset`` plans one input task per
 block before it starts (milliseconds each: a hundred epochs of an ImageNet shard cost minutes up
@@ -47,7 +50,7 @@ from raypipe.pipeline.budget import RankBudget
 from raypipe.pipeline.order import RankPlan
 from raypipe.stages.augment import StageSpec, augment_block, stage_for
 
-__all__ = ["Chunk", "ChunkStream", "STALL_WARN_S"]
+__all__ = ["Chunk", "ChunkStream", "RayTasks", "STALL_WARN_S"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,50 @@ def _augment_chunk(rows: dict[str, np.ndarray], spec: StageSpec) -> dict[str, np
 @ray.remote(max_retries=3)
 def _set_up_stage(spec: StageSpec) -> None:
     stage_for(spec)  # cached in the worker process: its first chunk finds it made
+
+
+class RayTasks:
+    """The stream's workers as Ray tasks (``task_options``: their resources), behind the same methods as
+    ``LocalWorkers``."""
+
+    def __init__(self, task_options: dict):
+        self._task = _augment_chunk.options(**task_options)  # a wrapper: needs no cluster yet
+        self._set_up_task = _set_up_stage.options(**task_options)
+
+    @staticmethod
+    def starting() -> bool:
+        return runtime.starting()
+
+    @staticmethod
+    def release_start() -> None:
+        runtime.release_start()
+
+    def set_up(self, spec: StageSpec, count: int) -> list:
+        return [self._set_up_task.remote(spec) for _ in range(count)]
+
+    def submit(self, rows: dict[str, np.ndarray], spec: StageSpec):
+        return self._task.remote(rows, spec)
+
+    @staticmethod
+    def all_done(refs: list) -> bool:
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return len(ready) == len(refs)
+
+    @staticmethod
+    def wait(ref, timeout: float) -> bool:
+        ready, _ = ray.wait([ref], timeout=timeout)
+        return bool(ready)
+
+    @staticmethod
+    def get(ref):
+        return ray.get(ref)
+
+    @staticmethod
+    def cancel(ref) -> None:
+        try:
+            ray.cancel(ref)
+        except Exception:  # noqa: BLE001 - already finished, or Ray already shut down
+            pass
 
 
 @dataclass(frozen=True)
@@ -90,7 +137,7 @@ class ChunkStream:
         plan: RankPlan,
         spec_for_epoch,
         budget: Callable[[], RankBudget],
-        task_options: dict,
+        workers,
         *,
         start_epoch: int = 0,
         end_epoch: int | None = None,
@@ -101,9 +148,8 @@ class ChunkStream:
         self._budget_fn = budget
         self.budget: RankBudget | None = None  # taken from the cluster once it is up
         self._budget_at = 0.0
-        self._task = _augment_chunk.options(**task_options)  # a wrapper: needs no cluster yet
-        self._set_up_task = _set_up_stage.options(**task_options)
-        self._setting_up: list | None = None  # the workers' set-up tasks, once the cluster is up
+        self._workers = workers  # RayTasks or LocalWorkers
+        self._setting_up: list | None = None  # the workers' set-up tasks, once they are up
         self.workers_set_up = False
         self.local_chunks = 0  # chunks this process made itself (cluster starting, workers setting up)
         self._pending: collections.deque = collections.deque()  # (epoch, index, last, rows, ref)
@@ -135,7 +181,7 @@ class ChunkStream:
                 return
             epoch, index, last, idx = item
             if len(idx):
-                ref = self._task.remote(self._rows(idx), self._spec_for_epoch(epoch))
+                ref = self._workers.submit(self._rows(idx), self._spec_for_epoch(epoch))
             else:
                 ref = None  # an empty epoch (a rank with no rows): nothing to run
             self._pending.append((epoch, index, last, len(idx), ref))
@@ -157,31 +203,31 @@ class ChunkStream:
         return Chunk(epoch, index, last, n, block)
 
     def _make_here(self) -> bool:
-        """Whether the consumer makes the next chunk itself: while the cluster starts and then, for a
+        """Whether the consumer makes the next chunk itself: while the workers start and then, for a
         stream that began so, until the workers' set-up tasks are done (see the module's doc)."""
-        if runtime.starting():
+        if self._workers.starting():
             return True
         if self.workers_set_up or not self.local_chunks:
             return False
         if self._setting_up is None:
             self._refresh_budget()
             spec = self._spec_for_epoch(0)  # any epoch's: a stage is reused across epochs
-            self._setting_up = [self._set_up_task.remote(spec) for _ in range(self.budget.workers)]
+            self._setting_up = self._workers.set_up(spec, self.budget.workers)
         if not self._workers_ready():
             return True
-        ray.get(self._setting_up)  # a stage that cannot be set up fails here, with its own error
+        for task in self._setting_up:  # a stage that cannot be set up fails here, with its own error
+            self._workers.get(task)
         self.workers_set_up = True
         return False
 
     def _workers_ready(self) -> bool:
-        ready, _ = ray.wait(self._setting_up, num_returns=len(self._setting_up), timeout=0)
-        return len(ready) == len(self._setting_up)
+        return self._workers.all_done(self._setting_up)
 
     def _run_here(self) -> Chunk:
         if self.local_chunks:
-            # The consumer is back for more: the previous chunk's batches are out, so Ray's start may
-            # take the cores now (before, it would share them with the first batch).
-            runtime.release_start()
+            # The consumer is back for more: the previous chunk's batches are out, so the workers'
+            # start may take the cores now (before, it would share them with the first batch).
+            self._workers.release_start()
         item = next(self._todo, None)
         if item is None:
             raise StopIteration
@@ -197,9 +243,8 @@ class ChunkStream:
     def _wait(self, ref, epoch: int, index: int) -> dict[str, np.ndarray]:
         waited = 0.0
         while True:
-            ready, _ = ray.wait([ref], timeout=STALL_WARN_S)
-            if ready:
-                return ray.get(ready[0])
+            if self._workers.wait(ref, STALL_WARN_S):
+                return self._workers.get(ref)
             waited += STALL_WARN_S
             log.warning(
                 "epoch %d, chunk %d: not done after %.0f s (%s): a read that does not return (a hung mount or "
@@ -213,7 +258,4 @@ class ChunkStream:
         pending, self._pending = self._pending, collections.deque()
         for *_, ref in pending:
             if ref is not None:
-                try:
-                    ray.cancel(ref)
-                except Exception:  # noqa: BLE001 - already finished, or Ray already shut down
-                    pass
+                self._workers.cancel(ref)

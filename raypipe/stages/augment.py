@@ -110,12 +110,18 @@ class AugmentStage:
         self.transform = build_transform(spec.augment, spec.decode)
         self.reader = BlockReader(spec.root, spec.kind, spec.image_column)
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return call_at_niceness(self.spec.nice, self._augment, batch, sched_idle=self.spec.sched_idle)
+    def __call__(self, batch: dict[str, np.ndarray], out: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """``out``: where the images go (``(rows, *image_shape)`` uint8; e.g. shared memory), else a new array."""
+        return call_at_niceness(self.spec.nice, self._augment, batch, out, sched_idle=self.spec.sched_idle)
 
-    def _augment(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _augment(self, batch: dict[str, np.ndarray], out: np.ndarray | None) -> dict[str, np.ndarray]:
         n = len(batch["sample_id"])
-        images = np.zeros((n, *self.spec.image_shape), dtype=np.uint8)
+        if out is None:
+            images = np.zeros((n, *self.spec.image_shape), dtype=np.uint8)
+        elif out.shape != (n, *self.spec.image_shape) or out.dtype != np.uint8:
+            raise ValueError(f"out: {out.dtype} {out.shape}, expected uint8 {(n, *self.spec.image_shape)}")
+        else:
+            images = out
         ok = np.zeros(n, dtype=bool)
         reason = np.full(n, "", dtype=object)
         detail = np.full(n, "", dtype=object)
@@ -140,6 +146,7 @@ class AugmentStage:
             except SkipImage as e:  # this row's data is bad; anything else fails the epoch
                 reason[i], detail[i] = e.reason, e.detail
             if not ok[i]:
+                images[i] = 0  # as a new array's: a skipped row's image is black whatever the transform left
                 shown[i] = self.reader.describe(batch, i)
         return {
             "image": images,
@@ -157,8 +164,10 @@ class AugmentStage:
 _STAGES: dict[tuple, AugmentStage] = {}
 
 
-def augment_block(batch: dict[str, np.ndarray], spec: StageSpec) -> dict[str, np.ndarray]:
-    return stage_for(spec)(batch)
+def augment_block(
+    batch: dict[str, np.ndarray], spec: StageSpec, out: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    return stage_for(spec)(batch, out)
 
 
 def stage_for(spec: StageSpec) -> AugmentStage:

@@ -1,0 +1,403 @@
+"""LocalWorkers: a rank's augmentation tasks in worker processes of this machine, for a run without Ray.
+
+A trainer on one machine that has not connected to Ray (no ``RAY_ADDRESS``, no ``ray.init``) needs
+none of a cluster's services, and a local Ray costs seconds of several cores to start (GCS, raylet,
+dashboard and runtime-env agents, worker processes: docs/performance.md), which on a small machine
+lands in the trainer's first epochs. These workers are the same stage on the same chunks, taken in
+the same order (``ChunkStream``), so the batches are the same as on Ray; only the processes differ:
+
+- each worker is a fresh ``python -m raypipe.pipeline._local_worker`` (not a fork: the trainer has
+  threads and maybe CUDA; not multiprocessing's spawn, which imports the trainer's script again),
+  with two pipes to this process and its own session (a Ctrl-C in the terminal reaches the trainer,
+  which then closes the pipes; a worker ends when its pipe does);
+- a worker writes a chunk's images straight into a new file in shared memory (``/dev/shm``, or the
+  temporary directory when that is too small, as in a container's default 64 MB); this process maps
+  it and unlinks it at once, so the array owns the memory, which goes with its last view, as a Ray
+  object's does with its last reference;
+- a worker that dies (killed, out of memory) is replaced and its chunk sent again, up to
+  ``MAX_RETRIES`` times, as Ray retries a task (same output: per-sample seeds); an exception in the
+  stage fails the chunk with its own type, the worker's traceback as its cause.
+
+One pool serves every stream of the process (``shared``); it ends with the process (``shutdown``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import itertools
+import logging
+import mmap
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from raypipe.pipeline._local_worker import receive, send
+
+__all__ = ["LocalWorkers", "WorkerTraceback", "LocalWorkerDiedError", "shared_memory_dir", "local_cpus",
+           "MAX_RETRIES"]  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+MAX_RETRIES = 3  # as the Ray tasks' max_retries
+# Workers that may die before they answer at all (raypipe not importable there, a broken environment)
+# before the pool gives up with an error, rather than starting one after another.
+MAX_FAILED_STARTS = 3
+
+
+class WorkerTraceback(Exception):
+    """The traceback of an exception raised in a worker process (the cause of the one raised here)."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return "\n" + self.text
+
+
+class LocalWorkerDiedError(RuntimeError):
+    """A chunk's worker process died on every try."""
+
+
+def local_cpus() -> int:
+    """The cores this process may run on (its affinity mask, as a container's cpuset sets it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def shared_memory_dir(need_bytes: int, candidates: Sequence[str] = ("/dev/shm",)) -> tuple[str, int]:
+    """(directory, free bytes) for the chunks' files: the first of ``candidates`` with ``need_bytes``
+    free, else the temporary directory (disk-backed, its pages in the page cache all the same)."""
+    for path in candidates:
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            continue
+        free = st.f_bavail * st.f_frsize
+        if free >= need_bytes and os.access(path, os.W_OK):
+            return path, free
+    path = tempfile.gettempdir()
+    st = os.statvfs(path)
+    return path, st.f_bavail * st.f_frsize
+
+
+class _Task:
+    __slots__ = ("id", "kind", "payload", "tries", "done", "value", "error", "cancelled", "path")
+
+    def __init__(self, task_id: int, kind: str, payload):
+        self.id, self.kind, self.payload = task_id, kind, payload
+        self.tries = 0
+        self.done = threading.Event()
+        self.value = self.error = None
+        self.cancelled = False
+        self.path = ""
+
+
+class _Worker:
+    def __init__(self, proc: subprocess.Popen, inbox, outbox):
+        self.proc, self.inbox, self.outbox = proc, inbox, outbox
+        self.sent: collections.deque[_Task] = collections.deque()  # answered in this order
+        self.pinned: collections.deque[_Task] = collections.deque()  # for this worker only (set-up)
+        self.ready = False
+        self.alive = True
+
+
+class LocalWorkers:
+    """A pool of ``count`` worker processes, started by ``release_start()`` (see the module doc). The
+    methods mirror what ``ChunkStream`` asks of Ray: ``submit`` / ``wait`` / ``get`` / ``cancel``."""
+
+    _shared: LocalWorkers | None = None
+    _shared_lock = threading.Lock()
+
+    def __init__(self, count: int, directory: str):
+        self.count = count
+        self.directory = directory
+        self._prefix = os.path.join(directory, f"raypipe-{os.getpid()}-{secrets.token_hex(4)}-")
+        self._lock = threading.Lock()
+        self._queue: collections.deque[_Task] = collections.deque()
+        self._workers: list[_Worker] = []
+        self._ids = itertools.count()
+        self._started = False
+        self._closed = False
+        self._failed_starts = 0
+        self._start_error: Exception | None = None
+        self.restarts = 0  # workers replaced after they died
+
+    @classmethod
+    def shared(cls, count: int, directory: str) -> LocalWorkers:
+        """This process's pool, made (not started) on first use, grown to ``count`` workers."""
+        with cls._shared_lock:
+            pool = cls._shared
+            if pool is None or pool._closed:
+                pool = cls._shared = cls(count, directory)
+                atexit.register(pool.shutdown)
+            elif count > pool.count:
+                pool._grow(count)
+            return pool
+
+    @classmethod
+    def shutdown_shared(cls) -> None:
+        with cls._shared_lock:
+            pool, cls._shared = cls._shared, None
+        if pool is not None:
+            pool.shutdown()
+
+    # -- what the stream asks -----------------------------------------------------------------------
+
+    def starting(self) -> bool:
+        """Whether the workers cannot take chunks yet: not started, or not all answered. Raises when
+        they cannot start."""
+        if self._start_error is not None:
+            raise self._start_error
+        if not self._started:
+            return True
+        with self._lock:
+            return not all(w.ready for w in self._workers if w.alive)
+
+    def release_start(self) -> None:
+        with self._lock:
+            if self._started or self._closed:
+                return
+            self._started = True
+            for _ in range(self.count):
+                self._workers.append(self._spawn())
+
+    def set_up(self, spec, count: int) -> list[_Task]:
+        """A set-up for each worker, its stage made before its first chunk (``count``, how many Ray
+        set-up tasks a stream sends, does not apply: these go to every worker); done when each answered."""
+        with self._lock:
+            tasks = []
+            for worker in [w for w in self._workers if w.alive]:
+                task = _Task(next(self._ids), "setup", spec)
+                worker.pinned.append(task)
+                tasks.append(task)
+            self._dispatch()
+        return tasks
+
+    def submit(self, rows: dict[str, np.ndarray], spec) -> _Task:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("raypipe's local workers were shut down")
+            if self._start_error is not None:
+                raise self._start_error
+            if not self._started:  # a stream that did not make chunks itself first
+                self._started = True
+                self._workers.extend(self._spawn() for _ in range(self.count))
+            task = _Task(next(self._ids), "chunk", (rows, spec))
+            self._queue.append(task)
+            self._dispatch()
+        return task
+
+    @staticmethod
+    def all_done(tasks: Sequence[_Task]) -> bool:
+        return all(t.done.is_set() for t in tasks)
+
+    @staticmethod
+    def wait(task: _Task, timeout: float) -> bool:
+        return task.done.wait(timeout)
+
+    @staticmethod
+    def get(task: _Task):
+        task.done.wait()
+        if task.error is not None:
+            raise task.error
+        return task.value
+
+    def cancel(self, task: _Task) -> None:
+        with self._lock:
+            task.cancelled = True
+            try:
+                self._queue.remove(task)
+            except ValueError:
+                pass  # sent: its result is dropped when it comes
+
+    def shutdown(self) -> None:
+        """End the workers (closing their pipes ends them; a stuck one is killed) and remove files left."""
+        with self._lock:
+            self._closed = True
+            workers, self._workers = self._workers, []
+            for task in self._queue:
+                task.cancelled = True
+            self._queue.clear()
+        for w in workers:
+            for f in (w.inbox, w.outbox):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        for w in workers:
+            try:
+                w.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+        directory, prefix = os.path.split(self._prefix)
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            names = []
+        for name in names:
+            if name.startswith(prefix):
+                _unlink(os.path.join(directory, name))
+
+    # -- inside ---------------------------------------------------------------------------------------
+
+    def _grow(self, count: int) -> None:
+        with self._lock:
+            self.count = count
+            if self._started:
+                while len([w for w in self._workers if w.alive]) < count:
+                    self._workers.append(self._spawn())
+
+    def _spawn(self) -> _Worker:
+        """A new worker process and the thread that reads its answers (called holding the lock)."""
+        task_r, task_w = os.pipe()
+        result_r, result_w = os.pipe()
+        env = dict(os.environ)
+        # the worker imports raypipe (and the user's own modules a spec may name) as this process does
+        env["PYTHONPATH"] = os.pathsep.join([p or os.getcwd() for p in sys.path])
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "raypipe.pipeline._local_worker", str(task_r), str(result_w)],
+                pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+            )  # fmt: skip
+        finally:
+            os.close(task_r)
+            os.close(result_w)
+        worker = _Worker(proc, os.fdopen(task_w, "wb"), os.fdopen(result_r, "rb"))
+        threading.Thread(target=self._read, args=(worker,), name=f"raypipe-local-{proc.pid}", daemon=True).start()
+        return worker
+
+    def _dispatch(self) -> None:
+        """Send the next task to each idle worker (called holding the lock): one at a time per worker,
+        so a chunk waits here, not behind a slow chunk of some worker."""
+        for worker in self._workers:
+            if not worker.alive or worker.sent:
+                continue
+            if worker.pinned:
+                task = worker.pinned.popleft()
+            elif self._queue:
+                task = self._queue.popleft()
+            else:
+                continue
+            if task.kind == "chunk":
+                task.path = f"{self._prefix}{task.id}-{task.tries}"
+                message = ("chunk", task.id, (*task.payload, task.path))
+            else:
+                message = ("setup", task.id, task.payload)
+            worker.sent.append(task)
+            try:
+                send(worker.inbox, message)
+            except (BrokenPipeError, OSError, ValueError):
+                pass  # the worker is gone: its reader sees the end and sends the task again
+
+    def _read(self, worker: _Worker) -> None:
+        while True:
+            try:
+                message = receive(worker.outbox)
+            except (OSError, ValueError):  # closed by shutdown
+                message = None
+            if message is None:
+                self._lost(worker)
+                return
+            kind, task_id, payload = message
+            with self._lock:
+                if kind == "ready":
+                    worker.ready = True
+                    continue
+                task = worker.sent.popleft()
+                assert task.id == task_id, (task.id, task_id)  # a worker answers in order
+                self._dispatch()
+            self._finish(task, kind, payload)
+
+    def _finish(self, task: _Task, kind: str, payload) -> None:
+        if kind == "error":
+            exc, text = payload
+            exc.__cause__ = WorkerTraceback(text)
+            task.error = exc
+        elif task.kind == "chunk":
+            block = payload
+            _, path, shape = block["image"]
+            if task.cancelled:
+                _unlink(path)
+            else:
+                block["image"] = _map(path, shape)
+                task.value = block
+        task.done.set()
+
+    def _lost(self, worker: _Worker) -> None:
+        """A worker's pipe ended: send what it held again (a new worker in its place), or fail it."""
+        with self._lock:
+            worker.alive = False
+            if self._closed:
+                return
+            try:
+                code = worker.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # it closed its pipe but lives on: not ours to keep
+                worker.proc.kill()
+                code = worker.proc.wait()
+            failed = []
+            for task in reversed(worker.sent):
+                _unlink(task.path)
+                task.tries += 1
+                if task.kind == "setup" or task.cancelled:
+                    task.done.set()  # a set-up is not needed for the chunks to run
+                elif task.tries > MAX_RETRIES:
+                    failed.append(task)
+                else:
+                    self._queue.appendleft(task)
+            worker.sent.clear()
+            self._workers = [w for w in self._workers if w.alive]
+            if not worker.ready:
+                self._failed_starts += 1
+            if self._failed_starts >= MAX_FAILED_STARTS:
+                self._start_error = LocalWorkerDiedError(
+                    f"raypipe's local worker processes end before they start ({self._failed_starts} did, the "
+                    f"last with exit code {code}; their errors are on this process's stderr). Run "
+                    f"`{sys.executable} -m raypipe.pipeline._local_worker` to see why, or run on Ray "
+                    "(ExecutionConfig(backend='ray'))"
+                )
+                failed += list(self._queue)
+                self._queue.clear()
+            else:
+                log.warning("raypipe local worker %d ended (exit code %s); starting another", worker.proc.pid, code)
+                self.restarts += 1
+                self._workers.append(self._spawn())
+                self._dispatch()
+        for task in failed:
+            task.error = self._start_error or LocalWorkerDiedError(
+                f"chunk {task.id}: its worker process died on each of {task.tries} tries (last exit code {code}); "
+                "out of memory, or killed?"
+            )
+            task.done.set()
+
+
+def _map(path: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The images in the file at ``path``, mapped read-only; the file is unlinked at once, so the
+    memory goes when the last view of the array does."""
+    size = int(np.prod(shape))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.unlink(path)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # one call maps every page
+        mapped = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    return np.frombuffer(mapped, dtype=np.uint8).reshape(shape)
+
+
+def _unlink(path: str) -> None:
+    if path:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass

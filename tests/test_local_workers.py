@@ -1,0 +1,230 @@
+"""LocalWorkers: a run not connected to Ray makes its chunks in worker processes of this machine, with
+the same batches as Ray's tasks, the same accounting, retries of a dead worker, and bugs raised loudly."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+
+import numpy as np
+import pytest
+
+from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
+from raypipe.pipeline import EpochSource, Pipeline
+from raypipe.pipeline.local_workers import LocalWorkerDiedError, LocalWorkers, WorkerTraceback, shared_memory_dir
+
+AUG = TrainAugment(input_size=(32, 32))
+LOCAL = ExecutionConfig(backend="local", chunk_rows=7, num_tasks=2)
+
+# Faults for the workers only: Python imports ``sitecustomize`` from the path at start-up, and a local
+# worker gets this process's path, so a test that puts this file on it breaks the workers it starts.
+SITECUSTOMIZE = textwrap.dedent('''
+    import os
+    fault = os.environ.get("RAYPIPE_TEST_FAULT", "")
+    if fault == "start":
+        os._exit(3)  # a worker that cannot even start (its environment broken)
+    if fault:
+        from raypipe.kernels import transform
+
+        def broken(self, data, rng=None, out=None):
+            if fault == "bug":
+                raise TypeError("simulated bug in a transform")
+            marker = os.environ["RAYPIPE_TEST_MARKER"]
+            if fault == "die" or not os.path.exists(marker):
+                open(marker, "w").close()
+                os._exit(9)  # as the kernel's OOM killer ends a process: no clean-up, no answer
+            return original(self, data, rng, out)
+
+        original = transform.TrainTransform.__call__
+        transform.TrainTransform.__call__ = broken
+''')
+
+
+@pytest.fixture(autouse=True)
+def fresh_pool():
+    """Each test starts its own workers (a fault test's path and environment are theirs)."""
+    LocalWorkers.shutdown_shared()
+    yield
+    LocalWorkers.shutdown_shared()
+
+
+def _epochs(pipe: Pipeline, epochs: int = 2) -> list[list[tuple[list[int], bytes]]]:
+    source = EpochSource(pipe, end_epoch=epochs)
+    try:
+        return [[(b["sample_id"].tolist(), b["image"].tobytes()) for b in source] for _ in range(epochs)]
+    finally:
+        source.close()
+
+
+def _own_files(directory: str) -> list[str]:
+    return [n for n in os.listdir(directory) if n.startswith(f"raypipe-{os.getpid()}-")]
+
+
+def _pool_started(count: int = 2) -> LocalWorkers:
+    """The process's pool, started and answering: a stream then sends every chunk to it at once (it
+    would make its first ones itself while the workers start, and tiny images are done by then)."""
+    import time
+
+    pool = LocalWorkers.shared(count, shared_memory_dir(1 << 30)[0])
+    pool.release_start()
+    deadline = time.monotonic() + 60
+    while pool.starting() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pool.starting()
+    return pool
+
+
+def _with_faults(tmp_path, monkeypatch, fault: str) -> None:
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    monkeypatch.syspath_prepend(str(hooks))
+    monkeypatch.setenv("RAYPIPE_TEST_FAULT", fault)
+    monkeypatch.setenv("RAYPIPE_TEST_MARKER", str(tmp_path / "died-once"))
+
+
+def test_local_workers_make_the_same_batches_as_ray_tasks(ray_local, sample_dir):
+    config = PipelineConfig(batch_size=5, seed=3)
+    on_ray = Pipeline(str(sample_dir), AUG, config=config,
+                      execution=ExecutionConfig(backend="ray", chunk_rows=7, num_tasks=2))  # fmt: skip
+    local = Pipeline(str(sample_dir), AUG, config=config, execution=LOCAL)
+    assert on_ray.uses_ray() and not local.uses_ray()
+    want, got = _epochs(on_ray), _epochs(local)
+    assert got == want  # same rows, order and pixels
+    assert all(sorted(i for ids, _ in epoch for i in ids) == list(range(48)) for epoch in got)  # each row once
+    assert want[0] != want[1]  # the epochs differ, so the comparison covers the order and the draws
+
+
+def test_local_chunks_come_from_the_workers_and_leave_no_files(sample_dir):
+    # chunks of two whole batches: the packer hands them on as views of the workers' memory
+    execution = ExecutionConfig(backend="local", chunk_rows=16, num_tasks=2)
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8), execution=execution)
+    source = EpochSource(pipe)
+    epochs = []
+    # the first chunk is made here, the next ones while the workers start (tiny images: many epochs'
+    # worth), then the workers make the rest
+    while len(epochs) < 500 and not (source._stream and source._stream.workers_set_up):
+        epochs.append([b["sample_id"] for b in source])
+    stream = source._stream
+    made_here = stream.local_chunks
+    late = [[b for b in source] for _ in range(2)]
+    pool = LocalWorkers._shared
+    assert stream.workers_set_up and stream.local_chunks == made_here >= 1
+    assert len(pool._workers) == 2 and all(w.ready for w in pool._workers)
+    batches = [b for epoch in late for b in epoch]
+    assert all(not b["image"].flags.writeable for b in batches)  # mapped read-only, as Ray's objects are
+    for epoch in epochs + [[b["sample_id"] for b in e] for e in late]:
+        assert sorted(i for ids in epoch for i in ids.tolist()) == list(range(48))
+    source.close()
+    del batches, late
+    LocalWorkers.shutdown_shared()
+    assert _own_files(pool.directory) == []
+    assert all(w.proc.poll() is not None for w in pool._workers) or not pool._workers
+
+
+def test_local_bad_images_are_counted_skips(sample_dir, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(sample_dir, data)
+    victims = sorted((data / sorted(os.listdir(data))[1]).iterdir())[:2]
+    victims[0].write_bytes(b"not an image")
+    victims[1].write_bytes(victims[1].read_bytes()[:200])  # truncated
+    pipe = Pipeline(str(data), AUG, config=PipelineConfig(batch_size=8, drop_last=False, max_skip_ratio=0.5),
+                    execution=LOCAL)  # fmt: skip
+    source = EpochSource(pipe, end_epoch=1)
+    ids = [i for b in source for i in b["sample_id"].tolist()]
+    report = source.last_report
+    source.close()
+    assert len(ids) == len(set(ids)) == 46
+    assert report.emitted == 46 and report.num_skipped == 2
+    assert sorted(os.path.basename(s["path"]) for s in report.skipped_paths) == sorted(v.name for v in victims)
+
+
+def test_a_worker_that_dies_is_replaced_and_its_chunk_made_again(sample_dir, tmp_path, monkeypatch):
+    want = _epochs(Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5, seed=3), execution=LOCAL))
+    LocalWorkers.shutdown_shared()
+    _with_faults(tmp_path, monkeypatch, "die-once")
+    _pool_started()
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5, seed=3), execution=LOCAL)
+    got = _epochs(pipe)
+    assert (tmp_path / "died-once").exists()  # a worker did die (the first to augment a row)
+    assert LocalWorkers._shared.restarts >= 1
+    assert got == want  # nothing lost, nothing twice, the same pixels
+
+
+def test_a_chunk_whose_worker_always_dies_fails_the_epoch(sample_dir, tmp_path, monkeypatch):
+    _with_faults(tmp_path, monkeypatch, "die")
+    _pool_started(1)
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5),
+                    execution=ExecutionConfig(backend="local", chunk_rows=7, num_tasks=1))  # fmt: skip
+    source = EpochSource(pipe, end_epoch=1)
+    with pytest.raises(LocalWorkerDiedError, match="died on each of 4 tries"):
+        list(source)
+    source.close()
+
+
+def test_workers_that_cannot_start_fail_the_run_with_a_clear_error(sample_dir, tmp_path, monkeypatch):
+    _with_faults(tmp_path, monkeypatch, "start")
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5), execution=LOCAL)
+    source = EpochSource(pipe)
+    with pytest.raises(LocalWorkerDiedError, match="end before they start"):
+        for _ in range(10_000):  # the stream makes chunks itself until the pool gives up
+            list(source)
+    source.close()
+
+
+def test_a_bug_in_a_worker_fails_with_its_own_type_and_traceback(sample_dir, tmp_path, monkeypatch):
+    _with_faults(tmp_path, monkeypatch, "bug")
+    _pool_started()
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5), execution=LOCAL)
+    source = EpochSource(pipe, end_epoch=1)
+    with pytest.raises(TypeError, match="simulated bug in a transform") as info:
+        list(source)
+    source.close()
+    assert isinstance(info.value.__cause__, WorkerTraceback)
+    assert "sitecustomize.py" in info.value.__cause__.text  # the worker's own frames
+
+
+def test_the_timm_drop_in_without_ray_starts_no_cluster(sample_dir):
+    import ray
+    import torch
+
+    from raypipe.timm import create_loader
+
+    if ray.is_initialized():
+        ray.shutdown()  # an earlier test's; the ray_local fixture starts it again when needed
+    loader = create_loader(str(sample_dir), input_size=(3, 32, 32), batch_size=8, is_training=True,
+                           use_prefetcher=True, device=torch.device("cpu"))  # fmt: skip
+    try:
+        seen = [int(i) for _ in range(2) for _, _, ids in _with_ids(loader) for i in ids]
+    finally:
+        loader.close()
+    assert not ray.is_initialized()
+    assert len(seen) == 2 * 48 and sorted(seen[:48]) == list(range(48))
+    assert LocalWorkers._shared is not None and LocalWorkers._shared._started
+
+
+def _with_ids(loader):
+    loader.yield_ids = True
+    return iter(loader)
+
+
+def test_shared_memory_dir_falls_back_to_the_temporary_directory(tmp_path):
+    import tempfile
+
+    assert shared_memory_dir(1, [str(tmp_path)])[0] == str(tmp_path)
+    # too small (a container's 64 MB /dev/shm) or missing: the temporary directory
+    assert shared_memory_dir(1 << 62, [str(tmp_path)])[0] == tempfile.gettempdir()
+    assert shared_memory_dir(1, [str(tmp_path / "missing")])[0] == tempfile.gettempdir()
+
+
+def test_local_budget_runs_a_task_per_core_as_a_private_ray_would(sample_dir, monkeypatch):
+    import raypipe.pipeline.pipeline as pipeline_module
+
+    monkeypatch.setattr(pipeline_module, "local_cpus", lambda: 4)
+    pipe = Pipeline(str(sample_dir), AUG, execution=ExecutionConfig(backend="local"))
+    budget, count, _ = pipe.local_budget(reserved_cpus=1.0)
+    assert (budget.workers, budget.in_flight, count) == (3, 5, 4)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two trainers on this machine share its cores
+    assert pipe.local_budget(world_size=2, reserved_cpus=2.0)[1] == 2
+    assert np.isclose(pipe.local_budget(world_size=2, reserved_cpus=2.0)[0].cpus, 1.0)
