@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from raypipe.config import CONFIG_SECTIONS, TRAIN_SECTION, config_sections, load_yaml, resolve_sections
+from raypipe.config import BACKENDS, CONFIG_SECTIONS, TRAIN_SECTION, config_sections, load_yaml, resolve_sections
 
 __all__ = ["add_augment_args", "add_config_arg", "add_pipeline_args", "add_source_args", "build_configs", "SECTIONS"]
 
@@ -37,6 +37,7 @@ _PIPE_FLAGS = {
     "seed": ("pipeline", "seed"),
     "drop_last": ("pipeline", "drop_last"),
     "shuffle_window": ("pipeline", "shuffle_window"),
+    "backend": ("execution", "backend"),
     "num_tasks": ("execution", "num_tasks"),
     "cpus_per_task": ("execution", "cpus_per_task"),
     "chunk_rows": ("execution", "chunk_rows"),
@@ -112,6 +113,10 @@ def add_pipeline_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shuffle-window", type=int,
                    help=f"sharded sources: rows shuffled together, whole shards {d('pipeline', 'shuffle_window')}")
     g = p.add_argument_group("execution")
+    g.add_argument("--backend", choices=BACKENDS,
+                   help="where the augmentation tasks run: ray (the cluster), local (worker processes of this "
+                        "machine) or auto: ray when connected to Ray or RAY_ADDRESS is set, else local "
+                        f"{d('execution', 'backend')}")  # fmt: skip
     g.add_argument("--num-tasks", type=int, help="augmentation tasks at once (default: this rank's share of the CPUs)")
     g.add_argument("--cpus-per-task", type=float,
                    help=f"CPUs each augmentation task asks Ray for {d('execution', 'cpus_per_task')}")

@@ -112,6 +112,36 @@ def test_run_rejects_cuda_without_cuda_before_ray_starts(sample_dir, capsys, no_
     one_line_error(capsys.readouterr().err, "CUDA is not available")
 
 
+def _run_report(sample_dir, tmp_path, name: str, *flags: str) -> list[dict]:
+    out = tmp_path / f"{name}.json"
+    argv = ["run", str(sample_dir), "--epochs", "2", "-b", "16", "--img-size", "40", "--json", str(out), *flags]
+    assert cli(argv) == 0
+    return json.loads(out.read_text())["epochs"]
+
+
+def test_run_not_connected_to_ray_runs_on_local_workers(sample_dir, tmp_path, monkeypatch, no_ray):
+    import ray
+
+    from raypipe.pipeline.local_workers import LocalWorkers
+
+    if ray.is_initialized():
+        ray.shutdown()  # an earlier test's; the ray_local fixture starts it again when needed
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    LocalWorkers.shutdown_shared()
+    epochs = _run_report(sample_dir, tmp_path, "auto")
+    assert not ray.is_initialized()
+    assert LocalWorkers._shared is not None and LocalWorkers._shared._started
+    assert [e["emitted"] for e in epochs] == [48, 48]
+
+
+def test_run_on_local_workers_and_on_ray_emit_the_same(ray_local, sample_dir, tmp_path):
+    """The backend changes where the tasks run, never what comes out: same ids, same pixels."""
+    on_ray = _run_report(sample_dir, tmp_path, "ray", "--backend", "ray")
+    local = _run_report(sample_dir, tmp_path, "local", "--backend", "local")
+    for a, b in zip(on_ray, local, strict=True):
+        assert (a["ids_sha256"], a["content_sha256"]) == (b["ids_sha256"], b["content_sha256"])
+
+
 def test_debug_shows_the_traceback(sample_dir, capsys, no_ray):
     assert cli(["--debug", "run", str(sample_dir), "--epochs", "0"]) == 2
     err = capsys.readouterr().err

@@ -67,7 +67,7 @@ def kernel_per_core(files: list[bytes], aug: TrainAugment) -> Result:
 
 
 def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: int, device_side: bool = True,
-                     started: float | None = None) -> Result:  # fmt: skip
+                     started: float | None = None, backend: str = "auto") -> Result:  # fmt: skip
     """The timm drop-in with the timm row's arguments, or (``device_side=False``) the packed uint8 batches
     as a GPU trainer receives them, before the device side (which a GPU machine runs on the GPU)."""
     import torch
@@ -77,7 +77,7 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
     from raypipe.timm import create_loader
 
     # Workers at the default priority, as timm's and Ray Data's are.
-    execution = ExecutionConfig(worker_nice=0, worker_sched_idle=False)
+    execution = ExecutionConfig(worker_nice=0, worker_sched_idle=False, backend=backend)
     # One stream for all epochs: each epoch's first chunks run while the previous one's last are packed,
     # as in a training run; the last measured epoch starts chunks of an epoch nobody reads (close()).
     if device_side:
@@ -94,8 +94,8 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
             epochs=epochs,
             count=(lambda b: int(b[0].shape[0])) if device_side else (lambda b: int(b["image"].shape[0])),
             object_store=True,
-            note="raypipe.timm.create_loader(timm's arguments, device=cpu), fp32, workers at niceness 0"
-            if device_side else "EpochSource: exact uint8 batches, no device side",
+            note=("raypipe.timm.create_loader(timm's arguments, device=cpu), fp32, workers at niceness 0"
+                  if device_side else "EpochSource: exact uint8 batches, no device side") + f", backend {backend}",
             started=started,
         )
     finally:

@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from raypipe.cli.common import check_json_path, quiet_ray_startup, write_json
-from raypipe.config import TrainAugment
+from raypipe.config import BACKENDS, TrainAugment
 
 SUITES = {
     "RRC224 + hflip": dict(color_jitter=None),
@@ -43,6 +43,9 @@ def add_parser(sub) -> None:
                    help="plain: RandomResizedCrop + flip; aa: also rand-m9-mstd0.5-inc1")  # fmt: skip
     p.add_argument("--timm-workers", type=int, nargs="+", metavar="N",
                    help="timm's num_workers settings to try (default: 1x and 2x the cores)")  # fmt: skip
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="where raypipe's tasks run (ExecutionConfig.backend); auto, as a training script that "
+                        "has not connected to Ray: local worker processes")  # fmt: skip
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--plot", help="write a PNG bar chart here (needs matplotlib: pip install raypipe[bench])")
     p.set_defaults(func=main)
@@ -87,10 +90,12 @@ def _run_one(name: str, aug: TrainAugment, args: argparse.Namespace, files: list
         return contenders.decode_limit(files, cores)
     if name == "kernel":
         return contenders.kernel_per_core(files, aug)
+    backend = getattr(args, "backend", "auto")
     if name == "raypipe":
-        return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e, started=started)
+        return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e, started=started, backend=backend)
     if name == "packed":
-        return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e, device_side=False, started=started)
+        return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e, device_side=False, started=started,
+                                           backend=backend)  # fmt: skip
     if name == "timm":
         return contenders.timm_loader(args.folder, aug, batch_size=b, epochs=e, workers=args.workers, started=started)
     return contenders.naive_ray_data(args.folder, aug, batch_size=b, epochs=e, started=started)
@@ -117,11 +122,12 @@ def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
     multiprocessing.set_start_method(None, force=True)
     # The first batch is timed from here: what a run pays after its imports, Ray's start included.
     started = time.perf_counter()
-    if name != "timm":
+    if name == "naive" or (name in ("raypipe", "packed") and settings.get("backend") == "ray"):
         from raypipe.runtime import connect
 
         # raypipe's own rows start Ray in the background and make their first chunks here meanwhile, as
-        # the timm drop-in does by itself; Ray Data needs its cluster before anything else.
+        # the timm drop-in does by itself; Ray Data needs its cluster before anything else. Otherwise
+        # raypipe runs as a training script that has not connected to Ray: on local worker processes.
         with quiet_ray_startup(settings.get("verbose", False)):
             connect(quiet=not settings.get("verbose", False), wait=name == "naive")
     try:
@@ -140,7 +146,8 @@ def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
 def _run_in_child(name: str, aug: TrainAugment, args: argparse.Namespace, cores: int, *, folder: str | None,
                   workers: int = 0):  # fmt: skip
     settings = {"data": args.data, "folder": folder, "workers": workers, "batch_size": args.batch_size,
-                "epochs": args.epochs, "verbose": bool(getattr(args, "verbose", False))}  # fmt: skip
+                "epochs": args.epochs, "verbose": bool(getattr(args, "verbose", False)),
+                "backend": getattr(args, "backend", "auto")}  # fmt: skip
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(_run_isolated, name, aug, settings, cores).result()
 

@@ -18,7 +18,8 @@ def add_parser(sub) -> None:
     p.add_argument("--no-shuffle", action="store_true", help="read the dataset in its listing order every epoch")
     p.add_argument("--device", default="cpu", help="trainer-side device for the DeviceLoader: cpu, cuda or cuda:N")
     p.add_argument("--object-store-mb", type=int,
-                   help="cap the local Ray object store (ignored with RAY_ADDRESS; default: Ray's)")  # fmt: skip
+                   help="cap the object store of a Ray started here (ignored with RAY_ADDRESS or local workers; "
+                        "default: Ray's)")  # fmt: skip
     p.add_argument("--json", help="write a machine-readable report here")
     p.set_defaults(func=main)
 
@@ -58,13 +59,14 @@ def main(args: argparse.Namespace) -> int:
     from raypipe.pipeline.pipeline import EpochSource, Pipeline
     from raypipe.runtime import process_memory_mb, tune_consumer_process
 
-    # In the background: the first chunks are made here while Ray starts (raypipe.pipeline.stream).
-    connect_quietly(args, object_store_memory=args.object_store_mb * 2**20 if args.object_store_mb else None,
-                    wait=False)  # fmt: skip
-    tune_consumer_process()
     augment = cfg["eval"] if args.eval else cfg["augment"]
     pipe = Pipeline(rows, augment, config=cfg["pipeline"], execution=cfg["execution"], decode=cfg["decode"],
                     content_digest=True)  # fmt: skip
+    if pipe.uses_ray():
+        # In the background: the first chunks are made here while Ray starts (raypipe.pipeline.stream).
+        connect_quietly(args, object_store_memory=args.object_store_mb * 2**20 if args.object_store_mb else None,
+                        wait=False)  # fmt: skip
+    tune_consumer_process()
 
     print(f"raypipe run: {len(rows)} samples ({rows.kind}) from {args.data}, batch {cfg['pipeline'].batch_size}")
     epochs = []
