@@ -204,6 +204,16 @@ def test_the_timm_drop_in_without_ray_starts_no_cluster(sample_dir):
     assert LocalWorkers._shared is not None and LocalWorkers._shared._started
 
 
+def test_a_feeder_on_local_workers_is_a_clear_error(sample_dir):
+    import torch
+
+    from raypipe.timm import create_loader
+
+    with pytest.raises(ValueError, match="feeder=True .* not 'local'"):
+        create_loader(str(sample_dir), input_size=(3, 32, 32), batch_size=8, is_training=True, feeder=True,
+                      device=torch.device("cpu"), execution=ExecutionConfig(backend="local"))  # fmt: skip
+
+
 def _with_ids(loader):
     loader.yield_ids = True
     return iter(loader)

@@ -196,6 +196,9 @@ def _wants_ray(execution: ExecutionConfig | None, *, world_size: int, feeder: bo
     from raypipe import runtime
 
     backend = (execution or ExecutionConfig()).backend
+    if feeder and backend == "local":
+        raise ValueError("feeder=True runs the rank's source in a Ray actor: it needs ExecutionConfig(backend='ray' "
+                         "or 'auto'), not 'local'")  # fmt: skip
     if backend != "auto":
         return backend == "ray"
     needed = world_size > 1 or feeder
