@@ -17,6 +17,7 @@ from raypipe.ray_logs import quiet_ray_startup
 __all__ = [
     "connect",
     "starting",
+    "on_ray",
     "wait_connected",
     "release_start",
     "tune_consumer_process",
@@ -79,6 +80,13 @@ def starting() -> bool:
     if start.error is not None:
         raise start.error  # its own type: a caller tells an unreachable RAY_ADDRESS from a bug, as after connect()
     return False
+
+
+def on_ray() -> bool:
+    """Whether this process runs on Ray: connected, connecting (``connect(wait=False)``), or told to
+    join a cluster (``RAY_ADDRESS``). ``ExecutionConfig(backend="auto")`` runs Ray tasks then, else
+    local worker processes."""
+    return ray.is_initialized() or starting() or bool(os.environ.get("RAY_ADDRESS"))
 
 
 def wait_connected(timeout_s: float | None = None) -> None:

@@ -191,8 +191,6 @@ def _wants_ray(execution: ExecutionConfig | None, *, world_size: int, feeder: bo
     """Whether the loader runs on Ray: asked for, or needed (ranks to share a node's cluster, a feeder
     actor), or there to join (connected, ``RAY_ADDRESS``). Else one trainer on one machine: its tasks
     run in local worker processes (``ExecutionConfig.backend``), with no cluster to start."""
-    import ray
-
     from raypipe import runtime
 
     backend = (execution or ExecutionConfig()).backend
@@ -201,8 +199,7 @@ def _wants_ray(execution: ExecutionConfig | None, *, world_size: int, feeder: bo
                          "or 'auto'), not 'local'")  # fmt: skip
     if backend != "auto":
         return backend == "ray"
-    needed = world_size > 1 or feeder
-    return needed or runtime.starting() or ray.is_initialized() or bool(os.environ.get("RAY_ADDRESS"))
+    return world_size > 1 or feeder or runtime.on_ray()
 
 
 def _world(distributed: bool, rank: int | None, world_size: int | None) -> tuple[int, int]:

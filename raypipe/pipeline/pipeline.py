@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from raypipe import runtime
 from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline.accounting import EpochLedger, EpochReport
 from raypipe.pipeline.budget import RankBudget, eligible_resources, rank_budget
@@ -102,13 +103,7 @@ class Pipeline:
     def uses_ray(self) -> bool:
         """Whether this pipeline's tasks run on Ray (``ExecutionConfig.backend``)."""
         backend = self.execution.backend
-        if backend != "auto":
-            return backend == "ray"
-        import ray
-
-        from raypipe import runtime
-
-        return ray.is_initialized() or runtime.starting() or bool(os.environ.get("RAY_ADDRESS"))
+        return backend == "ray" if backend != "auto" else runtime.on_ray()
 
     def local_budget(self, *, world_size: int = 1, reserved_cpus: float = 0.0) -> tuple[RankBudget, int, str]:
         """This rank's share of this machine for local workers: (budget, worker processes, directory of
