@@ -6,7 +6,9 @@ with the local cache), each run as ``raypipe run`` runs them, in one process::
     python bench/cloud_input.py --images 200 --epochs 2                 # a smoke run
 
 Each contender is ``Pipeline`` + ``EpochSource`` (RandomResizedCrop 224 + flip, no colour jitter, batch
-128) over ``--epochs`` epochs, after Ray's start and an unmeasured epoch that starts its workers. Its
+128) over ``--epochs`` epochs, after an unmeasured epoch that starts the workers: local worker
+processes, as ``raypipe run`` has without ``RAY_ADDRESS`` (``--backend auto``), or Ray tasks on a local
+Ray started first (``--backend ray``). Its
 rate is the images of all epochs over their seconds, each epoch from the start of its loop to its last
 batch: one stream runs ahead across epoch boundaries by up to its window of chunks, and a Parquet chunk
 is a whole window of row groups (about 2048 rows), so with small data a later epoch can find all its
@@ -19,8 +21,8 @@ ratio against the folder of its own round, and the table shows the median round'
 ratios' range. The cache contender runs once, against the median of the folder's rounds.
 The S3 server is ``raypipe.testing.s3server`` in a process of its own (so its threads do not
 share the consumer's interpreter lock), adding ``--latency-ms`` before every response's first byte.
-The cache contender runs on a Ray started again with ``RAYPIPE_CACHE_DIR`` set (workers read it where
-they start), from an empty cache. The Parquet file is sorted by class (4 classes), as a file written
+The cache contender runs on workers started again with ``RAYPIPE_CACHE_DIR`` set (workers read it
+where they start), from an empty cache. The Parquet file is sorted by class (4 classes), as a file written
 class by class is; the per-batch label entropy of its epochs, through the pipeline's real order, is
 printed against a global shuffle's. The markdown table is printed last.
 """
@@ -99,14 +101,15 @@ class S3Process:
                 self.proc.wait()
 
 
-def run_epochs(name: str, source, epochs: int, batch_size: int) -> dict:
+def run_epochs(name: str, source, epochs: int, batch_size: int, backend: str) -> dict:
     """One contender: each epoch's images and seconds, and each full batch's labels."""
-    from raypipe import Pipeline, PipelineConfig, TrainAugment
+    from raypipe import ExecutionConfig, Pipeline, PipelineConfig, TrainAugment
     from raypipe.benchmark.measure import measure_epochs
     from raypipe.pipeline import EpochSource
 
     pipe = Pipeline(source, TrainAugment(input_size=224, color_jitter=None),
-                    config=PipelineConfig(batch_size=batch_size, seed=0))  # fmt: skip
+                    config=PipelineConfig(batch_size=batch_size, seed=0),
+                    execution=ExecutionConfig(backend=backend))  # fmt: skip
     src = EpochSource(pipe, end_epoch=epochs)
     images, seconds, labels = [], [], []
 
@@ -167,6 +170,19 @@ def connect_again(tries: int = 3) -> None:
             time.sleep(10)
 
 
+def start_workers_again(on_ray: bool) -> None:
+    """Stop this process's workers, so that the next contender's start with its own environment."""
+    if on_ray:
+        import ray
+
+        ray.shutdown()
+        connect_again()
+    else:
+        from raypipe.pipeline.local_workers import LocalWorkers
+
+        LocalWorkers.shutdown_shared()
+
+
 def ratios(rounds: list[dict[str, dict]], cached: dict | None) -> dict[str, list[float]]:
     """Each contender's ratios to the local folder, one per round (the cache's: its later epochs against
     the median of the folder's later epochs)."""
@@ -207,12 +223,16 @@ def main() -> None:
     p.add_argument("--workdir", help="where the data are made (kept, and reused by a later run); default: a "
                                      "temporary folder, removed at the end")  # fmt: skip
     p.add_argument("--rounds", type=int, default=1, help="times the contenders without a cache run, in turn")
+    p.add_argument("--backend", choices=("auto", "ray", "local"), default="auto",
+                   help="where the tasks run (ExecutionConfig.backend); auto: as raypipe run, Ray only with "
+                        "RAY_ADDRESS")  # fmt: skip
     p.add_argument("--json", help="write the figures here")
     a = p.parse_args()
     classes = 4
     if a.images < classes * 2 or a.epochs < 1 or a.rounds < 1:
         p.error("--images must be at least 8, --epochs and --rounds at least 1")
 
+    import pyarrow.parquet as pq
     import ray
 
     from raypipe.sources import open_source
@@ -223,9 +243,13 @@ def main() -> None:
     server = None
     rounds: list[dict[str, dict]] = []
     cached_result = None
+    on_ray = a.backend == "ray" or (a.backend == "auto" and bool(os.environ.get("RAY_ADDRESS")))
     try:
-        connect_again()
+        if on_ray:
+            connect_again()
         data = make_data(work, a.images, classes)
+        # read before the work folder goes (a run without --workdir removes it at the end)
+        sorted_labels = pq.read_table(data["parquet"], columns=["label"]).column("label").to_numpy()
         server = S3Process(work / "buckets", a.latency_ms)
         fs = server.filesystem()
         contenders = {
@@ -235,23 +259,22 @@ def main() -> None:
             "s3 folder": lambda: open_source("s3://bench/folder", filesystem=fs),
             "s3 shards": lambda: open_source("s3://bench/shards", filesystem=fs),
         }
-        # Ray's worker processes start, and import the kernels, during the first epoch anybody reads:
-        # an unmeasured epoch first, so that no contender (the first is the baseline) pays for it.
-        run_epochs("warm-up", str(data["folder"]), 1, a.batch_size)
+        # The worker processes start, and import the kernels, during the first epoch anybody reads: an
+        # unmeasured epoch first, so that no contender (the first is the baseline) pays for it.
+        run_epochs("warm-up", str(data["folder"]), 1, a.batch_size, a.backend)
         for k in range(a.rounds):
             tag = f" (round {k + 1})" if a.rounds > 1 else ""
-            rounds.append({name: run_epochs(name + tag, make(), a.epochs, a.batch_size)
+            rounds.append({name: run_epochs(name + tag, make(), a.epochs, a.batch_size, a.backend)
                            for name, make in contenders.items()})  # fmt: skip
-        # The cache is read by the workers where they start: a Ray started again with it set.
-        ray.shutdown()
+        # The cache is read by the workers where they start: workers started again with it set.
         cache_dir = work / "cache"
         shutil.rmtree(cache_dir, ignore_errors=True)
         os.environ["RAYPIPE_CACHE_DIR"] = str(cache_dir)
         os.environ["RAYPIPE_CACHE_MAX_BYTES"] = "64GiB"
         try:
-            connect_again()
+            start_workers_again(on_ray)
             cached = open_source("s3://bench/folder", filesystem=fs)
-            cached_result = run_epochs("s3 folder + cache", cached, a.epochs, a.batch_size)
+            cached_result = run_epochs("s3 folder + cache", cached, a.epochs, a.batch_size, a.backend)
         finally:
             os.environ.pop("RAYPIPE_CACHE_DIR", None)
             os.environ.pop("RAYPIPE_CACHE_MAX_BYTES", None)
@@ -263,11 +286,8 @@ def main() -> None:
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)
 
-    import pyarrow.parquet as pq
-
-    labels = pq.read_table(data["parquet"], columns=["label"]).column("label").to_numpy()
     got = mean_entropy(rounds[0]["parquet"]["labels"], classes)
-    full = shuffled_entropy(labels, a.epochs, a.batch_size, classes)
+    full = shuffled_entropy(sorted_labels, a.epochs, a.batch_size, classes)
     print(f"\nclass-sorted Parquet ({classes} classes, 100-row groups): mean per-batch label entropy {got:.3f} bits "
           f"through the pipeline, {full:.3f} for a global shuffle: {got / full:.3f}x (target >= 0.95)")  # fmt: skip
     report = table(rounds, cached_result, a.latency_ms)
