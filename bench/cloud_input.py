@@ -248,6 +248,8 @@ def main() -> None:
         if on_ray:
             connect_again()
         data = make_data(work, a.images, classes)
+        if not on_ray and ray.is_initialized():
+            ray.shutdown()  # the Ray that raypipe convert made the shards on: local workers run the rest
         # read before the work folder goes (a run without --workdir removes it at the end)
         sorted_labels = pq.read_table(data["parquet"], columns=["label"]).column("label").to_numpy()
         server = S3Process(work / "buckets", a.latency_ms)
