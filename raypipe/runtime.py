@@ -204,7 +204,7 @@ def check_ray_address(address: str, timeout_s: float | None = None) -> None:
         why = f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
         raise ConnectionError(
             f"RAY_ADDRESS={address!r}: no Ray cluster at {host}:{port} ({why}): start one "
-            "there (`ray start --head`), correct RAY_ADDRESS, or unset it to run on a private local Ray"
+            "there (`ray start --head`), correct RAY_ADDRESS, or unset it to run on this machine alone"
         ) from None
 
 
