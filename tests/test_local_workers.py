@@ -3,6 +3,7 @@ the same batches as Ray's tasks, the same accounting, retries of a dead worker, 
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import textwrap
@@ -59,6 +60,19 @@ def _epochs(pipe: Pipeline, epochs: int = 2) -> list[list[tuple[list[int], bytes
 
 def _own_files(directory: str) -> list[str]:
     return [n for n in os.listdir(directory) if n.startswith(f"raypipe-{os.getpid()}-")]
+
+
+def _open_slabs() -> int:
+    """This process's descriptors of chunk slabs (Linux: their memfds; elsewhere they have no name)."""
+    if not os.path.isdir("/proc/self/fd"):
+        return 0
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:raypipe-chunk")
+        except OSError:
+            pass
+    return count
 
 
 def _pool_started(count: int = 2) -> LocalWorkers:
@@ -120,7 +134,26 @@ def test_local_chunks_come_from_the_workers_and_leave_no_files(sample_dir):
     del batches, late
     LocalWorkers.shutdown_shared()
     assert _own_files(pool.directory) == []
+    assert _open_slabs() == 0  # closed with the pool, the viewed ones with their last view
     assert all(w.proc.poll() is not None for w in pool._workers) or not pool._workers
+
+
+def test_batches_the_caller_keeps_keep_their_pixels_while_slabs_are_reused(sample_dir):
+    config = PipelineConfig(batch_size=8, seed=5)
+    execution = ExecutionConfig(backend="local", chunk_rows=16, num_tasks=2)
+    want = _epochs(Pipeline(str(sample_dir), AUG, config=config, execution=execution), epochs=4)
+    pool = _pool_started()
+    made = pool.slabs.made
+    source = EpochSource(Pipeline(str(sample_dir), AUG, config=config, execution=execution), end_epoch=4)
+    kept = list(source)  # epoch 0's batches, held (views of their chunks' slabs) through the epochs after
+    later = [[(b["sample_id"].tolist(), b["image"].tobytes()) for b in source] for _ in range(3)]
+    source.close()
+    assert [(b["sample_id"].tolist(), b["image"].tobytes()) for b in kept] == want[0]  # not overwritten
+    assert later == want[1:]
+    assert pool.slabs.made - made < 4 * 3  # the later epochs' 3 chunks each mostly reused slabs
+    del kept
+    gc.collect()
+    assert pool.slabs.free_slabs() >= 1
 
 
 def test_local_bad_images_are_counted_skips(sample_dir, tmp_path):

@@ -1,8 +1,10 @@
-"""The worker process of ``LocalWorkers`` (``python -m raypipe.pipeline._local_worker READ_FD WRITE_FD``).
+"""The worker process of ``LocalWorkers`` (``python -m raypipe.pipeline._local_worker SOCKET_FD``).
 
-It reads requests from one pipe and answers on the other, one at a time, in order (frames: an 8-byte
-length, then a pickle; both ends are raypipe's own code in processes of one user). It imports the
-stage and nothing else of raypipe's: no Ray, no torch.
+It reads requests from a Unix socket shared with the trainer and answers on it, one at a time, in
+order (frames: an 8-byte length, then a pickle; both ends are raypipe's own code in processes of one
+user). A chunk's request carries the descriptor of the shared memory its images go into
+(``raypipe.pipeline.slabs``) as the socket's ancillary data. It imports the stage and nothing else of
+raypipe's: no Ray, no torch.
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import socket
 import struct
 import sys
 import traceback
 from typing import BinaryIO
 
 _HEAD = struct.Struct("<Q")
+_MAX_FDS = 4  # descriptors one request may carry (a chunk's carries one)
 
 
 def send(stream: BinaryIO, message: object) -> None:
@@ -37,38 +41,60 @@ def receive(stream: BinaryIO) -> object | None:
     return pickle.loads(data)
 
 
-def run_chunk(rows: dict, spec, path: str) -> dict:
-    """Augment ``rows`` with their images written straight into a new shared file at ``path``, which
-    the parent maps and unlinks; the returned block carries ``("shared", path, shape)`` for them."""
+def send_with_fds(sock: socket.socket, message: object, fds: list[int]) -> None:
+    """``send`` on a socket, with ``fds`` passed along with the frame's first bytes."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    frame = _HEAD.pack(len(data)) + data
+    sent = socket.send_fds(sock, [frame], fds) if fds else 0
+    if sent < len(frame):
+        sock.sendall(memoryview(frame)[sent:])
+
+
+def receive_with_fds(sock: socket.socket) -> tuple[object, list[int]] | None:
+    """The next message and the descriptors that came with it, or None at the end. Reads exactly one
+    frame, so no descriptor of the next one is taken with it."""
+    fds: list[int] = []
+
+    def exactly(n: int) -> bytes | None:
+        parts, got = [], 0
+        while got < n:
+            data, more, flags, _ = socket.recv_fds(sock, n - got, _MAX_FDS)
+            fds.extend(more)
+            if flags & getattr(socket, "MSG_CTRUNC", 0):
+                raise OSError("a request's descriptors were cut short")
+            if not data:
+                return None
+            parts.append(data)
+            got += len(data)
+        return b"".join(parts)
+
+    head = exactly(_HEAD.size)
+    body = exactly(_HEAD.unpack(head)[0]) if head is not None else None
+    if body is None:
+        for fd in fds:
+            os.close(fd)
+        return None
+    return pickle.loads(body), fds
+
+
+def run_chunk(rows: dict, spec, fd: int) -> dict:
+    """Augment ``rows`` with their images written straight into the shared memory of ``fd`` (the
+    parent's slab, closed here); the returned block carries ``("shared", shape)`` for them."""
     import numpy as np
 
     from raypipe.stages.augment import augment_block
 
     shape = (len(rows["sample_id"]), *spec.image_shape)
     size = int(np.prod(shape))
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        try:
-            os.ftruncate(fd, size)
-            mapped = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        images = np.frombuffer(mapped, dtype=np.uint8).reshape(shape)
-        block = augment_block(rows, spec, out=images)
-        block["image"] = ("shared", path, shape)
-        del images
-        mapped.close()
-        return block
-    except BaseException:
-        _remove(path)
-        raise
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+        mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+    finally:
+        os.close(fd)
+    # On an exception the mapping goes with the traceback's frames, which still view it.
+    block = augment_block(rows, spec, out=np.frombuffer(mapped, dtype=np.uint8).reshape(shape))
+    block["image"] = ("shared", shape)  # the last view of the mapping: it can be closed now
+    mapped.close()
+    return block
 
 
 def _portable(exc: BaseException) -> BaseException:
@@ -81,35 +107,33 @@ def _portable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
 
 
-def serve(inbox: BinaryIO, outbox: BinaryIO) -> None:
+def serve(sock: socket.socket, outbox: BinaryIO) -> None:
     from raypipe.stages.augment import stage_for
 
     send(outbox, ("ready", None, os.getpid()))
-    while (message := receive(inbox)) is not None:
-        kind, task_id, payload = message
+    while (received := receive_with_fds(sock)) is not None:
+        (kind, task_id, payload), fds = received
         try:
             if kind == "setup":
                 stage_for(payload)
                 reply = None
             else:
-                reply = run_chunk(*payload)
+                reply = run_chunk(*payload, fds.pop(0))
         except Exception as exc:  # the task's failure, reported to the parent with its traceback
             send(outbox, ("error", task_id, (_portable(exc), traceback.format_exc())))
             continue
-        try:
-            send(outbox, ("done", task_id, reply))
-        except BrokenPipeError:  # the parent is gone: nobody will map the file
-            if kind == "chunk":
-                _remove(reply["image"][1])
-            return
+        finally:
+            for fd in fds:  # none is expected
+                os.close(fd)
+        send(outbox, ("done", task_id, reply))
 
 
 def main(argv: list[str]) -> None:
-    inbox = os.fdopen(int(argv[1]), "rb")
-    outbox = os.fdopen(int(argv[2]), "wb")
+    sock = socket.socket(fileno=int(argv[1]))
+    outbox = sock.makefile("wb")
     try:
-        serve(inbox, outbox)
-    except BrokenPipeError:
+        serve(sock, outbox)
+    except (BrokenPipeError, ConnectionResetError):  # the parent is gone
         pass
 
 

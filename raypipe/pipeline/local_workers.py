@@ -8,12 +8,12 @@ the same order (``ChunkStream``), so the batches are the same as on Ray; only th
 
 - each worker is a fresh ``python -m raypipe.pipeline._local_worker`` (not a fork: the trainer has
   threads and maybe CUDA; not multiprocessing's spawn, which imports the trainer's script again),
-  with two pipes to this process and its own session (a Ctrl-C in the terminal reaches the trainer,
-  which then closes the pipes; a worker ends when its pipe does);
-- a worker writes a chunk's images straight into a new file in shared memory (``/dev/shm``, or the
-  temporary directory when that is too small, as in a container's default 64 MB); this process maps
-  it and unlinks it at once, so the array owns the memory, which goes with its last view, as a Ray
-  object's does with its last reference;
+  with a Unix socket to this process and its own session (a Ctrl-C in the terminal reaches the
+  trainer, which then closes the sockets; a worker ends when its socket does);
+- a worker writes a chunk's images straight into shared memory this process gives it with the chunk
+  (a slab of ``raypipe.pipeline.slabs``: anonymous, passed as a descriptor, reused from chunk to chunk
+  because new pages cost more than the copy); this process maps it read-only, and the slab goes back
+  to the pool with the array's last view, as a Ray object's memory does with its last reference;
 - a worker that dies (killed, out of memory) is replaced and its chunk sent again, up to
   ``MAX_RETRIES`` times, as Ray retries a task (same output: per-sample seeds); an exception in the
   stage fails the chunk with its own type, the worker's traceback as its cause.
@@ -27,9 +27,8 @@ import atexit
 import collections
 import itertools
 import logging
-import mmap
 import os
-import secrets
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from raypipe.pipeline._local_worker import receive, send
+from raypipe.pipeline._local_worker import receive, send_with_fds
+from raypipe.pipeline.slabs import SlabPool
 
 __all__ = ["LocalWorkers", "WorkerTraceback", "LocalWorkerDiedError", "shared_memory_dir", "local_cpus",
            "MAX_RETRIES"]  # fmt: skip
@@ -75,8 +75,9 @@ def local_cpus() -> int:
 
 
 def shared_memory_dir(need_bytes: int, candidates: Sequence[str] = ("/dev/shm",)) -> tuple[str, int]:
-    """(directory, free bytes) for the chunks' files: the first of ``candidates`` with ``need_bytes``
-    free, else the temporary directory (disk-backed, its pages in the page cache all the same)."""
+    """(directory, free bytes) that size the chunks in flight, and hold the slabs where there is no
+    ``memfd`` (not Linux): the first of ``candidates`` with ``need_bytes`` free, else the temporary
+    directory (disk-backed, its pages in the page cache all the same)."""
     for path in candidates:
         try:
             st = os.statvfs(path)
@@ -91,7 +92,7 @@ def shared_memory_dir(need_bytes: int, candidates: Sequence[str] = ("/dev/shm",)
 
 
 class _Task:
-    __slots__ = ("id", "kind", "payload", "tries", "done", "value", "error", "cancelled", "path")
+    __slots__ = ("id", "kind", "payload", "tries", "done", "value", "error", "cancelled", "slab")
 
     def __init__(self, task_id: int, kind: str, payload):
         self.id, self.kind, self.payload = task_id, kind, payload
@@ -99,12 +100,12 @@ class _Task:
         self.done = threading.Event()
         self.value = self.error = None
         self.cancelled = False
-        self.path = ""
+        self.slab = None  # where a chunk's images go: taken when it is sent, kept for a retry
 
 
 class _Worker:
-    def __init__(self, proc: subprocess.Popen, inbox, outbox):
-        self.proc, self.inbox, self.outbox = proc, inbox, outbox
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket):
+        self.proc, self.sock, self.outbox = proc, sock, sock.makefile("rb")
         self.sent: collections.deque[_Task] = collections.deque()  # answered in this order
         self.pinned: collections.deque[_Task] = collections.deque()  # for this worker only (set-up)
         self.ready = False
@@ -121,7 +122,9 @@ class LocalWorkers:
     def __init__(self, count: int, directory: str):
         self.count = count
         self.directory = directory
-        self._prefix = os.path.join(directory, f"raypipe-{os.getpid()}-{secrets.token_hex(4)}-")
+        # free slabs kept: one per worker and one more covers a steady stream (a slab comes back as
+        # the trainer is done with a chunk, about when the next one is sent)
+        self.slabs = SlabPool(directory, keep=count + 1)
         self._lock = threading.Lock()
         self._queue: collections.deque[_Task] = collections.deque()
         self._workers: list[_Worker] = []
@@ -218,18 +221,25 @@ class LocalWorkers:
             try:
                 self._queue.remove(task)
             except ValueError:
-                pass  # sent: its result is dropped when it comes
+                return  # sent: its result is dropped when it comes
+            self._give_back(task)  # a chunk sent again after its worker died holds its slab
 
     def shutdown(self) -> None:
-        """End the workers (closing their pipes ends them; a stuck one is killed) and remove files left."""
+        """End the workers (closing their sockets ends them; a stuck one is killed) and close the slabs
+        (those of chunks still viewed as each one's last view goes)."""
         with self._lock:
             self._closed = True
             workers, self._workers = self._workers, []
             for task in self._queue:
                 task.cancelled = True
+                self._give_back(task)
             self._queue.clear()
         for w in workers:
-            for f in (w.inbox, w.outbox):
+            try:
+                w.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            for f in (w.outbox, w.sock):
                 try:
                     f.close()
                 except OSError:
@@ -240,40 +250,37 @@ class LocalWorkers:
             except subprocess.TimeoutExpired:
                 w.proc.kill()
                 w.proc.wait()
-        directory, prefix = os.path.split(self._prefix)
-        try:
-            names = os.listdir(directory)
-        except OSError:
-            names = []
-        for name in names:
-            if name.startswith(prefix):
-                _unlink(os.path.join(directory, name))
+            for task in w.sent:
+                self._give_back(task)
+        self.slabs.close()
 
     # -- inside ---------------------------------------------------------------------------------------
 
     def _grow(self, count: int) -> None:
         with self._lock:
             self.count = count
+            self.slabs.keep = count + 1
             if self._started:
                 while len([w for w in self._workers if w.alive]) < count:
                     self._workers.append(self._spawn())
 
     def _spawn(self) -> _Worker:
         """A new worker process and the thread that reads its answers (called holding the lock)."""
-        task_r, task_w = os.pipe()
-        result_r, result_w = os.pipe()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(os.environ)
         # the worker imports raypipe (and the user's own modules a spec may name) as this process does
         env["PYTHONPATH"] = os.pathsep.join([p or os.getcwd() for p in sys.path])
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "raypipe.pipeline._local_worker", str(task_r), str(result_w)],
-                pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                [sys.executable, "-m", "raypipe.pipeline._local_worker", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env, start_new_session=True,
             )  # fmt: skip
+        except BaseException:
+            ours.close()
+            raise
         finally:
-            os.close(task_r)
-            os.close(result_w)
-        worker = _Worker(proc, os.fdopen(task_w, "wb"), os.fdopen(result_r, "rb"))
+            theirs.close()
+        worker = _Worker(proc, ours)
         threading.Thread(target=self._read, args=(worker,), name=f"raypipe-local-{proc.pid}", daemon=True).start()
         return worker
 
@@ -289,15 +296,16 @@ class LocalWorkers:
                 task = self._queue.popleft()
             else:
                 continue
+            fds = []
             if task.kind == "chunk":
-                task.path = f"{self._prefix}{task.id}-{task.tries}"
-                message = ("chunk", task.id, (*task.payload, task.path))
-            else:
-                message = ("setup", task.id, task.payload)
+                if task.slab is None:
+                    rows, spec = task.payload
+                    task.slab = self.slabs.take(len(rows["sample_id"]) * int(np.prod(spec.image_shape)))
+                fds = [task.slab.fd]
             worker.sent.append(task)
             try:
-                send(worker.inbox, message)
-            except (BrokenPipeError, OSError, ValueError):
+                send_with_fds(worker.sock, (task.kind, task.id, task.payload), fds)
+            except (OSError, ValueError):
                 pass  # the worker is gone: its reader sees the end and sends the task again
 
     def _read(self, worker: _Worker) -> None:
@@ -324,15 +332,22 @@ class LocalWorkers:
             exc, text = payload
             exc.__cause__ = WorkerTraceback(text)
             task.error = exc
+            self._give_back(task)
         elif task.kind == "chunk":
             block = payload
-            _, path, shape = block["image"]
             if task.cancelled:
-                _unlink(path)
+                self._give_back(task)
             else:
-                block["image"] = _map(path, shape)
+                _, shape = block["image"]
+                slab, task.slab = task.slab, None
+                block["image"] = self.slabs.view(slab, shape)
                 task.value = block
         task.done.set()
+
+    def _give_back(self, task: _Task) -> None:
+        slab, task.slab = task.slab, None
+        if slab is not None:
+            self.slabs.give_back(slab)
 
     def _lost(self, worker: _Worker) -> None:
         """A worker's pipe ended: send what it held again (a new worker in its place), or fail it."""
@@ -347,14 +362,15 @@ class LocalWorkers:
                 code = worker.proc.wait()
             failed = []
             for task in reversed(worker.sent):
-                _unlink(task.path)
                 task.tries += 1
                 if task.kind == "setup" or task.cancelled:
+                    self._give_back(task)
                     task.done.set()  # a set-up is not needed for the chunks to run
                 elif task.tries > MAX_RETRIES:
+                    self._give_back(task)
                     failed.append(task)
                 else:
-                    self._queue.appendleft(task)
+                    self._queue.appendleft(task)  # with its slab: every row is written again
             worker.sent.clear()
             self._workers = [w for w in self._workers if w.alive]
             if not worker.ready:
@@ -374,30 +390,9 @@ class LocalWorkers:
                 self._workers.append(self._spawn())
                 self._dispatch()
         for task in failed:
+            self._give_back(task)
             task.error = self._start_error or LocalWorkerDiedError(
                 f"chunk {task.id}: its worker process died on each of {task.tries} tries (last exit code {code}); "
                 "out of memory, or killed?"
             )
             task.done.set()
-
-
-def _map(path: str, shape: tuple[int, ...]) -> np.ndarray:
-    """The images in the file at ``path``, mapped read-only; the file is unlinked at once, so the
-    memory goes when the last view of the array does."""
-    size = int(np.prod(shape))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.unlink(path)
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # one call maps every page
-        mapped = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ)
-    finally:
-        os.close(fd)
-    return np.frombuffer(mapped, dtype=np.uint8).reshape(shape)
-
-
-def _unlink(path: str) -> None:
-    if path:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass

@@ -1,0 +1,132 @@
+"""Reusable shared-memory regions ("slabs") for the chunk images of ``LocalWorkers``.
+
+Writing each chunk into new shared memory costs the kernel more than the copy itself: every page is
+allocated and zeroed when the worker first touches it, and freed when the trainer lets the chunk go
+(``python bench/slab_cost.py``: 20-22 ms for a 128-row chunk of 224 px images, against 7 ms into a
+region written before and 2 ms for the copy alone, on the 2-core machine of docs/performance.md,
+where such a chunk is ~140 ms of decoding). So the trainer keeps its regions: a chunk's slab goes back to the pool when the last view
+of its images is gone (a finalizer on the trainer's mapping; a batch the caller keeps keeps its slab),
+and a later chunk that fits is written into it. No slab has a name: an anonymous ``memfd`` on Linux
+(elsewhere a file in ``directory``, unlinked as soon as it is made), sent to the worker as a
+descriptor with each chunk, so nothing outlives the processes that hold it, however they end.
+"""
+
+from __future__ import annotations
+
+import collections
+import mmap
+import os
+import secrets
+import threading
+import weakref
+
+import numpy as np
+
+__all__ = ["Slab", "SlabPool"]
+
+_ROUND = 1 << 20  # capacities are whole MiB, so chunks of about one size share their slabs
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # one call maps every page, instead of a fault per page
+
+
+class Slab:
+    """One region: a descriptor of ``capacity`` bytes."""
+
+    __slots__ = ("fd", "capacity")
+
+    def __init__(self, fd: int, capacity: int):
+        self.fd, self.capacity = fd, capacity
+
+
+class SlabPool:
+    """The slabs of one process's workers: ``take`` one for a chunk of ``nbytes``, ``view`` the images a
+    worker wrote into it; it comes back by itself with its last view (``give_back`` for a chunk whose
+    images are never viewed). At most ``keep`` free slabs are kept; a closed pool closes each slab as it
+    comes back."""
+
+    def __init__(self, directory: str, keep: int):
+        self.directory, self.keep = directory, keep
+        self._lock = threading.Lock()
+        self._free: list[Slab] = []  # least recently returned first
+        # Slabs come back from finalizers, which run in any thread at any allocation (the collector),
+        # possibly inside ``take`` itself: an append to a deque needs no lock, and ``take`` moves them.
+        self._returned: collections.deque[Slab] = collections.deque()
+        self.closed = False
+        self.made = 0  # slabs made so far (each one's pages were new)
+
+    def take(self, nbytes: int) -> Slab:
+        """The smallest free slab of at least ``nbytes``, else a new one."""
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("raypipe's local workers were shut down")
+            self._collect()
+            fits = [s for s in self._free if s.capacity >= nbytes]
+            if fits:
+                slab = min(fits, key=lambda s: s.capacity)
+                self._free.remove(slab)
+                return slab
+        capacity = max(_ROUND, -(-nbytes // _ROUND) * _ROUND)
+        slab = Slab(_new_region(self.directory, capacity), capacity)
+        self.made += 1
+        return slab
+
+    def give_back(self, slab: Slab) -> None:
+        self._returned.append(slab)
+        if self.closed:
+            self._close_returned()
+
+    def view(self, slab: Slab, shape: tuple[int, ...]) -> np.ndarray:
+        """The ``shape`` uint8 images at the start of ``slab``, mapped read-only (as Ray's objects are);
+        the slab comes back to the pool when this array and every view of it are gone."""
+        size = int(np.prod(shape))
+        if size == 0:
+            self.give_back(slab)
+            return np.empty(shape, dtype=np.uint8)
+        mapped = mmap.mmap(slab.fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+        weakref.finalize(mapped, self.give_back, slab).atexit = False
+        return np.frombuffer(mapped, dtype=np.uint8).reshape(shape)
+
+    def free_slabs(self) -> int:
+        with self._lock:
+            self._collect()
+            return len(self._free)
+
+    def close(self) -> None:
+        """Close the free slabs now, and each slab in use as it comes back."""
+        with self._lock:
+            self.closed = True
+            self._collect()
+            free, self._free = self._free, []
+        for slab in free:
+            os.close(slab.fd)
+        self._close_returned()
+
+    def _collect(self) -> None:
+        """Move the returned slabs to the free list, closing the oldest beyond ``keep`` (holding the lock)."""
+        while self._returned:
+            self._free.append(self._returned.popleft())
+        while len(self._free) > self.keep:
+            os.close(self._free.pop(0).fd)
+
+    def _close_returned(self) -> None:
+        while True:
+            try:
+                slab = self._returned.popleft()
+            except IndexError:
+                return
+            os.close(slab.fd)
+
+
+def _new_region(directory: str, capacity: int) -> int:
+    """A descriptor of ``capacity`` bytes of shared memory that no other process can open by name."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("raypipe-chunk", os.MFD_CLOEXEC)
+    else:
+        path = os.path.join(directory, f"raypipe-{os.getpid()}-{secrets.token_hex(8)}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        os.unlink(path)
+    try:
+        os.ftruncate(fd, capacity)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
