@@ -103,6 +103,37 @@ def test_remote_reads_overlap(tmp_path):
     assert handler.max_active <= 16
 
 
+def test_remote_shard_and_parquet_rows_without_waiting_are_futures_fetched_in_row_order(tmp_path):
+    """read_block(wait=False) on remote tar shards and Parquet row groups: every row a Future of the
+    bytes read_block() gives, and the requests sent for the block's earliest rows first (one request
+    thread, so they run in the order sent), so decoding starts when the first ones are in."""
+    from concurrent.futures import Future
+
+    from image_factory import tar_bytes
+
+    (tmp_path / "wds").mkdir()
+    for s in range(3):
+        members = [m for i in range(4) for m in ((f"k{s}{i}.jpg", b"image-%d-%d" % (s, i)), (f"k{s}{i}.cls", b"1"))]
+        (tmp_path / "wds" / f"shard-{s}.tar").write_bytes(tar_bytes(members))
+    table = pa.table({"image": [b"cell-%d" % i for i in range(12)], "label": list(range(12))})
+    pq.write_table(table, tmp_path / "part.parquet", row_group_size=4)
+    for path in (tmp_path / "wds", tmp_path / "part.parquet"):
+        fs, handler = wrapped()
+        rows = open_source(str(path), filesystem=fs)
+        assert not rows.root.is_local
+        batch = {k: v[::-1].copy() for k, v in _batch(rows.table).items()}  # the last shard's rows first
+        want = BlockReader(rows.root, rows.kind, rows.image_column).read_block(batch)
+        reader = BlockReader(rows.root, rows.kind, rows.image_column, options=ReadOptions(in_flight=1))
+        handler.opened.clear()
+        pending = reader.read_block(batch, wait=False)
+        assert all(isinstance(x, Future) for x in pending)
+        assert [x.result() for x in pending] == want
+        assert all(isinstance(x, bytes) for x in want) and len(set(want)) == 12
+        if rows.kind == "webdataset":  # one ranged read per shard, the last shard's first
+            assert [os.path.basename(p) for p in handler.opened] == ["shard-2.tar", "shard-1.tar", "shard-0.tar"]
+        reader.close()
+
+
 def test_transient_errors_are_retried_then_counted(tmp_path):
     data = _folder(tmp_path, n=6)
     fs, handler = wrapped(fail_first=2)

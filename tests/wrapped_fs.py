@@ -19,12 +19,14 @@ class WrappedFS(pafs.FileSystemHandler):
         self.delay_s, self.fail_first = delay_s, fail_first
         self.error = error if error is not None else ConnectionResetError("Connection reset by peer")
         self.attempts: Counter[str] = Counter()  # opens per path
+        self.opened: list[str] = []  # every open, in order
         self.active = self.max_active = 0
         self._lock = threading.Lock()
 
     def _open(self, path: str) -> None:
         with self._lock:
             self.attempts[path] += 1
+            self.opened.append(path)
             n = self.attempts[path]
             self.active += 1
             self.max_active = max(self.max_active, self.active)

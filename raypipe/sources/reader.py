@@ -101,6 +101,22 @@ class BlockReader:
             return [fn(x) for x in items]
         return list(self._threads().map(fn, items))
 
+    def _map_rows(self, fn: Callable, items: list[tuple[object, list[int]]], out: list, wait: bool) -> None:
+        """``out[i]`` for every row ``i`` of each ``(key, rows)`` item from ``fn(item)``, which returns one
+        result per row. ``wait=False`` on a remote root: ``out[i]`` is a Future of it, the items' requests
+        sent at once, those of the earliest rows first."""
+        if wait or self.root.is_local or not items:
+            for (_, idx), results in zip(items, self._map(fn, items), strict=True):
+                for i, result in zip(idx, results, strict=True):
+                    out[i] = result
+            return
+        pool = self._threads()
+        for item in sorted(items, key=lambda item: min(item[1])):
+            rows = [Future() for _ in item[1]]
+            for i, row in zip(item[1], rows, strict=True):
+                out[i] = row
+            pool.submit(fn, item).add_done_callback(lambda done, rows=rows: _fan_out(done, rows))
+
     @property
     def cached(self) -> bool:
         """Whether remote objects are read through the local cache."""
@@ -190,11 +206,12 @@ class BlockReader:
         ``row`` (Parquet), ``offset``/``size`` (tar shards) and ``error`` columns where the kind has them;
         ``object_size``/``object_mtime_ns`` key the cache where present (without them, as for -1).
 
-        ``wait=False`` returns once the requests are sent where each row is an object of its own in a
-        store (a remote folder or manifest): those rows are then ``Future``s, their requests in row order,
-        so a caller decodes the first rows while the later ones are still in flight, and one task keeps
-        its core busy through the store's latency. Other rows are read before it returns, as with
-        ``wait=True``."""
+        ``wait=False`` returns once the requests are sent where the rows come from a store (a remote
+        root, not read through the cache): those rows are then ``Future``s, the requests sent in the
+        order of the rows that need them (an object per row for a folder or manifest, a ranged request
+        per run of tar members, a row group per group of Parquet rows), so a caller decodes the first
+        rows while the later ones are still in flight, and one task keeps its core busy through the
+        store's latency. Other rows are read before it returns, as with ``wait=True``."""
         paths = rows["path"]
         out: list[Result | None] = [None] * len(paths)
         todo = []
@@ -212,9 +229,9 @@ class BlockReader:
             return _UNLISTED if sizes is None or mtimes is None else (int(sizes[i]), int(mtimes[i]))
 
         if self.kind == "parquet":
-            self._read_parquet(paths, rows["row"], todo, out, listed)
+            self._read_parquet(paths, rows["row"], todo, out, listed, wait)
         elif self.kind == "webdataset":
-            self._read_members(paths, rows["offset"], rows["size"], todo, out, listed)
+            self._read_members(paths, rows["offset"], rows["size"], todo, out, listed, wait)
         else:
             if self.cached:
                 # A hit is a local file read of tens of microseconds: read here. Handing it to the
@@ -285,7 +302,9 @@ class BlockReader:
 
     # -- Parquet: each row group once per block ---------------------------------------------------
 
-    def _read_parquet(self, paths, rows, todo: list[int], out: list, listed: Callable[[int], tuple[int, int]]) -> None:
+    def _read_parquet(
+        self, paths, rows, todo: list[int], out: list, listed: Callable[[int], tuple[int, int]], wait: bool = True
+    ) -> None:
         reader = self._parquet
         assert reader is not None
         groups: dict[tuple[str, int], list[int]] = {}
@@ -324,16 +343,14 @@ class BlockReader:
                 skip = read_skip(e, what) if isinstance(e, OSError) else SkipImage(UNREADABLE, f"{what}: {e}")
                 return [skip] * len(idx)
 
-        items = list(groups.items())
-        for (_, idx), cells in zip(items, self._map(one, items), strict=True):
-            for i, cell in zip(idx, cells, strict=True):
-                out[i] = cell
+        self._map_rows(one, list(groups.items()), out, wait)
 
     # -- tar members: ranged reads ----------------------------------------------------------------
 
     def _read_members(
-        self, paths, offsets, sizes, todo: list[int], out: list, listed: Callable[[int], tuple[int, int]]
-    ) -> None:
+        self, paths, offsets, sizes, todo: list[int], out: list, listed: Callable[[int], tuple[int, int]],
+        wait: bool = True,
+    ) -> None:  # fmt: skip
         by_shard: dict[str, list[int]] = {}
         for i in todo:
             by_shard.setdefault(str(paths[i]), []).append(i)
@@ -372,9 +389,7 @@ class BlockReader:
                 return [read_skip(e, rel)] * len(run)
             return [_cut(data, int(offsets[i]) - start, int(sizes[i]), rel) for i in run]
 
-        for (_, run), results in zip(ranges, self._map(one, ranges), strict=True):
-            for i, data in zip(run, results, strict=True):
-                out[i] = data
+        self._map_rows(one, ranges, out, wait)
 
     def _pread(self, rel: str, spans: list[tuple[int, int]], listed: tuple[int, int] = _UNLISTED) -> list[Result]:
         try:
@@ -430,6 +445,17 @@ def _copy_object(fs: pafs.FileSystem, where: str, out) -> None:
 def _read_stream(root: DatasetRoot, where: str) -> bytes:
     with root.filesystem.open_input_stream(where) as f:
         return f.read()
+
+
+def _fan_out(done: Future, rows: list[Future]) -> None:
+    """Each row's Future from its request's (a list of results, one per row), or the request's error."""
+    error = done.exception()
+    results = [None] * len(rows) if error is not None else done.result()
+    for row, result in zip(rows, results, strict=True):
+        if error is not None:
+            row.set_exception(error)
+        else:
+            row.set_result(result)
 
 
 def _cut(data: bytes, start: int, size: int, rel: str) -> Result:
