@@ -18,6 +18,7 @@ __all__ = [
     "connect",
     "starting",
     "on_ray",
+    "runs_on_ray",
     "wait_connected",
     "release_start",
     "tune_consumer_process",
@@ -87,6 +88,15 @@ def on_ray() -> bool:
     join a cluster (``RAY_ADDRESS``). ``ExecutionConfig(backend="auto")`` runs Ray tasks then, else
     local worker processes."""
     return ray.is_initialized() or starting() or bool(os.environ.get("RAY_ADDRESS"))
+
+
+def runs_on_ray(backend: str, *, needed: bool = False) -> bool:
+    """Whether tasks of ``ExecutionConfig.backend`` run on Ray: ``"ray"`` and ``"local"`` as they say;
+    ``"auto"`` when Ray is ``needed`` (ranks that share a node's cluster, a feeder actor) or this
+    process runs on Ray (``on_ray``)."""
+    if backend != "auto":
+        return backend == "ray"
+    return needed or on_ray()
 
 
 def wait_connected(timeout_s: float | None = None) -> None:

@@ -197,9 +197,7 @@ def _wants_ray(execution: ExecutionConfig | None, *, world_size: int, feeder: bo
     if feeder and backend == "local":
         raise ValueError("feeder=True runs the rank's source in a Ray actor: it needs ExecutionConfig(backend='ray' "
                          "or 'auto'), not 'local'")  # fmt: skip
-    if backend != "auto":
-        return backend == "ray"
-    return world_size > 1 or feeder or runtime.on_ray()
+    return runtime.runs_on_ray(backend, needed=world_size > 1 or feeder)
 
 
 def _world(distributed: bool, rank: int | None, world_size: int | None) -> tuple[int, int]:

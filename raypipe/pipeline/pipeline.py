@@ -102,13 +102,12 @@ class Pipeline:
 
     def uses_ray(self) -> bool:
         """Whether this pipeline's tasks run on Ray (``ExecutionConfig.backend``)."""
-        backend = self.execution.backend
-        return backend == "ray" if backend != "auto" else runtime.on_ray()
+        return runtime.runs_on_ray(self.execution.backend)
 
     def local_budget(self, *, world_size: int = 1, reserved_cpus: float = 0.0) -> tuple[RankBudget, int, str]:
-        """This rank's share of this machine for local workers: (budget, worker processes, directory of
-        the chunks' shared files). The machine's ranks share its cores (``LOCAL_WORLD_SIZE``, as torchrun
-        sets it). The budget is computed as on a private local Ray (``budget``), and the workers are as
+        """This rank's share of this machine for local workers: (budget, worker processes, the directory
+        whose free space sizes the chunks in flight, ``shared_memory_dir``). The machine's ranks share
+        its cores (``LOCAL_WORLD_SIZE``, as torchrun sets it). The budget is computed as on a private local Ray (``budget``), and the workers are as
         many as such a Ray would run at once: one per ``cpus_per_task`` of the rank's cores, the
         trainer's ``reserved_cpus`` not taken from them (it holds no Ray CPU either), at most the chunks
         in flight."""
