@@ -271,3 +271,26 @@ def test_local_budget_runs_a_task_per_core_as_a_private_ray_would(sample_dir, mo
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two trainers on this machine share its cores
     assert pipe.local_budget(world_size=2, reserved_cpus=2.0)[1] == 2
     assert np.isclose(pipe.local_budget(world_size=2, reserved_cpus=2.0)[0].cpus, 1.0)
+
+
+def test_no_memory_for_a_chunk_fails_the_epoch_with_the_error_not_a_hang(sample_dir, monkeypatch):
+    import errno
+
+    pool = _pool_started()
+    take, calls = pool.slabs.take, []
+
+    def no_memory_after_two(nbytes):
+        # the first two chunks go to the idle workers as they are submitted; the next ones are sent
+        # from the thread that reads a worker's answer, where a failure must reach the chunk too
+        calls.append(nbytes)
+        if len(calls) > 2:
+            raise OSError(errno.ENOMEM, "Cannot allocate memory", "memfd")
+        return take(nbytes)
+
+    monkeypatch.setattr(pool.slabs, "take", no_memory_after_two)
+    source = EpochSource(Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5), execution=LOCAL),
+                         end_epoch=1)  # fmt: skip
+    with pytest.raises(OSError, match="Cannot allocate memory"):
+        list(source)
+    source.close()
+    assert len(calls) >= 3

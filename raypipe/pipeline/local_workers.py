@@ -126,6 +126,9 @@ class LocalWorkers:
         # the trainer is done with a chunk, about when the next one is sent)
         self.slabs = SlabPool(directory, keep=count + 1)
         self._lock = threading.Lock()
+        # A task's slab is taken from it by one thread only (its answer, its worker's loss, shutdown):
+        # given back twice, one slab would take two chunks at once.
+        self._slab_lock = threading.Lock()
         self._queue: collections.deque[_Task] = collections.deque()
         self._workers: list[_Worker] = []
         self._ids = itertools.count()
@@ -300,7 +303,12 @@ class LocalWorkers:
             if task.kind == "chunk":
                 if task.slab is None:
                     rows, spec = task.payload
-                    task.slab = self.slabs.take(len(rows["sample_id"]) * int(np.prod(spec.image_shape)))
+                    try:
+                        task.slab = self.slabs.take(len(rows["sample_id"]) * int(np.prod(spec.image_shape)))
+                    except OSError as e:  # no memory (or descriptors) for it: the chunk fails, saying so
+                        task.error = e
+                        task.done.set()
+                        continue
                 fds = [task.slab.fd]
             worker.sent.append(task)
             try:
@@ -335,22 +343,31 @@ class LocalWorkers:
             self._give_back(task)
         elif task.kind == "chunk":
             block = payload
-            if task.cancelled:
-                self._give_back(task)
+            slab = self._take_slab(task)
+            if task.cancelled or slab is None:  # cancelled, or the pool shut down meanwhile
+                if slab is not None:
+                    self.slabs.give_back(slab)
             else:
-                _, shape = block["image"]
-                slab, task.slab = task.slab, None
-                block["image"] = self.slabs.view(slab, shape)
-                task.value = block
+                try:
+                    block["image"] = self.slabs.view(slab, block["image"][1])
+                    task.value = block
+                except OSError as e:  # the mapping failed (no memory): the chunk fails, saying so
+                    self.slabs.give_back(slab)
+                    task.error = e
         task.done.set()
 
+    def _take_slab(self, task: _Task):
+        with self._slab_lock:
+            slab, task.slab = task.slab, None
+        return slab
+
     def _give_back(self, task: _Task) -> None:
-        slab, task.slab = task.slab, None
+        slab = self._take_slab(task)
         if slab is not None:
             self.slabs.give_back(slab)
 
     def _lost(self, worker: _Worker) -> None:
-        """A worker's pipe ended: send what it held again (a new worker in its place), or fail it."""
+        """A worker's socket ended: send what it held again (a new worker in its place), or fail it."""
         with self._lock:
             worker.alive = False
             if self._closed:
