@@ -107,10 +107,10 @@ class Pipeline:
     def local_budget(self, *, world_size: int = 1, reserved_cpus: float = 0.0) -> tuple[RankBudget, int, str]:
         """This rank's share of this machine for local workers: (budget, worker processes, the directory
         whose free space sizes the chunks in flight, ``shared_memory_dir``). The machine's ranks share
-        its cores (``LOCAL_WORLD_SIZE``, as torchrun sets it). The budget is computed as on a private local Ray (``budget``), and the workers are as
-        many as such a Ray would run at once: one per ``cpus_per_task`` of the rank's cores, the
-        trainer's ``reserved_cpus`` not taken from them (it holds no Ray CPU either), at most the chunks
-        in flight."""
+        its cores (``LOCAL_WORLD_SIZE``, as torchrun sets it). The budget is computed as on a private
+        local Ray (``budget``), and the workers are as many as such a Ray would run at once: one per
+        ``cpus_per_task`` of the rank's cores, the trainer's ``reserved_cpus`` not taken from them (it
+        holds no Ray CPU either), at most the chunks in flight."""
         ex = self.execution
         h, w, c = self.batch_spec.image_shape
         chunk_bytes = self.plan(0, world_size).max_chunk_rows * h * w * c

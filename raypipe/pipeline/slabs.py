@@ -4,11 +4,12 @@ Writing each chunk into new shared memory costs the kernel more than the copy it
 allocated and zeroed when the worker first touches it, and freed when the trainer lets the chunk go
 (``python bench/slab_cost.py``: 20-22 ms for a 128-row chunk of 224 px images, against 7 ms into a
 region written before and 2 ms for the copy alone, on the 2-core machine of docs/performance.md,
-where such a chunk is ~140 ms of decoding). So the trainer keeps its regions: a chunk's slab goes back to the pool when the last view
-of its images is gone (a finalizer on the trainer's mapping; a batch the caller keeps keeps its slab),
-and a later chunk that fits is written into it. No slab has a name: an anonymous ``memfd`` on Linux
-(elsewhere a file in ``directory``, unlinked as soon as it is made), sent to the worker as a
-descriptor with each chunk, so nothing outlives the processes that hold it, however they end.
+where such a chunk is ~140 ms of decoding). So the trainer keeps its regions: a chunk's slab goes
+back to the pool when the last view of its images is gone (a finalizer on the trainer's mapping; a
+batch the caller keeps keeps its slab), and a later chunk that fits is written into it. No slab has
+a name: an anonymous ``memfd`` on Linux (elsewhere a file in ``directory``, unlinked as soon as it is
+made), sent to the worker as a descriptor with each chunk, so nothing outlives the processes that
+hold it, however they end.
 """
 
 from __future__ import annotations
