@@ -112,3 +112,28 @@ def test_views_pin_their_pixels_while_later_chunks_reuse_slabs(tmp_path):
     assert [k.tobytes() for k in kept] == want
     assert pool.made <= len(kept) + 2
     pool.close()
+
+
+def test_the_room_for_slabs_is_memory_where_they_are_memfds(monkeypatch):
+    from raypipe.pipeline.slabs import slab_room
+
+    sentinel = 12345  # a directory's free space, e.g. a container's 64 MB /dev/shm
+    if hasattr(os, "memfd_create") and os.path.exists("/proc/meminfo"):
+        with open("/proc/meminfo") as f:
+            total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+        assert sentinel < slab_room(sentinel) <= total  # no file system bounds a memfd: memory does
+    monkeypatch.delattr(os, "memfd_create", raising=False)
+    assert slab_room(sentinel) == sentinel  # files in that directory: its free space
+
+
+def test_local_chunks_in_flight_fit_the_room_for_their_slabs(sample_dir, monkeypatch):
+    import raypipe.pipeline.pipeline as pipeline_module
+    from raypipe.config import ExecutionConfig, TrainAugment
+    from raypipe.pipeline import Pipeline
+
+    pipe = Pipeline(str(sample_dir), TrainAugment(input_size=(32, 32)),
+                    execution=ExecutionConfig(backend="local", chunk_rows=16, num_tasks=4))  # fmt: skip
+    assert pipe.local_budget()[0].in_flight > 2
+    chunk = 16 * 32 * 32 * 3
+    monkeypatch.setattr(pipeline_module, "slab_room", lambda free: 4 * chunk)  # half of it: 2 chunks
+    assert pipe.local_budget()[0].in_flight == 2

@@ -24,6 +24,7 @@ from raypipe.pipeline.budget import RankBudget, eligible_resources, rank_budget
 from raypipe.pipeline.local_workers import LocalWorkers, local_cpus, shared_memory_dir
 from raypipe.pipeline.order import RankPlan
 from raypipe.pipeline.pack import BatchSpec, Packer
+from raypipe.pipeline.slabs import slab_room
 from raypipe.pipeline.stream import ChunkStream, RayTasks
 from raypipe.sources import SourceRows, open_source
 from raypipe.sources.table import table_columns
@@ -106,7 +107,8 @@ class Pipeline:
 
     def local_budget(self, *, world_size: int = 1, reserved_cpus: float = 0.0) -> tuple[RankBudget, int, str]:
         """This rank's share of this machine for local workers: (budget, worker processes, the directory
-        whose free space sizes the chunks in flight, ``shared_memory_dir``). The machine's ranks share
+        of ``shared_memory_dir``); the chunks in flight are sized by the room for their slabs
+        (``slab_room``: the memory available, or that directory's free space). The machine's ranks share
         its cores (``LOCAL_WORLD_SIZE``, as torchrun sets it). The budget is computed as on a private
         local Ray (``budget``), and the workers are as many as such a Ray would run at once: one per
         ``cpus_per_task`` of the rank's cores, the trainer's ``reserved_cpus`` not taken from them (it
@@ -118,6 +120,7 @@ class Pipeline:
         cpus = local_cpus()
         wanted = (ex.num_tasks or cpus) + ex.prefetch_chunks
         directory, free = shared_memory_dir(2 * wanted * chunk_bytes)
+        free = slab_room(free)
         budget = rank_budget(
             eligible_cpus=cpus, reserved_cpus=reserved_cpus, world_size=ranks_here, cpus_per_task=ex.cpus_per_task,
             prefetch_chunks=ex.prefetch_chunks, num_tasks=ex.num_tasks, store_bytes=free, chunk_bytes=chunk_bytes,

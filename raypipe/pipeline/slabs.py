@@ -23,7 +23,7 @@ import weakref
 
 import numpy as np
 
-__all__ = ["Slab", "SlabPool"]
+__all__ = ["Slab", "SlabPool", "slab_room"]
 
 _ROUND = 1 << 20  # capacities are whole MiB, so chunks of about one size share their slabs
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # one call maps every page, instead of a fault per page
@@ -115,6 +115,22 @@ class SlabPool:
             except IndexError:
                 return
             os.close(slab.fd)
+
+
+def slab_room(directory_free: int) -> int:
+    """The bytes slabs may take here: the memory still available (``MemAvailable``) where they are
+    memfds, which no file system's size bounds (a container's 64 MB /dev/shm included); elsewhere the
+    free space of their directory, ``directory_free``."""
+    if not hasattr(os, "memfd_create"):
+        return directory_free
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return directory_free
 
 
 def _new_region(directory: str, capacity: int) -> int:
