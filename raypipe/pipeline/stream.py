@@ -110,10 +110,11 @@ class RayTasks:
 
     @staticmethod
     def cancel(ref) -> None:
-        try:
-            ray.cancel(ref)
-        except Exception:  # noqa: BLE001 - already finished, or Ray already shut down
-            pass
+        # Not ray.cancel: a cancel that races with the task's reply fails a check in Ray's core worker
+        # and ends the whole process ("Tried to complete task that was not pending", seen on Ray 2.60;
+        # ray-project/ray#54846). A chunk is seconds of work: dropping its reference lets it finish and
+        # its result go, within the window of chunks in flight.
+        del ref
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ class Chunk:
 
 class ChunkStream:
     """Epochs ``start_epoch``, ``start_epoch + 1``, … (up to ``end_epoch``, or without end) of one
-    rank, as an in-order iterator of ``Chunk``. ``close()`` cancels what is in flight."""
+    rank, as an in-order iterator of ``Chunk``. ``close()`` drops what is in flight."""
 
     def __init__(
         self,
@@ -253,7 +254,8 @@ class ChunkStream:
             )  # fmt: skip
 
     def close(self) -> None:
-        """Cancel the chunks in flight (their results are dropped) and stop. Returns at once."""
+        """Drop the chunks in flight (local workers' queued ones are cancelled; Ray tasks finish and
+        their results go) and stop. Returns at once."""
         self._closed = True
         pending, self._pending = self._pending, collections.deque()
         for *_, ref in pending:
