@@ -31,6 +31,9 @@ SITECUSTOMIZE = textwrap.dedent('''
         def broken(self, data, rng=None, out=None):
             if fault == "bug":
                 raise TypeError("simulated bug in a transform")
+            if fault == "slow":
+                import time
+                time.sleep(120)  # still working when the pool is shut down
             marker = os.environ["RAYPIPE_TEST_MARKER"]
             if fault == "die" or not os.path.exists(marker):
                 open(marker, "w").close()
@@ -294,3 +297,34 @@ def test_no_memory_for_a_chunk_fails_the_epoch_with_the_error_not_a_hang(sample_
         list(source)
     source.close()
     assert len(calls) >= 3
+
+
+def test_a_chunk_in_flight_when_the_pool_shuts_down_fails_instead_of_waiting(sample_dir, tmp_path, monkeypatch):
+    import threading
+    import time
+
+    _with_faults(tmp_path, monkeypatch, "slow")
+    pool = _pool_started()
+    source = EpochSource(Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5), execution=LOCAL),
+                         end_epoch=1)  # fmt: skip
+    outcome = []
+
+    def consume():
+        try:
+            next(iter(source))
+            outcome.append("a batch")
+        except Exception as e:  # noqa: BLE001 - what the consumer is told is what the test checks
+            outcome.append(e)
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    deadline = time.monotonic() + 60
+    while not any(w.sent for w in pool._workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any(w.sent for w in pool._workers), "no chunk reached a worker"
+    LocalWorkers.shutdown_shared()
+    consumer.join(timeout=30)
+    assert not consumer.is_alive(), "the consumer still waits for a chunk of a pool that was shut down"
+    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError), outcome
+    assert "shut down" in str(outcome[0])
+    source.close()

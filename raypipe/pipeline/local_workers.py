@@ -236,6 +236,7 @@ class LocalWorkers:
             for task in self._queue:
                 task.cancelled = True
                 self._give_back(task)
+                self._fail_shut_down(task)
             self._queue.clear()
         for w in workers:
             try:
@@ -255,6 +256,7 @@ class LocalWorkers:
                 w.proc.wait()
             for task in w.sent:
                 self._give_back(task)
+                self._fail_shut_down(task)
         self.slabs.close()
 
     # -- inside ---------------------------------------------------------------------------------------
@@ -344,9 +346,10 @@ class LocalWorkers:
         elif task.kind == "chunk":
             block = payload
             slab = self._take_slab(task)
-            if task.cancelled or slab is None:  # cancelled, or the pool shut down meanwhile
-                if slab is not None:
-                    self.slabs.give_back(slab)
+            if slab is None:  # shutdown took it back meanwhile
+                self._fail_shut_down(task)
+            elif task.cancelled:
+                self.slabs.give_back(slab)
             else:
                 try:
                     block["image"] = self.slabs.view(slab, block["image"][1])
@@ -355,6 +358,13 @@ class LocalWorkers:
                     self.slabs.give_back(slab)
                     task.error = e
         task.done.set()
+
+    @staticmethod
+    def _fail_shut_down(task: _Task) -> None:
+        """A task shutdown ended before its answer: whoever waits on it is told so, not left waiting."""
+        if not task.done.is_set():
+            task.error = RuntimeError("raypipe's local workers were shut down")
+            task.done.set()
 
     def _take_slab(self, task: _Task):
         with self._slab_lock:
