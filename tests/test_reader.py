@@ -215,3 +215,27 @@ def test_reader_pickles_without_its_threads(tmp_path):
     assert again.read_block(_batch(rows.table)) == _expected(rows)
     reader.close()
     again.close()
+
+
+def test_a_requests_outcome_reaches_each_of_its_rows():
+    from concurrent.futures import Future
+
+    from raypipe.sources.reader import _fan_out
+
+    def fanned(outcome) -> list[Future]:
+        request, rows = Future(), [Future() for _ in range(3)]
+        request.add_done_callback(lambda done: _fan_out(done, rows))
+        if isinstance(outcome, BaseException):
+            request.set_exception(outcome)
+        else:
+            request.set_result(outcome)
+        assert all(row.done() for row in rows)
+        return rows
+
+    assert [row.result() for row in fanned([b"a", b"b", b"c"])] == [b"a", b"b", b"c"]
+    for row in fanned(OSError("the store is down")):
+        with pytest.raises(OSError, match="the store is down"):
+            row.result()
+    for row in fanned([b"a", b"b"]):  # a request that lost a row is our bug, told to every row
+        with pytest.raises(AssertionError, match="2 rows of 3"):
+            row.result()

@@ -22,10 +22,14 @@ _HEAD = struct.Struct("<Q")
 _MAX_FDS = 4  # descriptors one request may carry (a chunk's carries one)
 
 
-def send(stream: BinaryIO, message: object) -> None:
+def _frame(message: object) -> bytes:
+    """A message as it goes on the wire: its length, then its pickle."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEAD.pack(len(data)))
-    stream.write(data)
+    return _HEAD.pack(len(data)) + data
+
+
+def send(stream: BinaryIO, message: object) -> None:
+    stream.write(_frame(message))
     stream.flush()
 
 
@@ -43,8 +47,7 @@ def receive(stream: BinaryIO) -> object | None:
 
 def send_with_fds(sock: socket.socket, message: object, fds: list[int]) -> None:
     """``send`` on a socket, with ``fds`` passed along with the frame's first bytes."""
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    frame = _HEAD.pack(len(data)) + data
+    frame = _frame(message)
     sent = socket.send_fds(sock, [frame], fds) if fds else 0
     if sent < len(frame):
         sock.sendall(memoryview(frame)[sent:])

@@ -448,14 +448,18 @@ def _read_stream(root: DatasetRoot, where: str) -> bytes:
 
 
 def _fan_out(done: Future, rows: list[Future]) -> None:
-    """Each row's Future from its request's (a list of results, one per row), or the request's error."""
+    """Each row's Future from its request's (a list of results, one per row), or the request's error.
+    Runs as a done-callback, where an exception would be logged and lost: every row gets an outcome."""
     error = done.exception()
-    results = [None] * len(rows) if error is not None else done.result()
-    for row, result in zip(rows, results, strict=True):
-        if error is not None:
-            row.set_exception(error)
-        else:
-            row.set_result(result)
+    if error is None:
+        results = done.result()
+        if len(results) == len(rows):
+            for row, result in zip(rows, results, strict=True):
+                row.set_result(result)
+            return
+        error = AssertionError(f"a request answered {len(results)} rows of {len(rows)}")  # a bug of ours
+    for row in rows:
+        row.set_exception(error)
 
 
 def _cut(data: bytes, start: int, size: int, rel: str) -> Result:
