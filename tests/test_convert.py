@@ -142,3 +142,30 @@ def test_convert_into_a_remote_filesystem(ray_local, sample_dir, tmp_path):
     rows = open_source("bucket/converted", filesystem=fs, kind="webdataset")
     assert not rows.root.is_local and len(rows) == 48
     assert _digests(rows) == _digests(open_source(str(sample_dir)))
+
+
+def test_a_failed_shard_is_raised_after_the_other_shards_have_ended(ray_local, tmp_path):
+    import time
+
+    import ray
+
+    from raypipe.sources.convert import _gather
+
+    @ray.remote(num_cpus=0)
+    def shard(name: str, fail: bool, seconds: float) -> dict:
+        time.sleep(seconds)
+        if fail:
+            raise OSError(f"{name}: the store refused the upload")
+        (tmp_path / name).write_text("written")
+        return {"name": name, "samples": 1}
+
+    pending = {shard.remote("a", True, 0.0): "a", shard.remote("b", False, 3.0): "b"}
+    with pytest.raises(OSError, match="the store refused the upload"):
+        _gather(pending, None)
+    # raised only once the slower shard had ended: nothing is still writing into the destination
+    assert (tmp_path / "b").read_text() == "written"
+
+    seen = []
+    pending = {shard.remote(n, False, 0.0): n for n in "cd"}
+    assert sorted(_gather(pending, lambda done: seen.append(len(done)))) == ["c", "d"]
+    assert seen[-1] == 2

@@ -260,6 +260,30 @@ def _prepare_dst(dst: str, filesystem: pafs.FileSystem | None, ext: str) -> Data
     return root
 
 
+def _gather(pending: dict, progress: Callable[[dict[str, dict]], None] | None) -> dict[str, dict]:
+    """Each shard task's result by its name, as they end. When one fails, the error is raised once the
+    others have ended too: a caller that goes on (a notebook, a retry) finds the destination settled,
+    no shard still being written behind its back. Not ``ray.cancel``: a cancel that races a task's reply
+    can end the driver (ray-project/ray#54846); a shard is one task's bounded work."""
+    import ray
+
+    results: dict[str, dict] = {}
+    failure: Exception | None = None
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        for ref in done:
+            name = pending.pop(ref)
+            try:
+                results[name] = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - raised below, after the rest
+                failure = failure or e
+        if progress is not None and failure is None:
+            progress(results)
+    if failure is not None:
+        raise failure
+    return results
+
+
 def convert(
     src: str | SourceRows,
     dst: str,
@@ -314,18 +338,11 @@ def convert(
                           classes=rows.classes, image_column=rows.image_column)  # fmt: skip
         job = _ShardJob(part, out_root, name, format, max_side, key_width, row_group_rows)
         pending[task.remote(job)] = name
-    results: dict[str, dict] = {}
-    try:
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                results[pending.pop(ref)] = ray.get(ref)
-            if progress is not None:
-                progress(len(results), len(plan), sum(r["samples"] for r in results.values()))
-    except BaseException:
-        for ref in pending:
-            ray.cancel(ref)
-        raise
+
+    def report(done: dict[str, dict]) -> None:
+        progress(len(done), len(plan), sum(r["samples"] for r in done.values()))
+
+    results = _gather(pending, report if progress is not None else None)
     ordered = [results[name] for name in names]
     return ConvertReport(
         dst=dst, format=format, shards=tuple(names), samples=sum(r["samples"] for r in ordered),
