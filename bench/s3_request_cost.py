@@ -10,6 +10,10 @@ and a GET each), then a HEAD alone, then whole objects with one GET each as rayp
     python bench/s3_request_cost.py /tmp/cloudbench/buckets --prefix bench/folder
 
 Prints objects/s, and the CPU time the client process and the server process spent per object.
+
+``--ranges`` reads each object whole as one ranged read instead, as raypipe reads the members of a
+tar shard (``--prefix bench/shards``): through a pyarrow handle opened beforehand (its HEAD not
+counted), then with one ranged GET (``SingleGet.read_range``), and prints the CPU per MB.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ def main() -> None:
     p.add_argument("--prefix", default="bench/folder", help="bucket/prefix to read")
     p.add_argument("--threads", type=int, default=32)
     p.add_argument("--latency-ms", type=float, default=0.0)
+    p.add_argument("--ranges", action="store_true", help="ranged reads of whole objects (tar shards), per MB")
     a = p.parse_args()
 
     import psutil
@@ -59,14 +64,30 @@ def main() -> None:
         contenders = [("HEAD + GET (pyarrow)", whole), ("HEAD (pyarrow)", head)]
         if getter is not None:
             contenders.append(("GET (single_get, obstore)", single))
+        unit, per_unit = "object", lambda n, nbytes: n
+        if a.ranges:
+            sizes = {path: fs.get_file_info(path).size for path in paths}
+            handles = {path: fs.open_input_file(path) for path in paths}
+
+            def pyarrow_range(path: str) -> int:
+                return len(handles[path].read_at(sizes[path], 0))
+
+            def single_range(path: str) -> int:
+                return len(getter.read_range(path, 0, sizes[path]))
+
+            contenders = [("ranged read (pyarrow handle)", pyarrow_range)]
+            if getter is not None:
+                contenders.append(("ranged GET (single_get, obstore)", single_range))
+            unit, per_unit = "MB", lambda n, nbytes: nbytes / 2**20
         for name, fn in contenders:
             s0, c0, t0 = sum(served.cpu_times()[:2]), time.process_time(), time.perf_counter()
             with ThreadPoolExecutor(a.threads) as pool:
-                n = sum(1 for _ in pool.map(fn, paths))
+                got = list(pool.map(fn, paths))
             dt = time.perf_counter() - t0
-            server_ms = 1e3 * (sum(served.cpu_times()[:2]) - s0) / n
-            client_ms = 1e3 * (time.process_time() - c0) / n
-            print(f"{name}: {n} objects in {dt:.2f} s = {n / dt:.0f}/s; CPU per object: client {client_ms:.2f} ms, "
+            n, units = len(got), per_unit(len(got), sum(got))
+            server_ms = 1e3 * (sum(served.cpu_times()[:2]) - s0) / units
+            client_ms = 1e3 * (time.process_time() - c0) / units
+            print(f"{name}: {n} objects in {dt:.2f} s = {n / dt:.0f}/s; CPU per {unit}: client {client_ms:.2f} ms, "
                   f"server {server_ms:.2f} ms", flush=True)  # fmt: skip
     finally:
         server.stop()

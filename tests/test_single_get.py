@@ -111,3 +111,75 @@ def test_what_the_store_is_built_from(monkeypatch, tmp_path):
     assert single_get_for(None) is None and single_get_for(pafs.LocalFileSystem()) is None
     monkeypatch.setattr(single_get_module, "_obstore_installed", lambda: False)
     assert single_get_for(keyed) is None
+
+
+def _shards(root, count: int = 2, per_shard: int = 6) -> dict[str, bytes]:
+    """Tar shards under ``root`` of distinct-sized members; returns each member's bytes by key."""
+    import io
+    import tarfile
+
+    root.mkdir(parents=True)
+    members = {}
+    for s in range(count):
+        with tarfile.open(root / f"shard-{s}.tar", "w", format=tarfile.PAX_FORMAT) as tar:
+            for i in range(per_shard):
+                key = f"{s}{i:02d}"
+                members[key] = bytes([s * 16 + i]) * (1500 * i + 7)
+                for name, data in ((f"{key}.jpg", members[key]), (f"{key}.cls", str(i).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return members
+
+
+def test_shard_members_are_read_with_ranged_gets_and_no_head(tmp_path):
+    members = _shards(tmp_path / "buckets" / "bkt" / "wds")
+    with S3Server(tmp_path / "buckets", latency_ms=2) as server:
+        rows = open_source("s3://bkt/wds", kind="webdataset", filesystem=server.filesystem())
+        reader = BlockReader(rows.root, rows.kind, options=_no_cache())
+        server.reset_counts()
+        got = reader.read_block(_batch(rows))
+        reader.close()
+        # the members of a shard lie side by side: one ranged GET per shard, no HEAD to open it
+        assert dict(server.requests) == {("GET", "GetObject"): 2}
+        assert all(rng.startswith("bytes=") for *_, rng in server.log)
+    assert [bytes(g) for g in got] == [members[m.split(".")[0]] for m in rows.table.column("member").to_pylist()]
+    assert all(isinstance(g, bytes) for g in got)
+
+
+def test_a_shard_cut_short_after_listing_is_a_truncated_skip_over_one_get(tmp_path):
+    from raypipe.kernels.errors import TRUNCATED
+
+    shards = tmp_path / "buckets" / "bkt" / "wds"
+    _shards(shards, count=1)
+    with S3Server(tmp_path / "buckets", latency_ms=0) as server:
+        rows = open_source("s3://bkt/wds", kind="webdataset", filesystem=server.filesystem())
+        shard = shards / "shard-0.tar"
+        offsets = rows.table.column("offset").to_pylist()
+        with open(shard, "r+b") as f:
+            f.truncate(offsets[-1] + 10)  # the last member loses all but its first 10 bytes
+        reader = BlockReader(rows.root, rows.kind, options=_no_cache())
+        got = reader.read_block(_batch(rows))
+        reader.close()
+    assert all(isinstance(g, bytes) for g in got[:-1])
+    assert got[-1].reason == TRUNCATED, got[-1]
+
+
+def test_shards_are_read_through_pyarrow_where_obstore_cannot_reach(tmp_path, monkeypatch):
+    members = _shards(tmp_path / "buckets" / "bkt" / "wds")
+    real = single_get_for
+
+    def unreachable(filesystem):
+        getter = real(filesystem)
+        getter._options["config"]["endpoint"] = "http://127.0.0.1:9"  # discard port: nothing listens
+        return getter
+
+    monkeypatch.setattr("raypipe.sources.reader.single_get_for", unreachable)
+    with S3Server(tmp_path / "buckets", latency_ms=0) as server:
+        rows = open_source("s3://bkt/wds", kind="webdataset", filesystem=server.filesystem())
+        reader = BlockReader(rows.root, rows.kind, options=_no_cache())
+        server.reset_counts()
+        got = reader.read_block(_batch(rows))
+        reader.close()
+        assert server.count("HeadObject") == server.count("GetObject") == 2  # pyarrow: open, then read
+    assert got == [members[m.split(".")[0]] for m in rows.table.column("member").to_pylist()]

@@ -15,7 +15,8 @@ How a block is read depends on where it lies:
   (``raypipe.sources.single_get``), pyarrow's HEAD + GET the fallback;
 - Parquet rows are grouped by (file, row group): each row group a block touches is read once;
 - tar members are grouped by shard: a local shard is opened once per block and its members read with
-  ``pread``; remote members that lie close together in a shard are fetched with one ranged request;
+  ``pread``; remote members that lie close together in a shard are fetched with one ranged request
+  (one GET on S3, ``raypipe.sources.single_get``);
 - with a cache (``ReadOptions.cache``, see ``raypipe.sources.cache``) a remote object, tar shard or
   Parquet file is fetched whole the first time it is read and read from local disk afterwards. Where
   the rows carry the object's size and time from the listing (``object_size``, ``object_mtime_ns``),
@@ -73,7 +74,7 @@ class BlockReader:
         self._pool: ThreadPoolExecutor | None = None
         self._handles: dict[str, object] = {}
         # Whole image objects of an s3:// root with one GET each instead of pyarrow's HEAD + GET
-        self._single_get = single_get_for(root.filesystem) if kind in ("folder", "manifest") else None
+        self._single_get = single_get_for(root.filesystem) if kind != "parquet" else None
         # Listed cache keys of objects found changed since the listing: read through the HEAD path
         # directly, rather than fetched in full again only to find the size wrong once more.
         self._changed: set[str] = set()
@@ -413,7 +414,13 @@ class BlockReader:
         finally:
             os.close(fd)
 
-    def _read_range(self, where: str, start: int, length: int) -> bytes:
+    def _read_range(self, where: str, start: int, length: int) -> bytes | memoryview:
+        getter = self._single_get
+        if getter is not None and getter.usable:
+            try:
+                return getter.read_range(where, start, length)
+            except Exception:  # noqa: BLE001 - read again through pyarrow, which reports what is wrong
+                pass
         # One handle per shard per reader: opening costs a request (the object's size), reading a range
         # another; handles are shared by the threads (ranged reads on one handle are independent).
         handle = self._handles.get(where)

@@ -1,4 +1,4 @@
-"""Whole objects of an ``s3://`` root read with one request each.
+"""Whole objects of an ``s3://`` root, and ranges of them (tar shards' members), read with one request each.
 
 pyarrow's S3 client opens an object with a ``HEAD`` (its size) before the ``GET`` that reads it, and its
 Python API has no way to pass a size the listing already knows. For a folder of images that is two
@@ -31,7 +31,8 @@ GIVE_UP_AFTER = 8
 
 
 class SingleGet:
-    """``read(path)``: the bytes of ``bucket/key`` with one GET; raises on any failure."""
+    """``read(path)``: the bytes of ``bucket/key`` with one GET; ``read_range``: a range of them, with
+    one GET; both raise on any failure."""
 
     def __init__(self, options: dict):
         self._options = options
@@ -57,8 +58,20 @@ class SingleGet:
         import obstore
 
         bucket, _, key = path.partition("/")
+        return self._counted(lambda: bytes(obstore.get(self._store(bucket), key).bytes()))
+
+    def read_range(self, path: str, start: int, length: int) -> memoryview:
+        """``length`` bytes of ``bucket/key`` from ``start``, with one ranged GET (fewer where the
+        object ends first, as a ranged read of pyarrow's returns them), without a copy."""
+        import obstore
+
+        bucket, _, key = path.partition("/")
+        return self._counted(lambda: memoryview(obstore.get_range(self._store(bucket), key, start=start,
+                                                                  length=length)))  # fmt: skip
+
+    def _counted(self, request):
         try:
-            data = bytes(obstore.get(self._store(bucket), key).bytes())
+            data = request()
         except Exception:
             with self._lock:
                 self.failures += 1
