@@ -21,6 +21,9 @@ ratio against the folder of its own round, and the table shows the median round'
 ratios' range. The cache contender runs once, against the median of the folder's rounds.
 The S3 server is ``raypipe.testing.s3server`` in a process of its own (so its threads do not
 share the consumer's interpreter lock), adding ``--latency-ms`` before every response's first byte.
+It shares the machine's cores with the contenders, and its CPU is then taken from the readers of
+``s3://``, which a real store's is not; ``--server-cores N`` gives it N cores of its own and every
+contender (the local folder included) the rest, so the ratios compare the readers alone.
 The cache contender runs on workers started again with ``RAYPIPE_CACHE_DIR`` set (workers read it
 where they start), from an empty cache. The Parquet file is sorted by class (4 classes), as a file written
 class by class is; the per-batch label entropy of its epochs, through the pipeline's real order, is
@@ -75,11 +78,13 @@ def make_data(work: Path, images: int, classes: int) -> dict[str, Path]:
 class S3Process:
     """``raypipe.testing.s3server`` in a child process serving ``root``; stopped on exit."""
 
-    def __init__(self, root: Path, latency_ms: float):
+    def __init__(self, root: Path, latency_ms: float, cores: set[int] | None = None):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "raypipe.testing.s3server", str(root), "--latency-ms", str(latency_ms)],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
+        if cores:  # before it serves: its threads, started later, take the same cores
+            os.sched_setaffinity(self.proc.pid, cores)
         line = self.proc.stdout.readline()
         if " at http://" not in line:
             self.stop()
@@ -226,11 +231,20 @@ def main() -> None:
     p.add_argument("--backend", choices=("auto", "ray", "local"), default="auto",
                    help="where the tasks run (ExecutionConfig.backend); auto: as raypipe run, Ray only with "
                         "RAY_ADDRESS")  # fmt: skip
+    p.add_argument("--server-cores", type=int, default=0,
+                   help="run the S3 server on this many of the machine's cores and every contender on the "
+                        "others, as a real store runs off the reader's machine (default 0: all share all)")  # fmt: skip
     p.add_argument("--json", help="write the figures here")
     a = p.parse_args()
     classes = 4
     if a.images < classes * 2 or a.epochs < 1 or a.rounds < 1:
         p.error("--images must be at least 8, --epochs and --rounds at least 1")
+    cores = sorted(os.sched_getaffinity(0))
+    if a.server_cores and not 0 < a.server_cores < len(cores):
+        p.error(f"--server-cores must leave the contenders at least one of the {len(cores)} cores")
+    if a.server_cores and a.backend == "ray":
+        p.error("--server-cores runs the contenders on local workers (a Ray started first keeps every core)")
+    server_cores = set(cores[len(cores) - a.server_cores:]) if a.server_cores else None
 
     import pyarrow.parquet as pq
     import ray
@@ -252,7 +266,10 @@ def main() -> None:
             ray.shutdown()  # the Ray that raypipe convert made the shards on: local workers run the rest
         # read before the work folder goes (a run without --workdir removes it at the end)
         sorted_labels = pq.read_table(data["parquet"], columns=["label"]).column("label").to_numpy()
-        server = S3Process(work / "buckets", a.latency_ms)
+        if server_cores:  # every thread of this process, and the workers it starts (they inherit it)
+            for tid in os.listdir("/proc/self/task"):
+                os.sched_setaffinity(int(tid), set(cores) - server_cores)
+        server = S3Process(work / "buckets", a.latency_ms, server_cores)
         fs = server.filesystem()
         contenders = {
             "folder": lambda: str(data["folder"]),
@@ -300,6 +317,7 @@ def main() -> None:
 
         with open(a.json, "w") as fh:
             json.dump({"images": a.images, "epochs": a.epochs, "latency_ms": a.latency_ms,
+                       "server_cores": sorted(server_cores or ()),
                        "entropy": {"pipeline": got, "global": full, "ratio": got / full},
                        "ratios": ratios(rounds, cached_result),
                        "rounds": [{k: figures(v) for k, v in r.items()} for r in rounds],
