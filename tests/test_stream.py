@@ -204,3 +204,47 @@ def test_chunks_made_here_while_the_cluster_starts_are_the_tasks_chunks(ray_loca
     assert here.workers_set_up and len(here._setting_up) == here.budget.workers == 2
     assert started_late == reference  # the same rows, order and pixels either way
     assert all(sorted(i for ids, _ in epoch for i in ids) == list(range(48)) for epoch in started_late)
+
+
+def test_a_piece_longer_than_a_chunk_leaves_the_next_chunks_to_the_workers(ray_local, sample_dir, tmp_path,
+                                                                          monkeypatch):  # fmt: skip
+    """A whole-window source's first pieces double from ``chunk_rows``: once the workers can take
+    chunks (here: the cluster up, its set-up tasks not done), the consumer sends the chunks after a long
+    piece to them before it makes that piece itself, instead of making the next ones too while the
+    workers wait. The batches are the same either way."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import raypipe.runtime
+    from raypipe.pipeline.stream import ChunkStream
+    from raypipe.sources import open_source
+
+    files = sorted(sample_dir.rglob("*.jpg"))
+    table = pa.table({"image": pa.array([f.read_bytes() for f in files], pa.binary()),
+                      "label": pa.array([i % 3 for i in range(len(files))], pa.int64())})  # fmt: skip
+    pq.write_table(table, tmp_path / "part-0.parquet", row_group_size=4)
+
+    def batches(starting_calls: int, setting_up_calls: int):
+        calls, waits = [], []
+        monkeypatch.setattr(raypipe.runtime, "starting", lambda: calls.append(1) or len(calls) <= starting_calls)
+        ready = lambda self: waits.append(1) or len(waits) > setting_up_calls  # noqa: E731
+        monkeypatch.setattr(ChunkStream, "_workers_ready", ready)
+        # one 48-row window (12 row groups) an epoch, cut in the first epoch into 3, 6, 12, 24, 3 rows
+        pipe = Pipeline(open_source(str(tmp_path)), AUG, config=PipelineConfig(batch_size=5, seed=3, shuffle_window=48),
+                        execution=ExecutionConfig(chunk_rows=3, num_tasks=2))  # fmt: skip
+        source = EpochSource(pipe, end_epoch=2)
+        out = [[(b["sample_id"].tolist(), b["image"].tobytes()) for b in source] for _ in range(2)]
+        stream = source._stream
+        source.close()
+        return out, stream
+
+    assert [len(c) for c in Pipeline(open_source(str(tmp_path)), AUG, config=PipelineConfig(
+        batch_size=5, seed=3, shuffle_window=48), execution=ExecutionConfig(chunk_rows=3)).plan(0, 1).chunks(
+        0, ramp=True)] == [3, 6, 12, 24, 3]  # fmt: skip
+    reference, _ = batches(0, 0)
+    # the cluster starts for the first call: the 3-row piece is made here; then the workers set up for
+    # many calls, which alone would keep the consumer making pieces: it makes the 6-row one and sends
+    # the rest to the workers
+    started_late, here = batches(1, 100)
+    assert here.local_chunks == 2
+    assert started_late == reference

@@ -118,6 +118,7 @@ class LocalWorkers:
 
     _shared: LocalWorkers | None = None
     _shared_lock = threading.Lock()
+    queues_while_starting = True  # a chunk submitted during the start waits for the first worker up
 
     def __init__(self, count: int, directory: str):
         self.count = count

@@ -24,7 +24,10 @@ on the same rows, so the same output, and the trainer has its first batches whil
 they are up, such a stream sends as many set-up tasks as it runs tasks at once (each imports the
 kernels and builds the transform and reader in the worker process it lands on) and goes on making
 chunks here until they are done, rather than waiting idle on workers that are still starting; the
-chunks that are left then go to the workers as above.
+chunks that are left then go to the workers as above. A piece longer than a chunk (the first pieces
+of a whole-window source double from ``chunk_rows``) is the exception: before the consumer makes it,
+the chunks after it go to the workers (local ones queue them while they start, Ray's once it is up),
+so workers that come up meanwhile take them instead of waiting for the consumer's long piece.
 
 Why plain Ray tasks and not a Ray Data execution: a Ray Data ``Dataset`` plans one input task per
 block before it starts (milliseconds each: a hundred epochs of an ImageNet shard cost minutes up
@@ -75,6 +78,8 @@ def _set_up_stage(spec: StageSpec) -> None:
 class RayTasks:
     """The stream's workers as Ray tasks (``task_options``: their resources), behind the same methods as
     ``LocalWorkers``."""
+
+    queues_while_starting = False  # no task can be sent before Ray is up
 
     def __init__(self, task_options: dict):
         self._task = _augment_chunk.options(**task_options)  # a wrapper: needs no cluster yet
@@ -233,6 +238,12 @@ class ChunkStream:
         if item is None:
             raise StopIteration
         epoch, index, last, idx = item
+        if len(idx) > self._plan.chunk_rows and self.local_chunks and \
+                (self._workers.queues_while_starting or not self._workers.starting()):  # fmt: skip
+            # A piece longer than a chunk (a whole-window stream's first pieces) while the workers
+            # start or set up: they take the chunks after it as soon as they can, instead of idling
+            # until the consumer is done with it; the consumer then waits on theirs.
+            self._submit()
         block = None
         if len(idx):
             # At the trainer's own priority: nothing else of raypipe's runs yet to make room for.
