@@ -32,6 +32,20 @@ def _no_cache() -> ReadOptions:
     return ReadOptions(in_flight=8, cache=None)
 
 
+def _unreachable_by_obstore(monkeypatch) -> None:
+    """Readers' single-GET clients made to point at a closed port (in life: a store reached only with
+    credentials pyarrow finds)."""
+    real = single_get_for
+
+    def unreachable(filesystem):
+        getter = real(filesystem)
+        if getter is not None:
+            getter._options["config"]["endpoint"] = "http://127.0.0.1:9"  # discard port: nothing listens
+        return getter
+
+    monkeypatch.setattr("raypipe.sources.reader.single_get_for", unreachable)
+
+
 def test_a_folder_is_read_with_one_get_per_image(served):
     server, folder = served
     rows = open_source("s3://bkt/folder", filesystem=server.filesystem())
@@ -48,15 +62,7 @@ def test_a_failing_single_get_is_read_through_pyarrow_and_then_given_up(served, 
     """A store obstore cannot reach (here: a closed port; in life, credentials only pyarrow finds): every
     image still comes, through pyarrow's HEAD + GET, and after a few failures the reader stops trying."""
     server, folder = served
-    real = single_get_for
-
-    def unreachable(filesystem):
-        getter = real(filesystem)
-        if getter is not None:
-            getter._options["config"]["endpoint"] = "http://127.0.0.1:9"  # discard port: nothing listens
-        return getter
-
-    monkeypatch.setattr("raypipe.sources.reader.single_get_for", unreachable)
+    _unreachable_by_obstore(monkeypatch)
     rows = open_source("s3://bkt/folder", filesystem=server.filesystem())
     reader = BlockReader(rows.root, rows.kind, options=ReadOptions(in_flight=1, cache=None))
     server.reset_counts()
@@ -132,18 +138,25 @@ def _shards(root, count: int = 2, per_shard: int = 6) -> dict[str, bytes]:
     return members
 
 
-def test_shard_members_are_read_with_ranged_gets_and_no_head(tmp_path):
-    members = _shards(tmp_path / "buckets" / "bkt" / "wds")
-    with S3Server(tmp_path / "buckets", latency_ms=2) as server:
+def _read_shards(buckets, latency_ms: float = 0.0):
+    """Every member of ``s3://bkt/wds`` through one block: (results, their member names, the requests
+    made by method and action, the server's log of them)."""
+    with S3Server(buckets, latency_ms=latency_ms) as server:
         rows = open_source("s3://bkt/wds", kind="webdataset", filesystem=server.filesystem())
         reader = BlockReader(rows.root, rows.kind, options=_no_cache())
         server.reset_counts()
         got = reader.read_block(_batch(rows))
         reader.close()
-        # the members of a shard lie side by side: one ranged GET per shard, no HEAD to open it
-        assert dict(server.requests) == {("GET", "GetObject"): 2}
-        assert all(rng.startswith("bytes=") for *_, rng in server.log)
-    assert [bytes(g) for g in got] == [members[m.split(".")[0]] for m in rows.table.column("member").to_pylist()]
+        return got, rows.table.column("member").to_pylist(), dict(server.requests), list(server.log)
+
+
+def test_shard_members_are_read_with_ranged_gets_and_no_head(tmp_path):
+    members = _shards(tmp_path / "buckets" / "bkt" / "wds")
+    got, names, requests, log = _read_shards(tmp_path / "buckets", latency_ms=2)
+    # the members of a shard lie side by side: one ranged GET per shard, no HEAD to open it
+    assert requests == {("GET", "GetObject"): 2}
+    assert all(rng.startswith("bytes=") for *_, rng in log)
+    assert [bytes(g) for g in got] == [members[m.split(".")[0]] for m in names]
     assert all(isinstance(g, bytes) for g in got)
 
 
@@ -167,19 +180,7 @@ def test_a_shard_cut_short_after_listing_is_a_truncated_skip_over_one_get(tmp_pa
 
 def test_shards_are_read_through_pyarrow_where_obstore_cannot_reach(tmp_path, monkeypatch):
     members = _shards(tmp_path / "buckets" / "bkt" / "wds")
-    real = single_get_for
-
-    def unreachable(filesystem):
-        getter = real(filesystem)
-        getter._options["config"]["endpoint"] = "http://127.0.0.1:9"  # discard port: nothing listens
-        return getter
-
-    monkeypatch.setattr("raypipe.sources.reader.single_get_for", unreachable)
-    with S3Server(tmp_path / "buckets", latency_ms=0) as server:
-        rows = open_source("s3://bkt/wds", kind="webdataset", filesystem=server.filesystem())
-        reader = BlockReader(rows.root, rows.kind, options=_no_cache())
-        server.reset_counts()
-        got = reader.read_block(_batch(rows))
-        reader.close()
-        assert server.count("HeadObject") == server.count("GetObject") == 2  # pyarrow: open, then read
-    assert got == [members[m.split(".")[0]] for m in rows.table.column("member").to_pylist()]
+    _unreachable_by_obstore(monkeypatch)
+    got, names, requests, _ = _read_shards(tmp_path / "buckets")
+    assert requests == {("HEAD", "HeadObject"): 2, ("GET", "GetObject"): 2}  # pyarrow: open, then read
+    assert got == [members[m.split(".")[0]] for m in names]

@@ -176,18 +176,23 @@ def test_two_ranks_on_a_two_node_cluster_share_it(sample_dir):
         cluster.shutdown()
 
 
-def test_chunks_made_here_while_the_cluster_starts_are_the_tasks_chunks(ray_local, sample_dir, monkeypatch):
-    """While the cluster starts, then until the workers' set-up tasks are done, the consumer makes the
-    chunks itself: the same batches as Ray's tasks make."""
+def _start_late(monkeypatch, starting_calls: int, setting_up_calls: int) -> None:
+    """Ray "still starting" for its first ``starting_calls`` checks, then its workers' set-up tasks "not
+    done yet" for the first ``setting_up_calls`` checks (their results are still taken)."""
     import raypipe.runtime
     from raypipe.pipeline.stream import ChunkStream
 
+    calls, waits = [], []
+    monkeypatch.setattr(raypipe.runtime, "starting", lambda: calls.append(1) or len(calls) <= starting_calls)
+    ready = lambda self: waits.append(1) or len(waits) > setting_up_calls  # noqa: E731
+    monkeypatch.setattr(ChunkStream, "_workers_ready", ready)
+
+
+def test_chunks_made_here_while_the_cluster_starts_are_the_tasks_chunks(ray_local, sample_dir, monkeypatch):
+    """While the cluster starts, then until the workers' set-up tasks are done, the consumer makes the
+    chunks itself: the same batches as Ray's tasks make."""
     def batches(starting_calls: int, setting_up_calls: int):
-        calls, waits = [], []
-        monkeypatch.setattr(raypipe.runtime, "starting", lambda: calls.append(1) or len(calls) <= starting_calls)
-        # the set-up tasks "not done yet" for the first calls, then done (their results are still taken)
-        ready = lambda self: waits.append(1) or len(waits) > setting_up_calls  # noqa: E731
-        monkeypatch.setattr(ChunkStream, "_workers_ready", ready)
+        _start_late(monkeypatch, starting_calls, setting_up_calls)
         pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5, seed=3),
                         execution=ExecutionConfig(chunk_rows=7, num_tasks=2))  # fmt: skip
         source = EpochSource(pipe, end_epoch=2)
@@ -215,8 +220,6 @@ def test_a_piece_longer_than_a_chunk_leaves_the_next_chunks_to_the_workers(ray_l
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import raypipe.runtime
-    from raypipe.pipeline.stream import ChunkStream
     from raypipe.sources import open_source
 
     files = sorted(sample_dir.rglob("*.jpg"))
@@ -225,10 +228,7 @@ def test_a_piece_longer_than_a_chunk_leaves_the_next_chunks_to_the_workers(ray_l
     pq.write_table(table, tmp_path / "part-0.parquet", row_group_size=4)
 
     def batches(starting_calls: int, setting_up_calls: int):
-        calls, waits = [], []
-        monkeypatch.setattr(raypipe.runtime, "starting", lambda: calls.append(1) or len(calls) <= starting_calls)
-        ready = lambda self: waits.append(1) or len(waits) > setting_up_calls  # noqa: E731
-        monkeypatch.setattr(ChunkStream, "_workers_ready", ready)
+        _start_late(monkeypatch, starting_calls, setting_up_calls)
         # one 48-row window (12 row groups) an epoch, cut in the first epoch into 3, 6, 12, 24, 3 rows
         pipe = Pipeline(open_source(str(tmp_path)), AUG, config=PipelineConfig(batch_size=5, seed=3, shuffle_window=48),
                         execution=ExecutionConfig(chunk_rows=3, num_tasks=2))  # fmt: skip

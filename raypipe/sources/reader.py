@@ -42,7 +42,7 @@ from raypipe.sources.cache import LocalCache, SizeMismatch, local_cache
 from raypipe.sources.parquet import ParquetGroups
 from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.remote import ReadOptions, read_skip, with_retries
-from raypipe.sources.single_get import single_get_for
+from raypipe.sources.single_get import SingleGet, single_get_for
 
 __all__ = ["BlockReader"]
 
@@ -293,11 +293,16 @@ class BlockReader:
     def _get_whole(self, where: str) -> bytes | None:
         """The object's bytes with a single GET (``raypipe.sources.single_get``), or None: no such path
         here, or it failed, and the caller reads through pyarrow (with the retries and the skips)."""
+        return self._single(lambda getter: getter.read(where))
+
+    def _single(self, read: Callable[[SingleGet], bytes | memoryview]) -> bytes | memoryview | None:
+        """``read(getter)`` where this root has a usable single-GET reader, or None: none here, or the
+        read failed."""
         getter = self._single_get
         if getter is None or not getter.usable:
             return None
         try:
-            return getter.read(where)
+            return read(getter)
         except Exception:  # noqa: BLE001 - read again through pyarrow, which reports what is wrong
             return None
 
@@ -415,12 +420,9 @@ class BlockReader:
             os.close(fd)
 
     def _read_range(self, where: str, start: int, length: int) -> bytes | memoryview:
-        getter = self._single_get
-        if getter is not None and getter.usable:
-            try:
-                return getter.read_range(where, start, length)
-            except Exception:  # noqa: BLE001 - read again through pyarrow, which reports what is wrong
-                pass
+        data = self._single(lambda getter: getter.read_range(where, start, length))
+        if data is not None:
+            return data
         # One handle per shard per reader: opening costs a request (the object's size), reading a range
         # another; handles are shared by the threads (ranged reads on one handle are independent).
         handle = self._handles.get(where)
