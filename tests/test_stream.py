@@ -188,21 +188,26 @@ def _start_late(monkeypatch, starting_calls: int, setting_up_calls: int) -> None
     monkeypatch.setattr(ChunkStream, "_workers_ready", ready)
 
 
+def _two_epochs_started_late(monkeypatch, pipe, starting_calls: int, setting_up_calls: int):
+    """Two epochs of ``pipe()`` as ``_start_late`` has the cluster start: each batch's (ids, pixels),
+    and the stream that made them."""
+    _start_late(monkeypatch, starting_calls, setting_up_calls)
+    source = EpochSource(pipe(), end_epoch=2)
+    out = [[(b["sample_id"].tolist(), b["image"].tobytes()) for b in source] for _ in range(2)]
+    stream = source._stream
+    source.close()
+    return out, stream
+
+
 def test_chunks_made_here_while_the_cluster_starts_are_the_tasks_chunks(ray_local, sample_dir, monkeypatch):
     """While the cluster starts, then until the workers' set-up tasks are done, the consumer makes the
     chunks itself: the same batches as Ray's tasks make."""
-    def batches(starting_calls: int, setting_up_calls: int):
-        _start_late(monkeypatch, starting_calls, setting_up_calls)
-        pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5, seed=3),
+    def pipe() -> Pipeline:
+        return Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5, seed=3),
                         execution=ExecutionConfig(chunk_rows=7, num_tasks=2))  # fmt: skip
-        source = EpochSource(pipe, end_epoch=2)
-        out = [[(b["sample_id"].tolist(), b["image"].tobytes()) for b in source] for _ in range(2)]
-        stream = source._stream
-        source.close()
-        return out, stream
 
-    reference, from_tasks = batches(0, 0)
-    started_late, here = batches(3, 2)
+    reference, from_tasks = _two_epochs_started_late(monkeypatch, pipe, 0, 0)
+    started_late, here = _two_epochs_started_late(monkeypatch, pipe, 3, 2)
     # 48 rows in chunks of 7: 7 chunks an epoch; 3 made while the cluster starts, 2 while workers set up
     assert (from_tasks.local_chunks, here.local_chunks) == (0, 5)
     assert from_tasks._setting_up is None  # a stream that began on a running cluster sends no set-up tasks
@@ -227,24 +232,16 @@ def test_a_piece_longer_than_a_chunk_leaves_the_next_chunks_to_the_workers(ray_l
                       "label": pa.array([i % 3 for i in range(len(files))], pa.int64())})  # fmt: skip
     pq.write_table(table, tmp_path / "part-0.parquet", row_group_size=4)
 
-    def batches(starting_calls: int, setting_up_calls: int):
-        _start_late(monkeypatch, starting_calls, setting_up_calls)
-        # one 48-row window (12 row groups) an epoch, cut in the first epoch into 3, 6, 12, 24, 3 rows
-        pipe = Pipeline(open_source(str(tmp_path)), AUG, config=PipelineConfig(batch_size=5, seed=3, shuffle_window=48),
+    def pipe() -> Pipeline:
+        return Pipeline(open_source(str(tmp_path)), AUG, config=PipelineConfig(batch_size=5, seed=3, shuffle_window=48),
                         execution=ExecutionConfig(chunk_rows=3, num_tasks=2))  # fmt: skip
-        source = EpochSource(pipe, end_epoch=2)
-        out = [[(b["sample_id"].tolist(), b["image"].tobytes()) for b in source] for _ in range(2)]
-        stream = source._stream
-        source.close()
-        return out, stream
 
-    assert [len(c) for c in Pipeline(open_source(str(tmp_path)), AUG, config=PipelineConfig(
-        batch_size=5, seed=3, shuffle_window=48), execution=ExecutionConfig(chunk_rows=3)).plan(0, 1).chunks(
-        0, ramp=True)] == [3, 6, 12, 24, 3]  # fmt: skip
-    reference, _ = batches(0, 0)
+    # one 48-row window (12 row groups) an epoch, cut in the first epoch into 3, 6, 12, 24, 3 rows
+    assert [len(c) for c in pipe().plan(0, 1).chunks(0, ramp=True)] == [3, 6, 12, 24, 3]
+    reference, _ = _two_epochs_started_late(monkeypatch, pipe, 0, 0)
     # the cluster starts for the first call: the 3-row piece is made here; then the workers set up for
     # many calls, which alone would keep the consumer making pieces: it makes the 6-row one and sends
     # the rest to the workers
-    started_late, here = batches(1, 100)
+    started_late, here = _two_epochs_started_late(monkeypatch, pipe, 1, 100)
     assert here.local_chunks == 2
     assert started_late == reference
