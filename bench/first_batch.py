@@ -1,33 +1,38 @@
-"""Where a run's first batch goes, after the imports a training script pays anyway: Ray's start
-(``raypipe.connect()``), the listing (``Pipeline``), the feeder (``FeederSource``) and the first batch
-out of a ``DeviceLoader`` on the CPU (a fresh worker's start, the first chunk, the feeder's pack)::
+"""Where a run's first batch goes, after the imports a training script pays anyway, for one loader in
+a fresh process (run it once per loader: a second loader in the same process would find warm caches)::
 
-    python bench/first_batch.py /tmp/photo4k
+    python bench/first_batch.py /tmp/photo4k                        # raypipe.connect() + FeederSource
+    python bench/first_batch.py /tmp/photo4k --loader dropin        # raypipe.timm.create_loader
+    python bench/first_batch.py /tmp/photo4k --loader timm          # timm's create_loader
+    python bench/first_batch.py /tmp/photo4k --loader timm --device cuda
 
-This is the path that waits for Ray (``connect()``, a ``FeederSource``). ``raypipe bench`` reports the
-first batch of the timm drop-in, which starts Ray in the background and makes its first chunks in the
-trainer's process meanwhile, beside timm's.
+``feeder`` is the path that waits for Ray: Ray's start (``raypipe.connect()``), the listing
+(``Pipeline``), the feeder (``FeederSource``) and the first batch out of a ``DeviceLoader`` (a fresh
+worker's start, the first chunk, the feeder's pack). ``dropin`` is the timm drop-in as a training
+script that never called ``ray.init`` runs it: local worker processes, its first chunks made in its own
+process while they start. ``timm`` is timm's loader with one worker per core, persistent workers, and
+pinned memory on CUDA. On CUDA the device is initialised before the clock starts (a training script
+has its model there before its first batch), and the first batch is timed once it is on the device.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
+LOADERS = ("feeder", "dropin", "timm")
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("data", help="any source raypipe reads")
-    p.add_argument("-b", "--batch-size", type=int, default=128)
-    p.add_argument("--img-size", type=int, default=224)
-    a = p.parse_args()
 
-    import torch  # noqa: F401 - a training script has imported it before its loader starts
+def timm_args(img_size: int) -> dict:
+    """timm's create_loader arguments for RandomResizedCrop + flip, shared by the drop-in and timm."""
+    return dict(input_size=(3, img_size, img_size), is_training=True, use_prefetcher=True, color_jitter=None)
 
+
+def feeder_marks(a, device, marks: list) -> None:
     import raypipe.runtime
     from raypipe import DeviceLoader, ExecutionConfig, FeederSource, Pipeline, PipelineConfig, TrainAugment
 
-    marks = [("start", time.perf_counter())]
     raypipe.runtime.connect()
     marks.append(("Ray's start", time.perf_counter()))
     pipe = Pipeline(a.data, TrainAugment(input_size=a.img_size, color_jitter=None),
@@ -36,12 +41,80 @@ def main() -> None:
     marks.append(("listing (Pipeline)", time.perf_counter()))
     source = FeederSource(pipe, end_epoch=1)
     marks.append(("FeederSource", time.perf_counter()))
-    with DeviceLoader.from_timm(source, device="cpu", img_dtype="float32") as loader:
-        next(iter(loader))
+    with DeviceLoader.from_timm(source, device=device, img_dtype=_dtype(device)) as loader:
+        _first(loader, device)
         marks.append(("first batch", time.perf_counter()))
+
+
+def dropin_marks(a, device, marks: list) -> None:
+    from raypipe import ExecutionConfig
+    from raypipe.timm import create_loader
+
+    loader = create_loader(a.data, batch_size=a.batch_size, device=device, img_dtype=_dtype(device),
+                           pin_memory=device.type == "cuda", execution=ExecutionConfig(worker_nice=0),
+                           **timm_args(a.img_size))  # fmt: skip
+    marks.append(("loader (listing)", time.perf_counter()))
+    try:
+        _first(loader, device)
+        marks.append(("first batch", time.perf_counter()))
+    finally:
+        loader.close()
+
+
+def timm_marks(a, device, marks: list) -> None:
+    from timm.data import create_dataset, create_loader
+
+    dataset = create_dataset("", root=a.data, split="train", is_training=True)
+    loader = create_loader(dataset, batch_size=a.batch_size, num_workers=os.cpu_count() or 1, device=device,
+                           img_dtype=_dtype(device), pin_memory=device.type == "cuda", persistent_workers=True,
+                           **timm_args(a.img_size))  # fmt: skip
+    marks.append(("loader (listing)", time.perf_counter()))
+    _first(loader, device)
+    marks.append(("first batch", time.perf_counter()))
+
+
+def _dtype(device):
+    import torch
+
+    return torch.float16 if device.type == "cuda" else torch.float32
+
+
+def _first(loader, device) -> None:
+    import torch
+
+    next(iter(loader))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("data", help="any source raypipe reads (timm: an image folder)")
+    p.add_argument("--loader", choices=LOADERS, default="feeder")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("-b", "--batch-size", type=int, default=128)
+    p.add_argument("--img-size", type=int, default=224)
+    a = p.parse_args()
+
+    import torch  # a training script has imported it, and built its model, before its loader starts
+
+    device = torch.device(a.device)
+    if device.type == "cuda":
+        torch.zeros(1, device=device)
+        torch.cuda.synchronize(device)
+    # what each loader imports, before the clock: module imports are the script's, not the loader's
+    if a.loader == "timm":
+        import timm.data  # noqa: F401
+    else:
+        import raypipe.integrations.timm  # noqa: F401
+        import raypipe.pipeline  # noqa: F401
+
+    marks = [("start", time.perf_counter())]
+    {"feeder": feeder_marks, "dropin": dropin_marks, "timm": timm_marks}[a.loader](a, device, marks)
+    print(f"{a.loader} on {device}, batch {a.batch_size}, {os.cpu_count()} cores:")
     for (_, before), (what, at) in zip(marks[:-1], marks[1:], strict=True):
-        print(f"{what:<20} {at - before:6.2f} s")
-    print(f"{'total':<20} {marks[-1][1] - marks[0][1]:6.2f} s")
+        print(f"  {what:<20} {at - before:6.2f} s")
+    print(f"  {'total':<20} {marks[-1][1] - marks[0][1]:6.2f} s")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Every GPU check in one command: the CUDA tests, bench/gpu_check.py, then bench/gpu_train.py.
+# Every GPU check in one command: the CUDA tests, bench/gpu_check.py, the cold first batch of each
+# loader (bench/first_batch.py, a fresh process each), then bench/gpu_train.py.
 #
 #   bash bench/gpu_session.sh            # on a CUDA machine, from the repository root
 #
 # Logs and the figures' JSON go to $OUT (default /tmp/raypipe-gpu). STEPS picks the steps (default
-# "cuda_tests gpu_check gpu_train"; gpu_train_block128 also runs raypipe with 128-row blocks);
+# "cuda_tests gpu_check first_batch gpu_train"; gpu_train_block128 also runs raypipe with 128-row blocks);
 # GPU_TRAIN_ARGS passes options to gpu_train. Each step has its own time limit and a failure does not
 # stop the next one; the exit status is the number of failed steps.
 #
@@ -57,15 +58,19 @@ python3 -c "import torch, ray, timm, numpy; print('torch', torch.__version__, 'r
 'timm', timm.__version__, 'numpy', numpy.__version__)
 from raypipe.kernels import decode; print('partial-decode extension:', decode._load_region_decoder() is not None)"
 
-wants() { [[ " ${STEPS:-cuda_tests gpu_check gpu_train} " == *" $1 "* ]]; }
+wants() { [[ " ${STEPS:-cuda_tests gpu_check first_batch gpu_train} " == *" $1 "* ]]; }
 wants cuda_tests && step cuda_tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_device_cuda.py \
     tests/test_device_loader.py
 wants gpu_check && step gpu_check 120 python3 bench/gpu_check.py
 DATA=/tmp/raypipe-gpu-data
-if wants gpu_train || wants gpu_train_block128; then
+if wants first_batch || wants gpu_train || wants gpu_train_block128; then
     python3 -c "from raypipe.sample_data import write_sample_data as w; import os
 w('$DATA', classes=16, per_class=1250, workers=os.cpu_count())" && echo "sample data: $DATA"
 fi
+# Each loader's first batch of 256 on the GPU, from a fresh process (its imports done first), twice in
+# turn for timm and the drop-in; the path that waits for Ray last, so no Ray runs beside the others.
+wants first_batch && step first_batch 150 bash -c 'for loader in timm dropin timm dropin feeder; do
+    python3 bench/first_batch.py "$0" --loader "$loader" --device cuda -b 256 || exit 1; done' "$DATA"
 # shellcheck disable=SC2086  # GPU_TRAIN_ARGS is a list of options
 wants gpu_train && step gpu_train 330 python3 bench/gpu_train.py --data $DATA --json "$OUT/gpu_train.json" ${GPU_TRAIN_ARGS:-}
 # 128-row chunks for 256-image batches (the consumer packs two chunks per batch; auto_chunk_rows gives 256)

@@ -7,8 +7,11 @@ sample-data JPEGs (``--images``, in parallel) unless ``--data`` is given, then f
 1. ceiling — the same training step on one batch already on the GPU (no loader at all);
 2. raypipe — Ray tasks decode and augment, a feeder process beside the trainer packs batches
    (``FeederSource``, as the training job does), the DeviceLoader copies on a side stream and
-   normalises; raypipe-thread: the same with the rank's consumer in the trainer's own process
-   (``EpochSource``); raypipe-data: raypipe's batches with no training (what it can deliver);
+   normalises; raypipe-local: the timm drop-in (``raypipe.timm.create_loader``) as a training script
+   that never called ``ray.init`` runs it, on local worker processes, the rank's consumer and the
+   DeviceLoader in the trainer's process; raypipe-thread: the Ray feed with the rank's consumer in the
+   trainer's own process (``EpochSource``); raypipe-data: raypipe's batches with no training (what it
+   can deliver);
 3. timm — ``create_loader(is_training=True, use_prefetcher=True, num_workers=<cores>)``, with the
    channels_last conversion timm's train.py does.
 
@@ -42,7 +45,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-FEEDS = ["ceiling", "raypipe", "raypipe-thread", "raypipe-data", "timm"]
+FEEDS = ["ceiling", "raypipe", "raypipe-local", "raypipe-thread", "raypipe-data", "timm"]
 AUGMENTS = {
     "rrc": dict(color_jitter=None),
     "rand-m9": dict(color_jitter=None, auto_augment="rand-m9-mstd0.5-inc1"),
@@ -264,6 +267,26 @@ def raypipe_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, 
             yield b["image"], b["label"]
 
 
+def dropin_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, closers: list):
+    from raypipe.benchmark.contenders import _timm_kwargs
+    from raypipe.config import ExecutionConfig
+    from raypipe.pipeline.local_workers import LocalWorkers
+    from raypipe.timm import create_loader
+
+    ex = ExecutionConfig(backend="local", chunk_rows=args.chunk_rows, worker_nice=args.worker_nice,
+                         worker_sched_idle=args.worker_sched_idle, cpus_per_task=args.cpus_per_task)  # fmt: skip
+    on_gpu = trainer.device.type == "cuda"
+    loader = create_loader(data, batch_size=args.batch, is_training=True, use_prefetcher=True, device=trainer.device,
+                           img_dtype=dtype, pin_memory=on_gpu, channels_last=trainer.channels_last,
+                           execution=ex.resolved_for(gpu_trainer=on_gpu), **_timm_kwargs(aug))  # fmt: skip
+    closers.append(loader.close)
+    # The process's pool of local workers outlives a loader (for the next one); end it with the feed, as
+    # timm's workers end with theirs, so the next feed starts on idle cores and its own fresh workers.
+    closers.append(LocalWorkers.shutdown_shared)
+    while True:  # timm's training loader: full batches only, each pass the next epoch
+        yield from loader
+
+
 def timm_batches(data: str, aug, trainer: Trainer, batch: int, dtype: torch.dtype, workers: int, closers: list):
     from timm.data import create_dataset, create_loader
 
@@ -371,7 +394,7 @@ def main(argv=None) -> int:
     results: dict = {"device": name, "torch": torch.__version__, "model": args.model, "batch": args.batch,
                      "cpus": os.cpu_count(), "data": data, "seconds": args.seconds, "augments": {}}  # fmt: skip
     print(f"{args.model} batch {args.batch} AMP fp16 channels_last on {name}, {os.cpu_count()} CPUs", flush=True)
-    if any(f.startswith("raypipe") for f in args.feeds):
+    if {"raypipe", "raypipe-thread", "raypipe-data"} & set(args.feeds):
         # One Ray for the whole run: re-initialising Ray in one process is not something a trainer
         # does, and a thread of the first Ray session can outlive it and end the process.
         # Its idle workers take no CPU from timm's loader.
@@ -385,6 +408,7 @@ def main(argv=None) -> int:
         print(f"{aug_name}:", flush=True)
         feeds = {
             "raypipe": lambda c, aug=aug: raypipe_batches(data, aug, trainer, args, dtype, c, feeder=True),
+            "raypipe-local": lambda c, aug=aug: dropin_batches(data, aug, trainer, args, dtype, c),
             "raypipe-thread": lambda c, aug=aug: raypipe_batches(data, aug, trainer, args, dtype, c, feeder=False),
             "raypipe-data": lambda c, aug=aug: raypipe_batches(data, aug, trainer, args, dtype, c, feeder=True),
             "timm": lambda c, aug=aug: timm_batches(data, aug, trainer, args.batch, dtype, args.workers, c),
