@@ -65,7 +65,7 @@ wants gpu_check && step gpu_check 120 python3 bench/gpu_check.py
 DATA=/tmp/raypipe-gpu-data
 if wants first_batch || wants gpu_train || wants gpu_train_block128; then
     python3 -c "from raypipe.sample_data import write_sample_data as w; import os
-w('$DATA', classes=16, per_class=1250, workers=os.cpu_count())" && echo "sample data: $DATA"
+w('$DATA', classes=12, per_class=1667, workers=os.cpu_count())" && echo "sample data: $DATA"
 fi
 # Each loader's first batch of 256 on the GPU, from a fresh process (its imports done first), twice in
 # turn for timm and the drop-in; the path that waits for Ray last, so no Ray runs beside the others.
