@@ -14,8 +14,8 @@ from PIL import Image
 from timm.data import FastCollateMixup, create_dataset, create_transform
 from timm_loop import Args, set_loader_epoch, train_one_epoch, validate
 
-from raypipe.config import EvalAugment
-from raypipe.integrations.timm import augment_of, rows_of
+from raypipe.config import EvalAugment, ExecutionConfig
+from raypipe.integrations.timm import augment_of, execution_for, rows_of
 from raypipe.kernels import build_transform, geometry
 from raypipe.timm import create_loader
 
@@ -66,6 +66,40 @@ def test_signature_mirrors_timms():
 def test_refuses_what_it_cannot_honour(folder33, kwargs, name):
     with pytest.raises(ValueError, match=name):
         create_loader(str(folder33), (3, 32, 32), 8, is_training=True, device="cpu", **kwargs)
+
+
+@pytest.mark.parametrize(
+    "given, device, sched_idle",
+    [(None, "cuda", True), (None, torch.device("cuda:0"), True), (None, "cpu", False),
+     (ExecutionConfig(worker_sched_idle=False, worker_nice=3), "cuda", False),
+     (ExecutionConfig(worker_sched_idle=True), "cpu", True)],
+)  # fmt: skip
+def test_workers_idle_policy_follows_the_device_unless_given(given, device, sched_idle):
+    # as the training job decides it: SCHED_IDLE augmentation beside a CUDA trainer, never beside a CPU one
+    resolved = execution_for(given, device)
+    assert resolved.worker_sched_idle is sched_idle
+    assert resolved.worker_nice == (given or ExecutionConfig()).worker_nice
+
+
+def test_cpu_loader_runs_its_workers_at_normal_policy(folder33):
+    loader = create_loader(str(folder33), input_size=32, batch_size=4, is_training=True, device=torch.device("cpu"),
+                           execution=ExecutionConfig(backend="local"))  # fmt: skip
+    try:
+        assert loader.pipeline.execution.worker_sched_idle is False
+    finally:
+        loader.close()
+
+
+@pytest.mark.needs_cuda
+def test_cuda_loader_runs_its_workers_idle_policy(folder33):
+    loader = create_loader(str(folder33), input_size=32, batch_size=4, is_training=True, device=torch.device("cuda"),
+                           execution=ExecutionConfig(backend="local"))  # fmt: skip
+    try:
+        assert loader.pipeline.execution.worker_sched_idle is True
+        x, y = next(iter(loader))
+        assert x.device.type == "cuda" and tuple(x.shape) == (4, 3, 32, 32)
+    finally:
+        loader.close()
 
 
 def test_refuses_timm_datasets_it_cannot_read_and_lone_distributed():

@@ -24,7 +24,9 @@ below), or raises ``ValueError`` naming it:
 
 Keyword-only extras (raypipe's own): ``seed``, ``rank`` / ``world_size`` (instead of
 ``torch.distributed``'s), ``channels_last``, ``yield_ids``, ``feeder``, ``execution``, ``decode``,
-``reserved_cpus``, ``class_map``, ``mixup`` (a raypipe ``Mixup``).
+``reserved_cpus``, ``class_map``, ``mixup`` (a raypipe ``Mixup``). An ``execution`` whose
+``worker_sched_idle`` is None (the default) gets it on for a CUDA ``device``, off otherwise, as the
+training job does: a GPU trainer sleeps through most of each step and must get a core back at once.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from raypipe.device import Mixup
 from raypipe.integrations.loader import RankLoader
 from raypipe.sources import SourceRows, open_source
 
-__all__ = ["create_loader", "rows_of", "mixup_of", "augment_of"]
+__all__ = ["create_loader", "rows_of", "mixup_of", "augment_of", "execution_for"]
 
 IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
@@ -151,6 +153,7 @@ def create_loader(
     mix_kwargs = mixup_of(collate_fn) if mixup is None else _mix_kwargs(mixup)
 
     rank, world_size = _world(distributed, rank, world_size)
+    execution = execution_for(execution, device)
     rows, shown = rows_of(dataset, class_map=class_map)
     from raypipe.pipeline.identity import check_same_listing
 
@@ -185,6 +188,12 @@ def create_loader(
         pipeline, training=is_training, rank=rank, world_size=world_size, device_kwargs=device_kwargs,
         dataset=shown, yield_ids=yield_ids, feeder=feeder, reserved_cpus=reserved_cpus,
     )  # fmt: skip
+
+
+def execution_for(execution: ExecutionConfig | None, device: Any) -> ExecutionConfig:
+    """``execution`` (default: ``ExecutionConfig()``) with ``worker_sched_idle`` left to the consumer
+    decided for ``device``, as the training job decides it: on when the batches feed a CUDA device."""
+    return (execution or ExecutionConfig()).resolved_for(gpu_trainer=torch.device(device).type == "cuda")
 
 
 def _wants_ray(execution: ExecutionConfig | None, *, world_size: int, feeder: bool) -> bool:
