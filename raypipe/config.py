@@ -260,7 +260,8 @@ class ExecutionConfig:
     worker_nice: int = 10
     # That thread under Linux SCHED_IDLE instead: it runs only when a core is otherwise idle, so a GPU
     # trainer waking after each step gets a core at once; it would starve beside a CPU trainer or other
-    # busy jobs. None: off in the library, on in the training job when it trains on CUDA (resolved_for).
+    # busy jobs. None: decided by the consumer that knows its device (resolved_for): on in the training
+    # job and the timm drop-in when they feed CUDA, off for a CPU trainer and in the plain Python API.
     worker_sched_idle: bool | None = None
     # Extra Ray resources each augmentation task asks for, to steer it to preprocessing nodes.
     resources: Mapping[str, float] = field(default_factory=dict)
