@@ -278,7 +278,7 @@ def dropin_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, c
     on_gpu = trainer.device.type == "cuda"
     loader = create_loader(data, batch_size=args.batch, is_training=True, use_prefetcher=True, device=trainer.device,
                            img_dtype=dtype, pin_memory=on_gpu, channels_last=trainer.channels_last,
-                           execution=ex.resolved_for(gpu_trainer=on_gpu), **_timm_kwargs(aug))  # fmt: skip
+                           execution=ex, **_timm_kwargs(aug))  # fmt: skip
     closers.append(loader.close)
     # The process's pool of local workers outlives a loader (for the next one); end it with the feed, as
     # timm's workers end with theirs, so the next feed starts on idle cores and its own fresh workers.
