@@ -103,6 +103,19 @@ def test_remote_reads_overlap(tmp_path):
     assert handler.max_active <= 16
 
 
+def test_a_default_reader_sends_a_batch_sized_blocks_requests_together(tmp_path):
+    """A block of 128 rows (the chunk of a batch of 128) from a store with 50 ms of latency: every request
+    in flight at once, so the block waits for the store's first byte about once, not in waves."""
+    data = _folder(tmp_path, n=128)
+    fs, handler = wrapped(delay_s=0.05)
+    rows = open_source(str(data), filesystem=fs)
+    reader = BlockReader(rows.root, "folder")
+    out = reader.read_block(_batch(rows.table))
+    reader.close()
+    assert out == _expected(rows)
+    assert handler.max_active == 128
+
+
 def test_remote_shard_and_parquet_rows_without_waiting_are_futures_fetched_in_row_order(tmp_path):
     """read_block(wait=False) on remote tar shards and Parquet row groups: every row a Future of the
     bytes read_block() gives, and the requests sent for the block's earliest rows first (one request

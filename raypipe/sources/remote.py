@@ -2,10 +2,14 @@
 
 A worker reading one object after another runs at ``1 / latency`` objects per second whatever its CPUs
 (20 ms per request: 50 img/s). Little's law says how many requests must be in flight to sustain a rate:
-``in_flight = rate × latency``; e.g. 1000 img/s per node × 30 ms ≈ 30. Requests are cheap to keep in
-flight (a thread blocked on a socket costs no CPU), so the default, 32 per reading worker, is set for
-the latency of a busy object store rather than for a fast local one; a node with several workers keeps
-that many per worker. Lower it when the store throttles, raise it when the latency is higher.
+``in_flight = rate × latency``; e.g. 1000 img/s per node × 30 ms ≈ 30. That is the least: a task
+decodes its block's rows in order, and a block's later rows are requested only as slots free up, so
+with fewer slots than rows the store's first-byte latency comes back in waves through the block, and
+each block starts with a wait. Requests are cheap to keep in flight (a thread blocked on a socket costs
+no CPU), so the default, 128 per reading worker, sends a block of up to 128 rows (the chunk of a batch
+of 128) all at once, and the task waits for the store about once per block. A node with several workers
+keeps that many per worker, each request a thread of the worker's while it runs. Lower it when the
+store throttles or threads are scarce; raise it for larger blocks or a slower store.
 
 Transient failures (a reset connection, a timeout, throttling, a 5xx answer) are retried with
 exponential back-off and jitter; only when the retries are spent does the image become a counted skip
@@ -50,8 +54,9 @@ def _env_float(name: str, default: float) -> float:
 class ReadOptions:
     """How a worker reads from a non-local filesystem (local roots read sequentially: no waiting to hide)."""
 
-    # Requests in flight per reading worker: rate × latency (Little's law), with room for a slow store.
-    in_flight: int = field(default_factory=lambda: _env_int("RAYPIPE_READ_IN_FLIGHT", 32))
+    # Requests in flight per reading worker: at least rate × latency (Little's law); as many as a block's
+    # rows, so that a block's requests go out together (see the module doc).
+    in_flight: int = field(default_factory=lambda: _env_int("RAYPIPE_READ_IN_FLIGHT", 128))
     # Retries after the first attempt of a transiently failing request: 5 wait at most ~3 s in all by default,
     # longer than the brief throttling and connection resets a store shows under load.
     retries: int = field(default_factory=lambda: _env_int("RAYPIPE_READ_RETRIES", 5))
