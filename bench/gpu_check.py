@@ -52,6 +52,20 @@ def cuda_ms(fn, iters: int) -> float:
     return start.elapsed_time(end) / iters
 
 
+def wall_ms(fn, iters: int) -> float:
+    """Mean milliseconds of ``fn()`` by the wall clock after a warm-up (a CPU device's ``cuda_ms``)."""
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) * 1e3 / iters
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def check_correctness(dev, rows):
     rng = np.random.default_rng(0)
     src = [{"image": rng.integers(0, 256, (16, 64, 64, 3), dtype=np.uint8), "label": rng.integers(0, 10, 16),
@@ -207,41 +221,45 @@ def check_overlap(dev, rows, n, size, copy_ms, batches):
     rows.append(("H2D copy time hidden by the DeviceLoader", share(h), "PASS" if h >= 0.9 else "FAIL"))
 
 
-def check_transform_cost(dev, rows, n, size, iters):
-    x8 = torch.randint(0, 256, (n, size, size, 3), dtype=torch.uint8, device="cuda")
-    y = torch.randint(0, 1000, (n,), device="cuda")
+def check_transform_cost(dev, rows, n, size, iters, device="cuda"):
+    """Normalise, erasing and mixup per batch on ``device`` (a CPU run only exercises the code)."""
+    timer = cuda_ms if device == "cuda" else wall_ms
+    x8 = torch.randint(0, 256, (n, size, size, 3), dtype=torch.uint8, device=device)
+    y = torch.randint(0, 1000, (n,), device=device)
     rng = np.random.default_rng(0)
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     norm = lambda: dev.normalize(x8, mean=mean, std=std, dtype=torch.float16)
-    rows.append(("normalise fp16 channels_last", f"{cuda_ms(norm, iters):.2f} ms/batch", ""))
-    g = torch.Generator(device="cuda")
+    rows.append(("normalise fp16 channels_last", f"{timer(norm, iters):.2f} ms/batch", ""))
+    g = torch.Generator(device=device)
     for mode in ("const", "pixel"):
         erasing = dev.RandomErasing(probability=0.25, mode=mode)
         x = norm()
-        ms = cuda_ms(lambda e=erasing, x=x: e(x, rng=rng, generator=g), iters)
+        ms = timer(lambda e=erasing, x=x: e(x, rng=rng, generator=g), iters)
         rows.append((f"random erasing re_prob=0.25 {mode}", f"{ms:.2f} ms/batch", ""))
     for mode in ("batch", "elem"):
         mixup = dev.Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, mode=mode, label_smoothing=0.1, num_classes=1000)
         x = norm()
-        ms = cuda_ms(lambda m=mixup, x=x: m(x, y, rng=rng), iters)
+        ms = timer(lambda m=mixup, x=x: m(x, y, rng=rng), iters)
         rows.append((f"mixup+cutmix mode={mode}", f"{ms:.2f} ms/batch", ""))
 
 
-def check_vs_timm(dev, rows, batches):
+def check_vs_timm(dev, rows, batches, device="cuda"):
+    """timm's PrefetchLoader and the DeviceLoader on the same NCHW batches, fp16 on ``device``."""
     from timm.data.loader import PrefetchLoader
 
     nchw = [(torch.from_numpy(b["image"]).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(b["label"]))
             for b in batches]  # fmt: skip
     results = {}
-    with dev.DeviceLoader.from_timm(nchw, device="cuda", channels_last=False) as loader:
-        for name, it in (("timm PrefetchLoader", lambda: PrefetchLoader(nchw, img_dtype=torch.float16)),
+    with dev.DeviceLoader.from_timm(nchw, device=device, img_dtype="float16", channels_last=False) as loader:
+        for name, it in (("timm PrefetchLoader",
+                          lambda: PrefetchLoader(nchw, device=torch.device(device), img_dtype=torch.float16)),
                          ("raypipe DeviceLoader", lambda: loader)):  # fmt: skip
             list(it())
-            torch.cuda.synchronize()
+            sync(device)
             t0 = time.perf_counter()
             for x, _ in it():
                 x.sum()
-            torch.cuda.synchronize()
+            sync(device)
             results[name] = len(nchw) * nchw[0][0].shape[0] / (time.perf_counter() - t0)
     for name, ips in results.items():
         rows.append((f"{name}, same NCHW tensors, fp16", f"{ips:,.0f} img/s", ""))
