@@ -24,19 +24,20 @@ import time
 LOADERS = ("feeder", "dropin", "timm")
 
 
-def timm_args(img_size: int) -> dict:
-    """timm's create_loader arguments for RandomResizedCrop + flip, shared by the drop-in and timm."""
-    return dict(input_size=(3, img_size, img_size), is_training=True, use_prefetcher=True, color_jitter=None)
+def timm_args(aug) -> dict:
+    """timm's create_loader arguments for ``aug`` (the bench's, ``raypipe.benchmark.contenders``), training."""
+    from raypipe.benchmark.contenders import _timm_kwargs
+
+    return dict(is_training=True, use_prefetcher=True, **_timm_kwargs(aug))
 
 
-def feeder_marks(a, device, marks: list) -> None:
+def feeder_marks(a, aug, device, marks: list) -> None:
     import raypipe.runtime
-    from raypipe import DeviceLoader, ExecutionConfig, FeederSource, Pipeline, PipelineConfig, TrainAugment
+    from raypipe import DeviceLoader, ExecutionConfig, FeederSource, Pipeline, PipelineConfig
 
     raypipe.runtime.connect()
     marks.append(("Ray's start", time.perf_counter()))
-    pipe = Pipeline(a.data, TrainAugment(input_size=a.img_size, color_jitter=None),
-                    config=PipelineConfig(batch_size=a.batch_size),
+    pipe = Pipeline(a.data, aug, config=PipelineConfig(batch_size=a.batch_size),
                     execution=ExecutionConfig(worker_nice=0))  # fmt: skip
     marks.append(("listing (Pipeline)", time.perf_counter()))
     source = FeederSource(pipe, end_epoch=1)
@@ -46,13 +47,13 @@ def feeder_marks(a, device, marks: list) -> None:
         marks.append(("first batch", time.perf_counter()))
 
 
-def dropin_marks(a, device, marks: list) -> None:
+def dropin_marks(a, aug, device, marks: list) -> None:
     from raypipe import ExecutionConfig
     from raypipe.timm import create_loader
 
     loader = create_loader(a.data, batch_size=a.batch_size, device=device, img_dtype=_dtype(device),
                            pin_memory=device.type == "cuda", execution=ExecutionConfig(worker_nice=0),
-                           **timm_args(a.img_size))  # fmt: skip
+                           **timm_args(aug))  # fmt: skip
     marks.append(("loader (listing)", time.perf_counter()))
     try:
         _first(loader, device)
@@ -61,13 +62,13 @@ def dropin_marks(a, device, marks: list) -> None:
         loader.close()
 
 
-def timm_marks(a, device, marks: list) -> None:
+def timm_marks(a, aug, device, marks: list) -> None:
     from timm.data import create_dataset, create_loader
 
     dataset = create_dataset("", root=a.data, split="train", is_training=True)
     loader = create_loader(dataset, batch_size=a.batch_size, num_workers=os.cpu_count() or 1, device=device,
                            img_dtype=_dtype(device), pin_memory=device.type == "cuda", persistent_workers=True,
-                           **timm_args(a.img_size))  # fmt: skip
+                           **timm_args(aug))  # fmt: skip
     marks.append(("loader (listing)", time.perf_counter()))
     _first(loader, device)
     marks.append(("first batch", time.perf_counter()))
@@ -102,6 +103,10 @@ def main() -> None:
     if device.type == "cuda":
         torch.zeros(1, device=device)
         torch.cuda.synchronize(device)
+    from raypipe.benchmark import contenders  # noqa: F401 - imported before the clock, as below
+    from raypipe.config import TrainAugment
+
+    aug = TrainAugment(input_size=a.img_size, color_jitter=None)  # RandomResizedCrop + flip, for every loader
     # what each loader imports, before the clock: module imports are the script's, not the loader's
     if a.loader == "timm":
         import timm.data  # noqa: F401
@@ -110,7 +115,7 @@ def main() -> None:
         import raypipe.pipeline  # noqa: F401
 
     marks = [("start", time.perf_counter())]
-    {"feeder": feeder_marks, "dropin": dropin_marks, "timm": timm_marks}[a.loader](a, device, marks)
+    {"feeder": feeder_marks, "dropin": dropin_marks, "timm": timm_marks}[a.loader](a, aug, device, marks)
     print(f"{a.loader} on {device}, batch {a.batch_size}, {os.cpu_count()} cores:")
     for (_, before), (what, at) in zip(marks[:-1], marks[1:], strict=True):
         print(f"  {what:<20} {at - before:6.2f} s")
