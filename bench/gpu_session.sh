@@ -59,8 +59,9 @@ python3 -c "import torch, ray, timm, numpy; print('torch', torch.__version__, 'r
 from raypipe.kernels import decode; print('partial-decode extension:', decode._load_region_decoder() is not None)"
 
 wants() { [[ " ${STEPS:-cuda_tests gpu_check first_batch gpu_train} " == *" $1 "* ]]; }
-wants cuda_tests && step cuda_tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_device_cuda.py \
-    tests/test_device_loader.py
+# every test file that has a needs_cuda test (conftest skips those without a GPU), and the device loader's
+wants cuda_tests && step cuda_tests 180 python3 -m pytest -q -p no:cacheprovider tests/test_device_loader.py \
+    $(grep -l needs_cuda tests/test_*.py)
 wants gpu_check && step gpu_check 120 python3 bench/gpu_check.py
 DATA=/tmp/raypipe-gpu-data
 if wants first_batch || wants gpu_train || wants gpu_train_block128; then
