@@ -39,6 +39,7 @@ def main() -> None:
     p.add_argument("--workdir", default="/tmp/cloudbench", help="a bench/cloud_input.py work folder")
     p.add_argument("--epochs", type=int, default=4, help="measured epochs, after an unmeasured one")
     p.add_argument("--latency-ms", type=float, default=20.0, help="added before every S3 response")
+    p.add_argument("--cpus-per-task", type=float, default=None, help="ExecutionConfig.cpus_per_task (default: its own)")
     a = p.parse_args()
 
     import psutil
@@ -58,14 +59,15 @@ def main() -> None:
         else:
             rows = open_source(str(buckets / "bench" / SOURCES[a.source]))
         pipe = Pipeline(rows, TrainAugment(input_size=224, color_jitter=None),
-                        config=PipelineConfig(batch_size=128, seed=0), execution=ExecutionConfig())  # fmt: skip
+                        config=PipelineConfig(batch_size=128, seed=0),
+                        execution=ExecutionConfig(**({"cpus_per_task": a.cpus_per_task} if a.cpus_per_task else {})))  # fmt: skip
         epochs = EpochSource(pipe, end_epoch=a.epochs + 1)
         me = psutil.Process()
         served = psutil.Process(server.proc.pid) if server is not None else None
 
         def cpu() -> tuple[float, float, float, float]:
             own = me.cpu_times()
-            kids = [c.cpu_times() for c in me.children(recursive=True)]
+            kids = [c.cpu_times() for c in me.children(recursive=True) if served is None or c.pid != served.pid]
             srv = sum(served.cpu_times()[:2]) if served is not None else 0.0
             return own.user + own.system, sum(k.user for k in kids), sum(k.system for k in kids), srv
 
