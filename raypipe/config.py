@@ -236,6 +236,8 @@ class PipelineConfig:
 
 
 BACKENDS = ("auto", "ray", "local")
+# Tasks that read from an object store ask for half a core each (ExecutionConfig.cpus_per_task_for).
+STORE_CPUS_PER_TASK = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,10 +246,11 @@ class ExecutionConfig:
 
     # Augmentation tasks a rank keeps running at once; None: its share of the cluster (raypipe.pipeline.budget).
     num_tasks: int | None = None
-    # One task per core: a task keeps its core busy, also over an object store, whose requests it keeps
-    # in flight while it decodes the rows already read; and a node runs no more worker processes than
-    # it has cores, each paying its own set-up.
-    cpus_per_task: float = 1.0
+    # CPUs a task asks for; None: decided by where the dataset lies (cpus_per_task_for). One task per
+    # core for a local dataset (or a remote one read through the local cache): a node runs no more worker
+    # processes than it has cores, each paying its own set-up. Two per core when the tasks read from an
+    # object store: a task's first rows wait a first-byte latency, and the core's other task decodes.
+    cpus_per_task: float | None = None
     # Rows per chunk (one task) of an unsharded source; None: auto_chunk_rows(batch_size).
     chunk_rows: int | None = None
     # Finished chunks a rank may hold beyond one per running task (the consumer's look-ahead); with
@@ -276,8 +279,8 @@ class ExecutionConfig:
         ):
             _fail("num_tasks", self.num_tasks, "expected a positive int or None")
         c = self.cpus_per_task
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c <= 64:
-            _fail("cpus_per_task", c, "expected 0 < cpus_per_task <= 64")
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c <= 64):
+            _fail("cpus_per_task", c, "expected 0 < cpus_per_task <= 64, or null (auto)")
         if self.chunk_rows is not None and (
             isinstance(self.chunk_rows, bool) or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1
         ):
@@ -300,6 +303,14 @@ class ExecutionConfig:
 
     def chunk_rows_for(self, batch_size: int) -> int:
         return self.chunk_rows or auto_chunk_rows(batch_size)
+
+    def cpus_per_task_for(self, *, from_store: bool) -> float:
+        """``cpus_per_task``, or where it was left to the dataset (None): 0.5 when the tasks read from an
+        object store (``from_store``: a remote dataset without the local cache), each waiting a first-byte
+        latency before its first rows decode (docs/performance.md, "Cloud input"); else 1.0."""
+        if self.cpus_per_task is not None:
+            return float(self.cpus_per_task)
+        return STORE_CPUS_PER_TASK if from_store else 1.0
 
     def resolved_for(self, *, gpu_trainer: bool) -> ExecutionConfig:
         """This config with ``worker_sched_idle`` decided where it was left to the consumer (None):

@@ -10,6 +10,7 @@ that spans the run, so an epoch starts as soon as the previous one's last batch 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -27,6 +28,7 @@ from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.pipeline.slabs import slab_room
 from raypipe.pipeline.stream import ChunkStream, RayTasks
 from raypipe.sources import SourceRows, open_source
+from raypipe.sources.remote import reads_from_store
 from raypipe.sources.table import table_columns
 from raypipe.stages.augment import StageSpec
 
@@ -53,7 +55,11 @@ class Pipeline:
         self.rows = source if isinstance(source, SourceRows) else open_source(source)
         self.augment = augment
         self.config = config or PipelineConfig()
-        self.execution = execution or ExecutionConfig()
+        ex = execution or ExecutionConfig()
+        # ``cpus_per_task`` left to the dataset (None) is decided here, once: all that sizes and asks for
+        # tasks reads it from this config
+        cpus = ex.cpus_per_task_for(from_store=reads_from_store(self.rows.root))
+        self.execution = dataclasses.replace(ex, cpus_per_task=cpus)
         self.decode = decode or DecodeConfig()
         self.content_digest = content_digest
         h, w = augment.input_size
@@ -179,14 +185,16 @@ def check_task_fits(execution: ExecutionConfig) -> None:
 
     from raypipe.runtime import private_cluster
 
-    need = {"CPU": execution.cpus_per_task, **dict(execution.resources)}
+    # a Pipeline's config has cpus_per_task set; one left to the dataset is checked at the larger need
+    cpus = execution.cpus_per_task_for(from_store=False)
+    need = {"CPU": cpus, **dict(execution.resources)}
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     if not nodes or any(all(r.get(k, 0.0) >= v for k, v in need.items()) for r in nodes):
         return
     largest = max(r.get("CPU", 0.0) for r in nodes)
     message = (
         f"no node of the cluster can run an augmentation task, which needs {need} (cpus_per_task="
-        f"{execution.cpus_per_task:g}, resources={dict(execution.resources)}); the largest node has {largest:g} CPUs"
+        f"{cpus:g}, resources={dict(execution.resources)}); the largest node has {largest:g} CPUs"
     )
     if private_cluster():
         raise ValueError(message)

@@ -35,7 +35,7 @@ from typing import TypeVar
 from raypipe.kernels.errors import MISSING, UNREADABLE, SkipImage
 from raypipe.sources.cache import CacheConfig
 
-__all__ = ["ReadOptions", "is_missing", "is_transient", "read_skip", "with_retries"]
+__all__ = ["ReadOptions", "is_missing", "is_transient", "read_skip", "reads_from_store", "with_retries"]
 
 T = TypeVar("T")
 
@@ -121,3 +121,9 @@ def with_retries(fn: Callable[[], T], options: ReadOptions, *, sleep: Callable[[
 def read_skip(exc: OSError, what: str) -> SkipImage:
     """The skip record of a failed read of ``what`` (after any retries)."""
     return SkipImage(MISSING if is_missing(exc) else UNREADABLE, f"{what}: {exc}")
+
+
+def reads_from_store(root) -> bool:
+    """Whether reading ``root`` (a ``DatasetRoot``) waits for an object store: a remote root, without the
+    local cache configured where this runs (``RAYPIPE_CACHE_DIR``: local workers inherit it)."""
+    return not root.is_local and CacheConfig.from_env() is None

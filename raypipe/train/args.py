@@ -40,7 +40,6 @@ DEFAULTS: dict[str, Any] = {
     "img_size": 64,
     "batch_size": 32,
     "scale": (0.35, 1.0),
-    "cpus_per_task": 1.0,
 }
 
 

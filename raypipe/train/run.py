@@ -20,6 +20,7 @@ from ray.train.torch import TorchTrainer
 from raypipe.pipeline.accounting import SkipLimitError
 from raypipe.pipeline.identity import ListingMismatchError
 from raypipe.sources import SourceRows
+from raypipe.sources.remote import reads_from_store
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.data import job_rows
 from raypipe.train.loop import train_loop_per_worker
@@ -33,18 +34,19 @@ def resolve_storage(path: str) -> str:
     return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
-def _check_cpus(job: TrainJobConfig) -> None:
+def _check_cpus(job: TrainJobConfig, train_rows: SourceRows) -> None:
     """Warn when the trainers would leave no CPU for one augmentation task: the job would wait forever
     (on an autoscaling cluster more nodes may still come, so this is not an error)."""
     if job.preprocess_resource:
         return  # augmentation has its own nodes
     total = ray.cluster_resources().get("CPU", 0.0)
     left = total - job.num_workers * job.cpus_per_worker
-    if left < job.execution.cpus_per_task:
+    need = job.execution.cpus_per_task_for(from_store=reads_from_store(train_rows.root))
+    if left < need:
         print(
             f"warning: {job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} leave {left:g} of "
             f"{total:g} CPUs, less than one augmentation task needs (cpus_per_task="
-            f"{job.execution.cpus_per_task}); the job waits until the cluster grows",
+            f"{need:g}); the job waits until the cluster grows",
             flush=True,
         )
 
@@ -91,8 +93,8 @@ def run_training(job: TrainJobConfig) -> dict:
     """Run the job on the connected Ray cluster; return a summary (run dir, last epoch's metrics)."""
     name = job.name or f"{job.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     storage = resolve_storage(job.storage_path)
-    _check_cpus(job)
     train_rows, val_rows, data = job_rows(job)
+    _check_cpus(job, train_rows)
     num_classes = _num_classes(job, train_rows, val_rows)
     _check_batches(job, len(train_rows))
     print(
