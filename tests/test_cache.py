@@ -267,3 +267,25 @@ def test_shards_and_parquet_are_cached_whole(served, tmp_path):
         assert again.read_block(_batch(rows)) == want
         assert server.count() == 0, (where, dict(server.requests))  # the listing's size and time key them
         again.close()
+
+
+def test_a_stage_made_before_the_cache_was_configured_is_made_again(served, tmp_path, monkeypatch):
+    """A process's cached stage (its reader) follows the read settings where the chunk runs: a pipeline
+    run after RAYPIPE_CACHE_DIR is set (its chunks made in the consumer, as a stream's first are) reads
+    through the cache, not through a reader made before it was set."""
+    from raypipe.config import DecodeConfig, EvalAugment
+    from raypipe.stages.augment import StageSpec, augment_block, stage_for
+
+    server, _ = served
+    rows = open_source("s3://bkt/folder", filesystem=server.filesystem())
+    spec = StageSpec(kind=rows.kind, root=rows.root, augment=EvalAugment(input_size=16), decode=DecodeConfig(),
+                     seed=0, epoch=0)  # fmt: skip
+    monkeypatch.delenv("RAYPIPE_CACHE_DIR", raising=False)
+    before = stage_for(spec)
+    assert before.reader.options.cache is None and stage_for(spec) is before  # reused while nothing changed
+    monkeypatch.setenv("RAYPIPE_CACHE_DIR", str(tmp_path / "cache"))
+    out = augment_block(_batch(rows), spec)
+    assert out["ok"].all()
+    after = stage_for(spec)
+    assert after is not before and after.reader.options.cache == CacheConfig.from_env()
+    assert len([f for d in (tmp_path / "cache").iterdir() if len(d.name) == 2 for f in d.iterdir()]) == len(rows)

@@ -26,6 +26,7 @@ from raypipe.kernels import SkipImage, build_transform
 from raypipe.kernels.seeding import BlockRngs
 from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.reader import BlockReader
+from raypipe.sources.remote import ReadOptions
 
 T = TypeVar("T")
 
@@ -176,7 +177,10 @@ def stage_for(spec: StageSpec) -> AugmentStage:
     # The same bucket and prefix may be read through another filesystem (another endpoint or
     # credentials) by a later pipeline of the same job: its stage reads through its own. (pyarrow
     # filesystems compare by their options but do not hash, so they are checked here, not keyed.)
-    if stage is None or not _same_filesystem(stage.spec.root.filesystem, spec.root.filesystem):
+    # Likewise a reader made before the read settings (RAYPIPE_READ_*, RAYPIPE_CACHE_*) changed in this
+    # process: a pipeline's chunks made in the consumer would read without the cache its workers use.
+    if stage is None or not _same_filesystem(stage.spec.root.filesystem, spec.root.filesystem) \
+            or stage.reader.options != ReadOptions():  # fmt: skip
         if len(_STAGES) > 8:
             _STAGES.clear()
         stage = _STAGES[spec.reuse_key] = AugmentStage(spec)
