@@ -151,6 +151,8 @@ def test_a_task_no_node_can_hold_is_an_error_on_a_private_cluster(ray_local, sam
     from raypipe.pipeline.pipeline import check_task_fits
 
     big = ExecutionConfig(cpus_per_task=64)
+    # another cluster (an earlier test may have left raypipe's private one connected)
+    monkeypatch.setattr(raypipe.runtime, "_PRIVATE_CLUSTER", False)
     with caplog.at_level(logging.WARNING, logger="raypipe.pipeline.pipeline"):
         check_task_fits(big)
         check_task_fits(ExecutionConfig(resources={"preprocess": 0.001}))
