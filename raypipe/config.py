@@ -236,7 +236,7 @@ class PipelineConfig:
 
 
 BACKENDS = ("auto", "ray", "local")
-# Tasks that read from an object store ask for half a core each (ExecutionConfig.cpus_per_task_for).
+# Tasks that read an object per row from a store ask for half a core each (ExecutionConfig.cpus_per_task_for).
 STORE_CPUS_PER_TASK = 0.5
 
 
@@ -246,10 +246,10 @@ class ExecutionConfig:
 
     # Augmentation tasks a rank keeps running at once; None: its share of the cluster (raypipe.pipeline.budget).
     num_tasks: int | None = None
-    # CPUs a task asks for; None: decided by where the dataset lies (cpus_per_task_for). One task per
-    # core for a local dataset (or a remote one read through the local cache): a node runs no more worker
-    # processes than it has cores, each paying its own set-up. Two per core when the tasks read from an
-    # object store: a task's first rows wait a first-byte latency, and the core's other task decodes.
+    # CPUs a task asks for; None: decided by the dataset (cpus_per_task_for). One task per core: a node
+    # runs no more worker processes than it has cores, each paying its own set-up. Two per core where the
+    # tasks read an object per row from an object store: a task's first rows wait a first-byte latency,
+    # and the core's other task decodes meanwhile.
     cpus_per_task: float | None = None
     # Rows per chunk (one task) of an unsharded source; None: auto_chunk_rows(batch_size).
     chunk_rows: int | None = None
@@ -304,13 +304,14 @@ class ExecutionConfig:
     def chunk_rows_for(self, batch_size: int) -> int:
         return self.chunk_rows or auto_chunk_rows(batch_size)
 
-    def cpus_per_task_for(self, *, from_store: bool) -> float:
-        """``cpus_per_task``, or where it was left to the dataset (None): 0.5 when the tasks read from an
-        object store (``from_store``: a remote dataset without the local cache), each waiting a first-byte
-        latency before its first rows decode (docs/performance.md, "Cloud input"); else 1.0."""
+    def cpus_per_task_for(self, *, store_objects: bool) -> float:
+        """``cpus_per_task``, or where it was left to the dataset (None): 0.5 when the tasks read an
+        object per row from an object store (``store_objects``: a remote folder or manifest without the
+        local cache), each waiting a first-byte latency before its first rows decode, a sizable share
+        of a chunk of ``chunk_rows`` rows (docs/performance.md, "Cloud input"); else 1.0."""
         if self.cpus_per_task is not None:
             return float(self.cpus_per_task)
-        return STORE_CPUS_PER_TASK if from_store else 1.0
+        return STORE_CPUS_PER_TASK if store_objects else 1.0
 
     def resolved_for(self, *, gpu_trainer: bool) -> ExecutionConfig:
         """This config with ``worker_sched_idle`` decided where it was left to the consumer (None):

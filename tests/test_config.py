@@ -104,9 +104,9 @@ def test_worker_sched_idle_is_decided_by_the_trainer_when_left_open():
 def test_cpus_per_task_is_decided_by_where_the_dataset_lies_when_left_open():
     auto = ExecutionConfig()
     assert auto.cpus_per_task is None
-    assert auto.cpus_per_task_for(from_store=False) == 1.0  # a task per core
-    assert auto.cpus_per_task_for(from_store=True) == 0.5  # one decodes while the other waits for its bytes
-    assert ExecutionConfig(cpus_per_task=2).cpus_per_task_for(from_store=True) == 2.0  # a user's choice stands
+    assert auto.cpus_per_task_for(store_objects=False) == 1.0  # a task per core
+    assert auto.cpus_per_task_for(store_objects=True) == 0.5  # one decodes while the other waits for its bytes
+    assert ExecutionConfig(cpus_per_task=2).cpus_per_task_for(store_objects=True) == 2.0  # a user's choice stands
 
 
 def test_load_config_reads_every_section():

@@ -277,22 +277,27 @@ def test_local_budget_runs_a_task_per_core_as_a_private_ray_would(sample_dir, mo
 
 
 def test_a_dataset_in_an_object_store_runs_two_tasks_per_core(sample_dir, tmp_path, monkeypatch):
-    """A task reading a store waits a first-byte latency before its first row decodes: two per core, so
-    the core's other task decodes meanwhile; an explicit cpus_per_task stands; with the local cache one."""
+    """A task reading an object per row from a store waits a first-byte latency before its first row
+    decodes: two per core, so the core's other task decodes meanwhile. An explicit cpus_per_task stands;
+    a whole window of remote shards, and the local cache, keep one per core."""
     import raypipe.pipeline.pipeline as pipeline_module
     from raypipe.sources import open_source
+    from raypipe.sources.convert import convert
     from raypipe.testing import S3Server
 
     monkeypatch.setattr(pipeline_module, "local_cpus", lambda: 4)
     shutil.copytree(sample_dir, tmp_path / "buckets" / "bkt" / "train")
+    convert(str(sample_dir), str(tmp_path / "buckets" / "bkt" / "shards"), format="webdataset")
     with S3Server(tmp_path / "buckets") as server:
         rows = open_source("s3://bkt/train", filesystem=server.filesystem())
         remote = Pipeline(rows, AUG, execution=ExecutionConfig(backend="local"))
         chosen = Pipeline(rows, AUG, execution=ExecutionConfig(backend="local", cpus_per_task=1.0))
+        shards = Pipeline(open_source("s3://bkt/shards", filesystem=server.filesystem()), AUG,
+                          execution=ExecutionConfig(backend="local"))  # fmt: skip
     local = Pipeline(str(sample_dir), AUG, execution=ExecutionConfig(backend="local"))
-    assert (remote.execution.cpus_per_task, chosen.execution.cpus_per_task, local.execution.cpus_per_task) \
-        == (0.5, 1.0, 1.0)  # fmt: skip
-    assert [p.local_budget()[1] for p in (remote, chosen, local)] == [8, 4, 4]
+    assert shards.rows.kind == "webdataset"
+    assert [p.execution.cpus_per_task for p in (remote, chosen, shards, local)] == [0.5, 1.0, 1.0, 1.0]
+    assert [p.local_budget()[1] for p in (remote, chosen, shards, local)] == [8, 4, 4, 4]
     # read through the local cache, its later epochs are local reads: a task per core
     monkeypatch.setenv("RAYPIPE_CACHE_DIR", str(tmp_path / "cache"))
     assert Pipeline(rows, AUG, execution=ExecutionConfig(backend="local")).execution.cpus_per_task == 1.0

@@ -28,7 +28,7 @@ from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.pipeline.slabs import slab_room
 from raypipe.pipeline.stream import ChunkStream, RayTasks
 from raypipe.sources import SourceRows, open_source
-from raypipe.sources.remote import reads_from_store
+from raypipe.sources.remote import reads_store_objects
 from raypipe.sources.table import table_columns
 from raypipe.stages.augment import StageSpec
 
@@ -58,7 +58,7 @@ class Pipeline:
         ex = execution or ExecutionConfig()
         # ``cpus_per_task`` left to the dataset (None) is decided here, once: all that sizes and asks for
         # tasks reads it from this config
-        cpus = ex.cpus_per_task_for(from_store=reads_from_store(self.rows.root))
+        cpus = ex.cpus_per_task_for(store_objects=reads_store_objects(self.rows))
         self.execution = dataclasses.replace(ex, cpus_per_task=cpus)
         self.decode = decode or DecodeConfig()
         self.content_digest = content_digest
@@ -186,7 +186,7 @@ def check_task_fits(execution: ExecutionConfig) -> None:
     from raypipe.runtime import private_cluster
 
     # a Pipeline's config has cpus_per_task set; one left to the dataset is checked at the larger need
-    cpus = execution.cpus_per_task_for(from_store=False)
+    cpus = execution.cpus_per_task_for(store_objects=False)
     need = {"CPU": cpus, **dict(execution.resources)}
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     if not nodes or any(all(r.get(k, 0.0) >= v for k, v in need.items()) for r in nodes):

@@ -35,7 +35,7 @@ from typing import TypeVar
 from raypipe.kernels.errors import MISSING, UNREADABLE, SkipImage
 from raypipe.sources.cache import CacheConfig
 
-__all__ = ["ReadOptions", "is_missing", "is_transient", "read_skip", "reads_from_store", "with_retries"]
+__all__ = ["ReadOptions", "is_missing", "is_transient", "read_skip", "reads_store_objects", "with_retries"]
 
 T = TypeVar("T")
 
@@ -123,7 +123,8 @@ def read_skip(exc: OSError, what: str) -> SkipImage:
     return SkipImage(MISSING if is_missing(exc) else UNREADABLE, f"{what}: {exc}")
 
 
-def reads_from_store(root) -> bool:
-    """Whether reading ``root`` (a ``DatasetRoot``) waits for an object store: a remote root, without the
-    local cache configured where this runs (``RAYPIPE_CACHE_DIR``: local workers inherit it)."""
-    return not root.is_local and CacheConfig.from_env() is None
+def reads_store_objects(rows) -> bool:
+    """Whether the tasks reading ``rows`` (``SourceRows``) send a request per row to an object store: a
+    remote folder or manifest, without the local cache configured where this runs (``RAYPIPE_CACHE_DIR``;
+    local workers inherit it). A sharded source's task reads a whole window of shards in a few requests."""
+    return rows.kind in ("folder", "manifest") and not rows.root.is_local and CacheConfig.from_env() is None

@@ -20,7 +20,7 @@ from ray.train.torch import TorchTrainer
 from raypipe.pipeline.accounting import SkipLimitError
 from raypipe.pipeline.identity import ListingMismatchError
 from raypipe.sources import SourceRows
-from raypipe.sources.remote import reads_from_store
+from raypipe.sources.remote import reads_store_objects
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.data import job_rows
 from raypipe.train.loop import train_loop_per_worker
@@ -41,7 +41,7 @@ def _check_cpus(job: TrainJobConfig, train_rows: SourceRows) -> None:
         return  # augmentation has its own nodes
     total = ray.cluster_resources().get("CPU", 0.0)
     left = total - job.num_workers * job.cpus_per_worker
-    need = job.execution.cpus_per_task_for(from_store=reads_from_store(train_rows.root))
+    need = job.execution.cpus_per_task_for(store_objects=reads_store_objects(train_rows))
     if left < need:
         print(
             f"warning: {job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} leave {left:g} of "
