@@ -7,6 +7,7 @@ import gc
 import os
 import shutil
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -301,6 +302,45 @@ def test_a_dataset_in_an_object_store_runs_two_tasks_per_core(sample_dir, tmp_pa
     # read through the local cache, its later epochs are local reads: a task per core
     monkeypatch.setenv("RAYPIPE_CACHE_DIR", str(tmp_path / "cache"))
     assert Pipeline(rows, AUG, execution=ExecutionConfig(backend="local")).execution.cpus_per_task == 1.0
+
+
+def _ids(batches):
+    return [int(i) for b in batches for i in b["sample_id"]]
+
+
+def test_the_pool_runs_chunks_on_the_latest_streams_count_of_workers(sample_dir, tmp_path, monkeypatch):
+    """The process's pool follows its latest stream: after a pipeline with four workers (two tasks per
+    core over an object store), one with two runs its chunks on two, not on four."""
+    import raypipe.pipeline.local_workers as local_workers
+
+    LocalWorkers.shutdown_shared()
+    used: list[int] = []
+    send = local_workers.send_with_fds
+
+    def recording(sock, message, fds):
+        if message[0] == "chunk":
+            used.append(sock.fileno())
+        return send(sock, message, fds)
+
+    monkeypatch.setattr(local_workers, "send_with_fds", recording)
+    four = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4),
+                    execution=ExecutionConfig(backend="local", num_tasks=4, chunk_rows=4))  # fmt: skip
+    two = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4),
+                   execution=ExecutionConfig(backend="local", num_tasks=2, chunk_rows=4))  # fmt: skip
+    try:
+        _, count, directory = four.local_budget()
+        pool = LocalWorkers.shared(count, directory)
+        pool.release_start()
+        while pool.starting():  # up first, so the workers make every chunk (none made here meanwhile)
+            time.sleep(0.05)
+        assert sorted(_ids(EpochSource(four, end_epoch=1))) == list(range(len(four)))
+        assert len(set(used)) == 4 and LocalWorkers._shared.count == 4
+        used.clear()
+        assert sorted(_ids(EpochSource(two, end_epoch=1))) == list(range(len(two)))
+        assert LocalWorkers._shared.count == 2 and len(LocalWorkers._shared._alive()) == 4  # two stay, idle
+        assert len(set(used)) == 2, used
+    finally:
+        LocalWorkers.shutdown_shared()
 
 
 def test_no_memory_for_a_chunk_fails_the_epoch_with_the_error_not_a_hang(sample_dir, monkeypatch):

@@ -141,14 +141,16 @@ class LocalWorkers:
 
     @classmethod
     def shared(cls, count: int, directory: str) -> LocalWorkers:
-        """This process's pool, made (not started) on first use, grown to ``count`` workers."""
+        """This process's pool, made (not started) on first use, running chunks on ``count`` workers:
+        the latest stream's count (a pipeline over a local folder after one over an object store runs
+        one worker per core again, not two)."""
         with cls._shared_lock:
             pool = cls._shared
             if pool is None or pool._closed:
                 pool = cls._shared = cls(count, directory)
                 atexit.register(pool.shutdown)
-            elif count > pool.count:
-                pool._grow(count)
+            elif count != pool.count:
+                pool._resize(count)
             return pool
 
     @classmethod
@@ -179,11 +181,12 @@ class LocalWorkers:
                 self._workers.append(self._spawn())
 
     def set_up(self, spec, count: int) -> list[_Task]:
-        """A set-up for each worker, its stage made before its first chunk (``count``, how many Ray
-        set-up tasks a stream sends, does not apply: these go to every worker); done when each answered."""
+        """A set-up for each worker that takes chunks, its stage made before its first chunk (``count``,
+        how many Ray set-up tasks a stream sends, does not apply: these go to those workers); done when
+        each answered."""
         with self._lock:
             tasks = []
-            for worker in [w for w in self._workers if w.alive]:
+            for worker in self._alive()[: self.count]:
                 task = _Task(next(self._ids), "setup", spec)
                 worker.pinned.append(task)
                 tasks.append(task)
@@ -262,13 +265,19 @@ class LocalWorkers:
 
     # -- inside ---------------------------------------------------------------------------------------
 
-    def _grow(self, count: int) -> None:
+    def _resize(self, count: int) -> None:
+        """Chunks go to ``count`` workers from now on: more are started where there are fewer; those
+        beyond it stay, idle, for a later stream that wants them again."""
         with self._lock:
             self.count = count
             self.slabs.keep = count + 1
             if self._started:
-                while len([w for w in self._workers if w.alive]) < count:
+                while len(self._alive()) < count:
                     self._workers.append(self._spawn())
+            self._dispatch()
+
+    def _alive(self) -> list[_Worker]:
+        return [w for w in self._workers if w.alive]
 
     def _spawn(self) -> _Worker:
         """A new worker process and the thread that reads its answers (called holding the lock)."""
@@ -291,14 +300,15 @@ class LocalWorkers:
         return worker
 
     def _dispatch(self) -> None:
-        """Send the next task to each idle worker (called holding the lock): one at a time per worker,
-        so a chunk waits here, not behind a slow chunk of some worker."""
-        for worker in self._workers:
-            if not worker.alive or worker.sent:
+        """Send the next task to each idle worker of the first ``count`` (called holding the lock): one
+        at a time per worker, so a chunk waits here, not behind a slow chunk of some worker. Workers
+        beyond ``count`` get only the set-ups pinned to them."""
+        for position, worker in enumerate(self._alive()):
+            if worker.sent:
                 continue
             if worker.pinned:
                 task = worker.pinned.popleft()
-            elif self._queue:
+            elif self._queue and position < self.count:
                 task = self._queue.popleft()
             else:
                 continue
