@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from raypipe.pipeline.budget import rank_budget
-from raypipe.pipeline.order import RankPlan, chunk_bounds, doubling_bounds, epoch_order, halving_bounds, rank_slice
+from raypipe.pipeline.order import RankPlan, chunk_bounds, doubling_bounds, epoch_order, rank_slice
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 7])
@@ -55,23 +55,6 @@ def test_a_streams_first_window_is_cut_into_doubling_pieces_in_the_same_order():
     assert doubling_bounds(10, 10, 4) == [] and doubling_bounds(0, 3, 4) == [(0, 3)]
     folder = RankPlan(3000, seed=0, shuffle=True, chunk_rows=128)  # ordinary chunks: nothing to cut
     assert [len(c) for c in folder.chunks(0, ramp=True)] == [len(c) for c in folder.chunks(0)]
-
-
-def test_a_runs_last_windows_are_cut_into_halving_pieces_in_the_same_order():
-    shards = np.repeat(np.arange(100), 100)  # 100 row groups: 10000 rows, about five windows
-    plan = RankPlan(10000, seed=0, shuffle=True, chunk_rows=128, shards=shards, window_rows=2048)
-    whole, wound = plan.chunks(3), plan.chunks(3, wind_down=True)
-    assert np.array_equal(np.concatenate(wound), np.concatenate(whole))  # the same order: the same batches
-    tail = 10000 - 2 * 2048  # the windows that end in the last 2 x window_rows rows are cut, no others
-    kept = [c for c in whole if np.flatnonzero(np.isin(np.concatenate(whole), c)).max() < tail]
-    assert 1 <= len(kept) < len(whole) and [len(c) for c in wound[: len(kept)]] == [len(c) for c in kept]
-    assert [len(c) for c in wound[-3:]] == [512, 256, 128]  # halving toward the end, 128 rows last
-    assert halving_bounds(0, 2100, 128) == [(0, 180), (180, 1204), (1204, 1716), (1716, 1972), (1972, 2100)]
-    both = plan.chunks(0, ramp=True, wind_down=True)  # a one-epoch run: both ends cut, the order kept
-    assert np.array_equal(np.concatenate(both), np.concatenate(plan.chunks(0)))
-    assert len(both[0]) == 128 and len(both[-1]) == 128
-    folder = RankPlan(3000, seed=0, shuffle=True, chunk_rows=128)  # ordinary chunks: nothing to cut
-    assert [len(c) for c in folder.chunks(0, wind_down=True)] == [len(c) for c in folder.chunks(0)]
 
 
 def test_a_huge_shard_is_cut_into_chunks():

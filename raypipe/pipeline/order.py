@@ -27,20 +27,16 @@ rank's epoch and a shard is read by at most two ranks.
 
 A stream's first epoch (``chunks(epoch, ramp=True)``) cuts its first whole window into pieces that
 double from ``chunk_rows`` (128, 256, 512, … rows): nothing runs ahead of a run's start, and its first
-batch would otherwise wait for a whole window of work on one core. A run's last epoch
-(``wind_down=True``) cuts the whole windows of its last ``2 * window_rows`` rows into pieces that halve
-toward the end: nothing runs after a run's end, and its last window would otherwise run on one core
-while the others have finished. Each piece reads the window's shards itself, so those windows' shards
-are read a few times (about log2(window_rows / chunk_rows)) once per run. The order, and so every
-batch, is the same either way: only where the work is cut moves.
+batch would otherwise wait for a whole window of work on one core. Each piece reads the window's
+shards itself, so they are read a few times (about log2(window_rows / chunk_rows)) once per run. The
+order, and so every batch, is the same either way: only where the work is cut moves.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["epoch_order", "rank_slice", "chunk_bounds", "doubling_bounds", "halving_bounds", "RankPlan",
-           "SHARDED_KINDS"]  # fmt: skip
+__all__ = ["epoch_order", "rank_slice", "chunk_bounds", "doubling_bounds", "RankPlan", "SHARDED_KINDS"]
 
 # Sources whose rows live in shards (Parquet row groups, tar shards): shuffled by windows of whole
 # shards. A folder or manifest row is a file of its own, read alone, and is shuffled globally.
@@ -109,13 +105,6 @@ def doubling_bounds(lo: int, hi: int, first: int) -> list[tuple[int, int]]:
     return out
 
 
-def halving_bounds(lo: int, hi: int, last: int) -> list[tuple[int, int]]:
-    """``[lo, hi)`` cut into pieces that end with ``last`` rows, the ones before twice as many each
-    (``doubling_bounds`` mirrored: the first piece what is left)."""
-    mirrored = doubling_bounds(0, hi - lo, last)
-    return [(hi - b, hi - a) for a, b in reversed(mirrored)]
-
-
 class RankPlan:
     """One rank's epochs: ``rows(epoch)`` its row indices in order, ``chunks(epoch)`` the same cut into
     the units of work the workers run (each a sorted-by-order index array)."""
@@ -168,27 +157,17 @@ class RankPlan:
         """Rows this rank reads per epoch."""
         return self._span.stop - self._span.start
 
-    def chunks(self, epoch: int, *, ramp: bool = False, wind_down: bool = False) -> list[np.ndarray]:
+    def chunks(self, epoch: int, *, ramp: bool = False) -> list[np.ndarray]:
         """This rank's chunks of ``epoch``; ``ramp``: the first whole window cut into doubling pieces (a
-        stream's first epoch), ``wind_down``: the whole windows of the last ``2 * window_rows`` rows cut
-        into halving pieces (a run's last epoch); see the module's doc."""
+        stream's first epoch: see the module's doc)."""
         order, starts = epoch_order(
             self.n, seed=self.seed, epoch=epoch, shuffle=self.shuffle, shards=self.shards,
             window_rows=self.window_rows,
         )  # fmt: skip
         limit = self.max_chunk_rows if self.sharded else self.chunk_rows
         bounds = chunk_bounds(self._span.start, self._span.stop, starts, limit)
-        if limit > self.chunk_rows and (ramp or wind_down):
-            tail = self._span.stop - 2 * self.window_rows
-            cut: list[tuple[int, int]] = []
-            for k, (a, b) in enumerate(bounds):
-                if ramp and k == 0:
-                    cut += doubling_bounds(a, b, self.chunk_rows)
-                elif wind_down and b > tail and b - a > self.chunk_rows:
-                    cut += halving_bounds(a, b, self.chunk_rows)
-                else:
-                    cut.append((a, b))
-            bounds = cut
+        if ramp and bounds and limit > self.chunk_rows:
+            bounds = doubling_bounds(*bounds[0], self.chunk_rows) + bounds[1:]
         return [order[a:b] for a, b in bounds]
 
     def rows(self, epoch: int) -> np.ndarray:

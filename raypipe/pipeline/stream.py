@@ -165,8 +165,7 @@ class ChunkStream:
     def _chunks(self, start: int, end: int | None) -> Iterator[tuple[int, int, bool, np.ndarray]]:
         epoch = start
         while end is None or epoch < end:
-            # nothing runs ahead of the first epoch, nor after the last
-            chunks = self._plan.chunks(epoch, ramp=epoch == start, wind_down=end is not None and epoch == end - 1)
+            chunks = self._plan.chunks(epoch, ramp=epoch == start)  # nothing runs ahead of the first
             for i, idx in enumerate(chunks):
                 yield epoch, i, i == len(chunks) - 1, idx
             if not chunks:
