@@ -119,7 +119,7 @@ def add_pipeline_args(p: argparse.ArgumentParser) -> None:
                         f"{d('execution', 'backend')}")  # fmt: skip
     g.add_argument("--num-tasks", type=int, help="augmentation tasks at once (default: this rank's share of the CPUs)")
     g.add_argument("--cpus-per-task", type=float,
-                   help="CPUs each augmentation task asks for (default: 1 for a local dataset, 0.5 for one in an "
+                   help="CPUs each augmentation task asks for (default: 1; 0.5 for a folder or manifest in an "
                         "object store)")  # fmt: skip
     g.add_argument("--chunk-rows", type=int, help="rows per augmentation task (default: from the batch size)")
     g.add_argument("--prefetch-chunks", type=int,
