@@ -308,7 +308,8 @@ class ExecutionConfig:
         """``cpus_per_task``, or where it was left to the dataset (None): 0.5 when the tasks read an
         object per row from an object store (``store_objects``: a remote folder or manifest without the
         local cache), each waiting a first-byte latency before its first rows decode, a sizable share
-        of a chunk of ``chunk_rows`` rows (docs/performance.md, "Cloud input"); else 1.0."""
+        of a chunk of ``chunk_rows`` rows (docs/performance.md, "Object stores and shard formats"); else
+        1.0."""
         if self.cpus_per_task is not None:
             return float(self.cpus_per_task)
         return STORE_CPUS_PER_TASK if store_objects else 1.0
