@@ -58,9 +58,9 @@ def main() -> None:
             rows = open_source(f"s3://bench/{SOURCES[a.source]}", filesystem=server.filesystem())
         else:
             rows = open_source(str(buckets / "bench" / SOURCES[a.source]))
+        execution = ExecutionConfig(cpus_per_task=a.cpus_per_task)  # None: decided by the dataset
         pipe = Pipeline(rows, TrainAugment(input_size=224, color_jitter=None),
-                        config=PipelineConfig(batch_size=128, seed=0),
-                        execution=ExecutionConfig(**({"cpus_per_task": a.cpus_per_task} if a.cpus_per_task else {})))  # fmt: skip
+                        config=PipelineConfig(batch_size=128, seed=0), execution=execution)  # fmt: skip
         epochs = EpochSource(pipe, end_epoch=a.epochs + 1)
         me = psutil.Process()
         served = psutil.Process(server.proc.pid) if server is not None else None
