@@ -147,6 +147,41 @@ def test_remote_shard_and_parquet_rows_without_waiting_are_futures_fetched_in_ro
         reader.close()
 
 
+def test_remote_tar_members_come_in_ranges_of_at_most_a_megabyte_sent_in_row_order(tmp_path):
+    """A shard's members read from S3 in one block: merged into ranged GETs of at most ``_MAX_RANGE``
+    (a larger member in one of its own), each member's bytes exact, and with one request thread the
+    GETs sent in the order of the first row that needs each one (the block's rows shuffled)."""
+    from image_factory import tar_bytes
+
+    from raypipe.sources import reader as reader_module
+    from raypipe.testing import S3Server
+
+    rng = np.random.default_rng(0)
+    sizes = [300_000] * 6 + [1_500_000] + [300_000] * 3  # 4.5 MB; one member over the cap
+    images = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+    members = [m for i, data in enumerate(images) for m in ((f"k{i:02d}.jpg", data), (f"k{i:02d}.cls", b"0"))]
+    (tmp_path / "buckets" / "bkt" / "wds").mkdir(parents=True)
+    (tmp_path / "buckets" / "bkt" / "wds" / "shard-0.tar").write_bytes(tar_bytes(members))
+    with S3Server(tmp_path / "buckets") as server:
+        rows = open_source("s3://bkt/wds", filesystem=server.filesystem())
+        batch = _batch(rows.table)
+        order = rng.permutation(len(images))
+        batch = {k: v[order] for k, v in batch.items()}
+        server.reset_counts()
+        reader = BlockReader(rows.root, rows.kind, options=ReadOptions(in_flight=1))
+        got = [x.result() for x in reader.read_block(batch, wait=False)]
+        reader.close()
+        log = [entry for entry in server.log if entry[0] == "GET"]
+    assert got == [images[int(m[1:3])] for m in batch["member"]]
+    spans = [tuple(int(x) for x in rng_header.removeprefix("bytes=").split("-")) for _, _, _, rng_header in log]
+    lengths = [end - start + 1 for start, end in spans]
+    assert len(spans) >= 4 and all(n <= reader_module._MAX_RANGE or n == 1_500_000 for n in lengths)
+    assert 1_500_000 in lengths
+    offsets = batch["offset"]
+    first_row = [min(i for i in range(len(order)) if start <= offsets[i] <= end) for start, end in spans]
+    assert first_row == sorted(first_row)  # the rows' order, not the shard's
+
+
 def test_transient_errors_are_retried_then_counted(tmp_path):
     data = _folder(tmp_path, n=6)
     fs, handler = wrapped(fail_first=2)

@@ -49,10 +49,14 @@ __all__ = ["BlockReader"]
 Result = bytes | SkipImage
 
 # Remote tar members whose data are at most this far apart are fetched with one request (the gap is
-# read and dropped); a merged request never exceeds _MAX_RANGE. Both are small next to what a request's
-# latency costs in bandwidth (20 ms at 100 MB/s is 2 MB).
+# read and dropped: small next to what a request's latency costs in bandwidth, 20 ms at 100 MB/s is
+# 2 MB). A merged request stays under _MAX_RANGE (a larger member is one request of its own): a task's
+# rows are shuffled across its window's shards, and ranges of about a megabyte, sent in the order the
+# rows need them, come back one after another in that order, so the task decodes while the rest
+# arrive; a window of whole-shard ranges comes back all at once, at the end, and its large buffers
+# cost the workers fresh pages (kernel time) for every window (docs/performance.md).
 _MAX_GAP = 256 * 1024
-_MAX_RANGE = 16 * 1024 * 1024
+_MAX_RANGE = 1024 * 1024
 _FETCH_READ = 16 * 1024 * 1024  # bytes per request when a whole object is fetched into the cache
 _UNLISTED = (-1, -1)  # (object_size, object_mtime_ns) of an object the listing did not describe
 _MEMO_MAX = 65536  # entries of a reader's per-object memos before they are cleared
