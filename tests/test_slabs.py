@@ -47,15 +47,25 @@ def test_a_slab_comes_back_with_its_last_view_and_is_reused(tmp_path):
     del images, batch
     gc.collect()
     assert pool.free_slabs() == 0  # the tensor still views it
-    assert pool.take(100).fd != slab.fd  # so a chunk gets another slab
+    other = pool.take(100)
+    assert other.fd != slab.fd  # so a chunk gets another slab
     del tensor
     gc.collect()
     assert pool.free_slabs() == 1
     again = pool.take(2000)  # fits: the same memory, no new pages
     assert again.fd == slab.fd
     pool.give_back(again)
-    assert pool.take(slab.capacity + 1).fd != slab.fd  # too small for this chunk
+    small = slab.capacity
+    grown = pool.take(small + 1)  # too small for this chunk: grown, its pages kept, the rest new
+    assert grown.fd == slab.fd and grown.capacity > small and os.fstat(grown.fd).st_size == grown.capacity
+    view = pool.view(grown, (1, small + 1))
+    assert view[0, :250].tobytes() == bytes(range(250))
+    last = pool.take(grown.capacity + 1)
+    assert last.fd not in (grown.fd, other.fd)  # none free: a new one
+    del view
     assert pool.made == 3
+    pool.give_back(other)
+    pool.give_back(last)
     pool.close()
 
 
@@ -77,6 +87,25 @@ def test_the_pool_keeps_at_most_keep_free_slabs_and_a_closed_one_none(tmp_path):
     assert not _is_open(in_use)  # closed as it came back
     with pytest.raises(RuntimeError, match="shut down"):
         pool.take(1)
+
+
+def test_the_pool_keeps_its_largest_free_slabs(tmp_path):
+    """Chunks of mixed sizes (a window of shards and its pieces): beyond ``keep`` the smallest free slabs
+    are closed, so the next large chunk is written into a slab made before, not into new pages."""
+    mb = 1 << 20
+    pool = SlabPool(str(tmp_path), keep=2)
+    slabs = [_taken(pool, n * mb) for n in (8, 1, 8, 2)]
+    for s in slabs:
+        pool.give_back(s)
+    assert pool.free_slabs() == 2
+    assert [_is_open(s) for s in slabs] == [True, False, True, False]
+    made = pool.made
+    again = [pool.take(8 * mb), pool.take(8 * mb)]
+    assert {s.fd for s in again} == {slabs[0].fd, slabs[2].fd}
+    assert pool.made == made
+    for s in again:
+        pool.give_back(s)
+    pool.close()
 
 
 def test_a_slab_without_memfd_is_an_unlinked_file(tmp_path, monkeypatch):

@@ -6,10 +6,11 @@ allocated and zeroed when the worker first touches it, and freed when the traine
 region written before and 2 ms for the copy alone, on the 2-core machine of docs/performance.md,
 where such a chunk is ~140 ms of decoding). So the trainer keeps its regions: a chunk's slab goes
 back to the pool when the last view of its images is gone (a finalizer on the trainer's mapping; a
-batch the caller keeps keeps its slab), and a later chunk that fits is written into it. No slab has
-a name: an anonymous ``memfd`` on Linux (elsewhere a file in ``directory``, unlinked as soon as it is
-made), sent to the worker as a descriptor with each chunk, so nothing outlives the processes that
-hold it, however they end.
+batch the caller keeps keeps its slab), and a later chunk that fits is written into it (a larger one
+into a free slab grown to fit: only the added pages are new). No slab has a name: an anonymous
+``memfd`` on Linux (elsewhere a file in ``directory``, unlinked as soon as it is made), sent to the
+worker as a descriptor with each chunk, so nothing outlives the processes that hold it, however they
+end.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ class Slab:
 class SlabPool:
     """The slabs of one process's workers: ``take`` one for a chunk of ``nbytes``, ``view`` the images a
     worker wrote into it; it comes back by itself with its last view (``give_back`` for a chunk whose
-    images are never viewed). At most ``keep`` free slabs are kept; a closed pool closes each slab as it
-    comes back."""
+    images are never viewed). At most ``keep`` free slabs are kept, the largest; a closed pool closes
+    each slab as it comes back."""
 
     def __init__(self, directory: str, keep: int):
         self.directory, self.keep = directory, keep
@@ -55,7 +56,10 @@ class SlabPool:
         self.made = 0  # slabs made so far (each one's pages were new)
 
     def take(self, nbytes: int) -> Slab:
-        """The smallest free slab of at least ``nbytes``, else a new one."""
+        """The smallest free slab of at least ``nbytes``; else the largest free one, grown to fit (its
+        pages are kept, only the rest are new: a stream whose first chunks are pieces of a window grows
+        their slabs into the window's); else a new one."""
+        capacity = max(_ROUND, -(-nbytes // _ROUND) * _ROUND)
         with self._lock:
             if self.closed:
                 raise RuntimeError("raypipe's local workers were shut down")
@@ -65,7 +69,17 @@ class SlabPool:
                 slab = min(fits, key=lambda s: s.capacity)
                 self._free.remove(slab)
                 return slab
-        capacity = max(_ROUND, -(-nbytes // _ROUND) * _ROUND)
+            grown = max(self._free, key=lambda s: s.capacity, default=None)
+            if grown is not None:
+                self._free.remove(grown)
+        if grown is not None:
+            try:
+                os.ftruncate(grown.fd, capacity)  # no view maps a free slab: nothing sees it change
+            except BaseException:
+                os.close(grown.fd)
+                raise
+            grown.capacity = capacity
+            return grown
         slab = Slab(_new_region(self.directory, capacity), capacity)
         self.made += 1
         return slab
@@ -102,11 +116,16 @@ class SlabPool:
         self._close_returned()
 
     def _collect(self) -> None:
-        """Move the returned slabs to the free list, closing the oldest beyond ``keep`` (holding the lock)."""
+        """Move the returned slabs to the free list, closing the smallest beyond ``keep`` (the oldest of
+        equals; holding the lock). A large slab takes any smaller chunk, so a stream whose chunks vary
+        in size (a window of shards and its pieces, a short last chunk), or the next pipeline, keeps
+        its large slabs instead of making their pages again (``python bench/slab_cost.py``: about three
+        times the cost of writing into pages made before)."""
         while self._returned:
             self._free.append(self._returned.popleft())
         while len(self._free) > self.keep:
-            os.close(self._free.pop(0).fd)
+            smallest = min(range(len(self._free)), key=lambda i: self._free[i].capacity)
+            os.close(self._free.pop(smallest).fd)
 
     def _close_returned(self) -> None:
         while True:
