@@ -2,13 +2,17 @@
 
 Runs ``Pipeline`` + ``EpochSource`` (RandomResizedCrop 224 + flip, batch 128, local workers) over one
 source of a ``bench/cloud_input.py`` work folder, an unmeasured epoch first, and prints the images/s
-of the measured epochs, how busy the machine was (``/proc/stat``), and the CPU milliseconds per image
+of the measured epochs, how busy its cores were (``/proc/stat``), and the CPU milliseconds per image
 of the driver, of the worker processes (user and system), and of the S3 test server where there is
 one (``raypipe.testing.s3server`` in its own process, adding ``--latency-ms`` to every response)::
 
     python bench/cloud_input.py --images 3000 --epochs 1 --workdir /tmp/cloudbench   # makes the data
     python bench/cpu_account.py folder --workdir /tmp/cloudbench
     python bench/cpu_account.py s3-folder --workdir /tmp/cloudbench --latency-ms 20
+
+``--server-cores N`` gives the server N cores of its own and the pipeline the others, as
+``bench/cloud_input.py --server-cores`` does (compare with ``taskset -c 0 python bench/cpu_account.py
+folder`` for a local source on the same one core).
 
 On a machine whose cores are all busy, a contender's rate is the cores over its CPU per image, so the
 milliseconds tell where a gap between two sources comes from: the reading workers' own extra CPU, or
@@ -18,6 +22,7 @@ the test server's, which a real object store does not take from the reader's mac
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,11 +31,16 @@ SOURCES = {"folder": "folder", "parquet": "parquet/train.parquet", "webdataset":
            "s3-folder": "folder", "s3-shards": "shards"}  # fmt: skip
 
 
-def _busy() -> tuple[int, int]:
-    """(all jiffies, idle + iowait jiffies) of the machine so far."""
+def _busy(cores: set[int]) -> tuple[int, int]:
+    """(all jiffies, idle + iowait jiffies) of ``cores`` so far."""
+    total = idle = 0
     with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    return sum(values), values[3] + values[4]
+        for line in f:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+                values = [int(v) for v in fields]
+                total, idle = total + sum(values), idle + values[3] + values[4]
+    return total, idle
 
 
 def main() -> None:
@@ -40,6 +50,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=4, help="measured epochs, after an unmeasured one")
     p.add_argument("--latency-ms", type=float, default=20.0, help="added before every S3 response")
     p.add_argument("--cpus-per-task", type=float, default=None, help="ExecutionConfig.cpus_per_task (default: its own)")
+    p.add_argument("--server-cores", type=int, default=0,
+                   help="cores of the S3 server's own; the pipeline gets the rest (as in bench/cloud_input.py)")
     a = p.parse_args()
 
     import psutil
@@ -52,7 +64,15 @@ def main() -> None:
     from raypipe.sources import open_source
 
     buckets = Path(a.workdir) / "buckets"
-    server = S3Process(buckets, a.latency_ms) if a.source.startswith("s3-") else None
+    cores = sorted(os.sched_getaffinity(0))
+    if a.server_cores and not 0 < a.server_cores < len(cores):
+        p.error(f"--server-cores must leave the pipeline at least one of the {len(cores)} cores")
+    server_cores = set(cores[len(cores) - a.server_cores:]) if a.server_cores else None
+    if server_cores:  # every thread of this process, and the workers it starts (they inherit it)
+        for tid in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(tid), set(cores) - server_cores)
+    mine = set(cores) - (server_cores or set())  # the cores whose busy share is printed
+    server = S3Process(buckets, a.latency_ms, server_cores) if a.source.startswith("s3-") else None
     try:
         if server is not None:
             rows = open_source(f"s3://bench/{SOURCES[a.source]}", filesystem=server.filesystem())
@@ -74,18 +94,18 @@ def main() -> None:
         images = 0
         for epoch in range(a.epochs + 1):
             if epoch == 1:
-                c0, b0, t0 = cpu(), _busy(), time.perf_counter()
+                c0, b0, t0 = cpu(), _busy(mine), time.perf_counter()
             n = sum(len(batch["label"]) for batch in epochs)
             images += n if epoch else 0
         seconds = time.perf_counter() - t0
-        c1, b1 = cpu(), _busy()
+        c1, b1 = cpu(), _busy(mine)
         epochs.close()
     finally:
         if server is not None:
             server.stop()
     busy = 1 - (b1[1] - b0[1]) / max(1, b1[0] - b0[0])
     per = [1e3 * (x1 - x0) / images for x0, x1 in zip(c0, c1, strict=True)]
-    print(f"{a.source}: {images / seconds:.0f} img/s over {a.epochs} epochs, machine {100 * busy:.0f} % busy; "
+    print(f"{a.source}: {images / seconds:.0f} img/s over {a.epochs} epochs, its cores {100 * busy:.0f} % busy; "
           f"CPU ms per image: driver {per[0]:.2f}, workers {per[1] + per[2]:.2f} (user {per[1]:.2f}, system "
           f"{per[2]:.2f}), S3 server {per[3]:.2f}")  # fmt: skip
 
