@@ -14,14 +14,21 @@ import pyarrow.fs as pafs
 
 
 class WrappedFS(pafs.FileSystemHandler):
-    def __init__(self, delay_s: float = 0.0, fail_first: int = 0, error: BaseException | None = None):
+    """``gather=N``: each open first waits (up to ``gather_s``) until N opens are under way at once, so a
+    test of how many requests a reader keeps in flight does not depend on how fast its threads start on
+    a loaded machine: a reader that sends fewer than N at once waits out ``gather_s`` and shows its
+    count in ``max_active``."""
+
+    def __init__(self, delay_s: float = 0.0, fail_first: int = 0, error: BaseException | None = None,
+                 gather: int = 0, gather_s: float = 10.0):  # fmt: skip
         self.fs = pafs.LocalFileSystem()
         self.delay_s, self.fail_first = delay_s, fail_first
+        self.gather, self.gather_s = gather, gather_s
         self.error = error if error is not None else ConnectionResetError("Connection reset by peer")
         self.attempts: Counter[str] = Counter()  # opens per path
         self.opened: list[str] = []  # every open, in order
         self.active = self.max_active = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
 
     def _open(self, path: str) -> None:
         with self._lock:
@@ -30,6 +37,9 @@ class WrappedFS(pafs.FileSystemHandler):
             n = self.attempts[path]
             self.active += 1
             self.max_active = max(self.max_active, self.active)
+            self._lock.notify_all()
+            if not self._lock.wait_for(lambda: self.max_active >= self.gather, timeout=self.gather_s):
+                self.gather = 0  # never came: the later opens do not wait again
         try:
             time.sleep(self.delay_s)
             if n <= self.fail_first:
