@@ -106,6 +106,22 @@ class S3Process:
                 self.proc.wait()
 
 
+def split_cores(server_cores: int) -> tuple[set[int], set[int] | None]:
+    """(the cores this process keeps, the last ``server_cores`` of its cores for the S3 server or None
+    for 0); ValueError when that leaves this process none."""
+    cores = sorted(os.sched_getaffinity(0))
+    if server_cores and not 0 < server_cores < len(cores):
+        raise ValueError(f"--server-cores must leave at least one of the {len(cores)} cores")
+    server = set(cores[len(cores) - server_cores:]) if server_cores else None
+    return set(cores) - (server or set()), server
+
+
+def keep_to(cores: set[int]) -> None:
+    """Every thread of this process on ``cores`` (the workers it starts afterwards inherit it)."""
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), cores)
+
+
 def run_epochs(name: str, source, epochs: int, batch_size: int, backend: str) -> dict:
     """One contender: each epoch's images and seconds, and each full batch's labels."""
     from raypipe import ExecutionConfig, Pipeline, PipelineConfig, TrainAugment
@@ -239,12 +255,12 @@ def main() -> None:
     classes = 4
     if a.images < classes * 2 or a.epochs < 1 or a.rounds < 1:
         p.error("--images must be at least 8, --epochs and --rounds at least 1")
-    cores = sorted(os.sched_getaffinity(0))
-    if a.server_cores and not 0 < a.server_cores < len(cores):
-        p.error(f"--server-cores must leave the contenders at least one of the {len(cores)} cores")
+    try:
+        contender_cores, server_cores = split_cores(a.server_cores)
+    except ValueError as e:
+        p.error(str(e))
     if a.server_cores and a.backend == "ray":
         p.error("--server-cores runs the contenders on local workers (a Ray started first keeps every core)")
-    server_cores = set(cores[len(cores) - a.server_cores:]) if a.server_cores else None
 
     import pyarrow.parquet as pq
     import ray
@@ -266,9 +282,8 @@ def main() -> None:
             ray.shutdown()  # the Ray that raypipe convert made the shards on: local workers run the rest
         # read before the work folder goes (a run without --workdir removes it at the end)
         sorted_labels = pq.read_table(data["parquet"], columns=["label"]).column("label").to_numpy()
-        if server_cores:  # every thread of this process, and the workers it starts (they inherit it)
-            for tid in os.listdir("/proc/self/task"):
-                os.sched_setaffinity(int(tid), set(cores) - server_cores)
+        if server_cores:
+            keep_to(contender_cores)
         server = S3Process(work / "buckets", a.latency_ms, server_cores)
         fs = server.filesystem()
         contenders = {

@@ -22,7 +22,6 @@ the test server's, which a real object store does not take from the reader's mac
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -57,21 +56,19 @@ def main() -> None:
     import psutil
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from cloud_input import S3Process
+    from cloud_input import S3Process, keep_to, split_cores
 
     from raypipe import ExecutionConfig, Pipeline, PipelineConfig, TrainAugment
     from raypipe.pipeline import EpochSource
     from raypipe.sources import open_source
 
     buckets = Path(a.workdir) / "buckets"
-    cores = sorted(os.sched_getaffinity(0))
-    if a.server_cores and not 0 < a.server_cores < len(cores):
-        p.error(f"--server-cores must leave the pipeline at least one of the {len(cores)} cores")
-    server_cores = set(cores[len(cores) - a.server_cores:]) if a.server_cores else None
-    if server_cores:  # every thread of this process, and the workers it starts (they inherit it)
-        for tid in os.listdir("/proc/self/task"):
-            os.sched_setaffinity(int(tid), set(cores) - server_cores)
-    mine = set(cores) - (server_cores or set())  # the cores whose busy share is printed
+    try:
+        mine, server_cores = split_cores(a.server_cores)  # mine: the cores whose busy share is printed
+    except ValueError as e:
+        p.error(str(e))
+    if server_cores:
+        keep_to(mine)
     server = S3Process(buckets, a.latency_ms, server_cores) if a.source.startswith("s3-") else None
     try:
         if server is not None:
