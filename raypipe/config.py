@@ -246,10 +246,12 @@ class ExecutionConfig:
 
     # Augmentation tasks a rank keeps running at once; None: its share of the cluster (raypipe.pipeline.budget).
     num_tasks: int | None = None
-    # CPUs a task asks for; None: decided by the dataset (cpus_per_task_for). One task per core: a node
-    # runs no more worker processes than it has cores, each paying its own set-up. Two per core where the
-    # tasks read an object per row from an object store: a task's first rows wait a first-byte latency,
-    # and the core's other task decodes meanwhile.
+    # CPUs a task is sized for; None: decided by the dataset (cpus_per_task_for). A rank's share runs the
+    # nearest whole number of such tasks, each asking for an equal part of it (at most this), so a
+    # fraction of a core held by a feeder or trainer idles no core (raypipe.pipeline.budget). One task
+    # per core: a node runs no more worker processes than it has cores, each paying its own set-up.
+    # Two per core where the tasks read an object per row from an object store: a task's first rows
+    # wait a first-byte latency, and the core's other task decodes meanwhile.
     cpus_per_task: float | None = None
     # Rows per chunk (one task) of an unsharded source; None: auto_chunk_rows(batch_size).
     chunk_rows: int | None = None

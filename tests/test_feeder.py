@@ -111,3 +111,32 @@ def test_device_loader_over_a_feeder(ray_local, sample_dir):
             assert sorted(ids.tolist()) == list(range(48))
         assert loader.source.last_report.epoch == 1
     assert loader.source._actor is None  # closing the loader closed the feeder
+
+
+def test_on_two_cpus_a_feeder_leaves_room_for_two_augmentation_tasks_at_once(ray_local, sample_dir, tmp_path):
+    """The feeder holds 0.25 CPU: its rank's 1.75 CPUs run two tasks of 0.875, not one of 1.0, and
+    two such tasks do run at the same time beside the feeder on a 2-CPU node."""
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8), execution=ExecutionConfig(chunk_rows=8))
+    feeder = FeederSource(pipe, end_epoch=1)
+    try:
+        it = iter(feeder)
+        next(it)
+        budget = ray.get(feeder._actor.__ray_call__.remote(lambda self: self.source._stream.budget))
+        assert (budget.workers, budget.task_cpus) == (2, 0.875), budget
+
+        @ray.remote(num_cpus=budget.task_cpus)
+        def meet(me: str, other: str) -> bool:  # each waits for the other: true only if both run at once
+            import time
+
+            (tmp_path / me).touch()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if (tmp_path / other).exists():
+                    return True
+                time.sleep(0.05)
+            return False
+
+        list(it)  # the epoch's tasks are done: the CPUs are the feeder's and free
+        assert ray.get([meet.remote("a", "b"), meet.remote("b", "a")], timeout=60) == [True, True]
+    finally:
+        feeder.close()

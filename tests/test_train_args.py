@@ -121,6 +121,16 @@ def test_feeder_and_pipeline_speed_knobs(tmp_path):
         TrainJobConfig(feeder="actor")
 
 
+def test_what_the_trainers_and_feeders_leave_to_augmentation():
+    from raypipe.train.run import augmentation_cpus
+
+    two = parse_job(["--num-workers", "2", "--cpus-per-worker", "0.5"])
+    assert augmentation_cpus(two, 2.0) == 2.0 - 2 * (0.5 + 0.25)  # each rank's feeder holds a quarter core
+    assert augmentation_cpus(parse_job(["--num-workers", "2", "--cpus-per-worker", "0.5", "--feeder", "thread"]),
+                             2.0) == 1.0  # fmt: skip
+    assert augmentation_cpus(parse_job(["--num-workers", "2", "--cpus-per-worker", "1"]), 2.0) < 0  # none left
+
+
 def test_val_data_is_numbered_like_the_training_data(tmp_path):
     """--val-data with a class folder missing: its labels follow the training data's class numbers."""
     from raypipe.train.data import job_rows

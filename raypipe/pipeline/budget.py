@@ -5,6 +5,12 @@ alive nodes, or those offering the ``resources`` the user steers to), minus the 
 and feeders hold, shared by the world size. So N ranks together ask for the cluster once, not N
 times, and the object store each rank may fill is its share too: at most ``STORE_SHARE`` of those
 nodes' object store, over the world size, is held by chunks in flight.
+
+A share is rarely a whole number of tasks (a feeder holds a quarter of a core, a trainer's CPUs need
+not divide a node's), and flooring it would idle up to a whole core per rank: 1.75 CPUs would run one
+task on a 2-core machine. So the share is split over the nearest whole number of tasks, each asking
+for an equal part of it (``task_cpus``, at most ``cpus_per_task``): 1.75 CPUs run two tasks of 0.875.
+What is left idle, or asked for beyond a task's nominal size, is at most half a task per rank.
 """
 
 from __future__ import annotations
@@ -14,25 +20,48 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["RankBudget", "rank_budget", "eligible_resources", "STORE_SHARE"]
+__all__ = ["RankBudget", "rank_budget", "tasks_for_share", "eligible_resources", "STORE_SHARE"]
 
 log = logging.getLogger(__name__)
 
 # The part of the object store the ranks' chunks in flight may fill together: the rest is left to the
 # trainers' own objects and to Ray (spilling starts when the store is full, and slows everything).
 STORE_SHARE = 0.5
+# Ray keeps resource amounts in fixed point, this many steps to a unit: a task's request is rounded down
+# to a step, so that n tasks of a share never ask for more than the share.
+RESOURCE_STEPS = 10_000
 
 
 @dataclass(frozen=True)
 class RankBudget:
-    """One rank's share: ``workers`` tasks running at once, ``in_flight`` chunks submitted ahead."""
+    """One rank's share: ``workers`` tasks running at once, each asking for ``task_cpus``, and
+    ``in_flight`` chunks submitted ahead."""
 
     workers: int
     in_flight: int
     cpus: float  # the CPUs the share was computed from
+    task_cpus: float  # the CPUs each task asks for
 
     def describe(self) -> str:
-        return f"{self.workers} augmentation task(s) at once ({self.cpus:g} CPUs), {self.in_flight} chunks in flight"
+        return (f"{self.workers} augmentation task(s) at once of {self.task_cpus:g} CPU ({self.cpus:g} CPUs), "
+                f"{self.in_flight} chunks in flight")  # fmt: skip
+
+
+def tasks_for_share(share: float, cpus_per_task: float) -> int:
+    """Pure: the whole number of tasks of about ``cpus_per_task`` nearest to ``share`` CPUs (halves
+    round up), at least one so that a rank always progresses."""
+    return max(1, math.floor(share / cpus_per_task + 0.5 + 1e-9))
+
+
+def task_cpus_for(share: float, workers: int, cpus_per_task: float) -> float:
+    """Pure: what each of ``workers`` tasks asks for so that together they ask for ``share``: an equal
+    part of it, at most ``cpus_per_task`` (no task asks for more than it was sized for), rounded down
+    to a step of Ray's (``RESOURCE_STEPS``). A share of nothing (the trainers hold every eligible CPU) asks for
+    ``cpus_per_task``: the task waits for a CPU rather than run on one that is taken."""
+    if share <= 0:
+        return float(cpus_per_task)
+    part = min(float(cpus_per_task), share / workers)
+    return max(1, math.floor(part * RESOURCE_STEPS + 1e-6)) / RESOURCE_STEPS
 
 
 def rank_budget(
@@ -46,15 +75,16 @@ def rank_budget(
     store_bytes: float | None = None,
     chunk_bytes: int = 0,
 ) -> RankBudget:
-    """Pure: this rank's share of ``eligible_cpus - reserved_cpus`` over ``world_size`` ranks, as a
-    number of tasks of ``cpus_per_task`` each (at least one, so a rank always progresses), or
-    ``num_tasks`` when given. ``in_flight`` adds ``prefetch_chunks`` finished chunks waiting for the
-    consumer, so the workers never wait on it at a chunk boundary; it is then capped so that the chunks
-    in flight (``chunk_bytes`` each) fit this rank's share of ``STORE_SHARE`` of ``store_bytes``."""
+    """Pure: this rank's share of ``eligible_cpus - reserved_cpus`` over ``world_size`` ranks, as the
+    nearest whole number of tasks of ``cpus_per_task`` (``tasks_for_share``), each asking for an equal
+    part of the share (``task_cpus_for``), or ``num_tasks`` of ``cpus_per_task`` each when given.
+    ``in_flight`` adds ``prefetch_chunks`` finished chunks waiting for the consumer, so the workers
+    never wait on it at a chunk boundary; it is then capped so that the chunks in flight
+    (``chunk_bytes`` each) fit this rank's share of ``STORE_SHARE`` of ``store_bytes``."""
     if world_size < 1:
         raise ValueError(f"world_size={world_size}: expected >= 1")
     share = max(0.0, eligible_cpus - reserved_cpus) / world_size
-    workers = num_tasks if num_tasks is not None else max(1, math.floor(share / cpus_per_task + 1e-9))
+    workers = num_tasks if num_tasks is not None else tasks_for_share(share, cpus_per_task)
     in_flight = workers + prefetch_chunks
     if store_bytes and chunk_bytes:
         fits = math.floor(STORE_SHARE * store_bytes / world_size / chunk_bytes)
@@ -63,7 +93,8 @@ def rank_budget(
                      in_flight)  # fmt: skip
             in_flight = max(1, fits)
             workers = min(workers, in_flight)
-    return RankBudget(workers=workers, in_flight=in_flight, cpus=round(share, 3))
+    task_cpus = float(cpus_per_task) if num_tasks is not None else task_cpus_for(share, workers, cpus_per_task)
+    return RankBudget(workers=workers, in_flight=in_flight, cpus=round(share, 3), task_cpus=task_cpus)
 
 
 def eligible_resources(resources: Mapping[str, float]) -> tuple[float, float]:

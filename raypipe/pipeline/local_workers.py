@@ -193,6 +193,9 @@ class LocalWorkers:
             self._dispatch()
         return tasks
 
+    def size_tasks(self, cpus: float) -> None:
+        """Nothing to ask for: local workers are processes, and their count is the budget's share."""
+
     def submit(self, rows: dict[str, np.ndarray], spec) -> _Task:
         with self._lock:
             if self._closed:

@@ -21,7 +21,7 @@ import numpy as np
 from raypipe import runtime
 from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline.accounting import EpochLedger, EpochReport
-from raypipe.pipeline.budget import RankBudget, eligible_resources, rank_budget
+from raypipe.pipeline.budget import RankBudget, eligible_resources, rank_budget, tasks_for_share
 from raypipe.pipeline.local_workers import LocalWorkers, local_cpus, shared_memory_dir
 from raypipe.pipeline.order import RankPlan
 from raypipe.pipeline.pack import BatchSpec, Packer
@@ -118,7 +118,8 @@ class Pipeline:
         its cores (``LOCAL_WORLD_SIZE``, as torchrun sets it). The budget is computed as on a private
         local Ray (``budget``), and the workers are as many as such a Ray would run at once: one per
         ``cpus_per_task`` of the rank's cores, the trainer's ``reserved_cpus`` not taken from them (it
-        holds no Ray CPU either), at most the chunks in flight."""
+        holds no Ray CPU either), rounded to the nearest whole number as on Ray (``tasks_for_share``), at most
+        the chunks in flight."""
         ex = self.execution
         h, w, c = self.batch_spec.image_shape
         chunk_bytes = self.plan(0, world_size).max_chunk_rows * h * w * c
@@ -134,7 +135,7 @@ class Pipeline:
         if ex.num_tasks is not None:
             count = ex.num_tasks
         else:
-            count = min(budget.in_flight, max(1, int(cpus / ranks_here / ex.cpus_per_task + 1e-9)))
+            count = min(budget.in_flight, tasks_for_share(cpus / ranks_here, ex.cpus_per_task))
         return budget, count, directory
 
     def columns(self) -> dict[str, np.ndarray]:

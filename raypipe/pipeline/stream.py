@@ -82,8 +82,14 @@ class RayTasks:
     queues_while_starting = False  # no task can be sent before Ray is up
 
     def __init__(self, task_options: dict):
-        self._task = _augment_chunk.options(**task_options)  # a wrapper: needs no cluster yet
-        self._set_up_task = _set_up_stage.options(**task_options)
+        self._options = dict(task_options)
+        self.size_tasks(self._options.get("num_cpus", 1.0))
+
+    def size_tasks(self, cpus: float) -> None:
+        """Each task from now on asks for ``cpus`` (the rank's ``RankBudget.task_cpus``)."""
+        options = {**self._options, "num_cpus": cpus}
+        self._task = _augment_chunk.options(**options)  # a wrapper: needs no cluster yet
+        self._set_up_task = _set_up_stage.options(**options)
 
     @staticmethod
     def starting() -> bool:
@@ -178,6 +184,7 @@ class ChunkStream:
     def _refresh_budget(self) -> None:
         if self.budget is None or time.monotonic() - self._budget_at > BUDGET_REFRESH_S:
             self.budget, self._budget_at = self._budget_fn(), time.monotonic()
+            self._workers.size_tasks(self.budget.task_cpus)
 
     def _submit(self) -> None:
         self._refresh_budget()

@@ -18,9 +18,9 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from raypipe.pipeline.accounting import SkipLimitError
+from raypipe.pipeline.feeder import FEEDER_CPUS
 from raypipe.pipeline.identity import ListingMismatchError
 from raypipe.sources import SourceRows
-from raypipe.sources.remote import reads_store_objects
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.data import job_rows
 from raypipe.train.loop import train_loop_per_worker
@@ -34,19 +34,23 @@ def resolve_storage(path: str) -> str:
     return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
-def _check_cpus(job: TrainJobConfig, train_rows: SourceRows) -> None:
-    """Warn when the trainers would leave no CPU for one augmentation task: the job would wait forever
-    (on an autoscaling cluster more nodes may still come, so this is not an error)."""
+def augmentation_cpus(job: TrainJobConfig, total_cpus: float) -> float:
+    """Pure: the CPUs of ``total_cpus`` that the training workers and their feeders leave to augmentation."""
+    feeder = FEEDER_CPUS if job.feeder == "process" else 0.0
+    return total_cpus - job.num_workers * (job.cpus_per_worker + feeder)
+
+
+def _check_cpus(job: TrainJobConfig) -> None:
+    """Warn when the trainers and feeders hold every CPU: no augmentation task could start, and the job
+    would wait (on an autoscaling cluster more nodes may still come, so this is not an error). Any CPU
+    left is enough: the rank's tasks then ask for their share of it (``raypipe.pipeline.budget``)."""
     if job.preprocess_resource:
         return  # augmentation has its own nodes
     total = ray.cluster_resources().get("CPU", 0.0)
-    left = total - job.num_workers * job.cpus_per_worker
-    need = job.execution.cpus_per_task_for(store_objects=reads_store_objects(train_rows))
-    if left < need:
+    if augmentation_cpus(job, total) <= 0:
         print(
-            f"warning: {job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} leave {left:g} of "
-            f"{total:g} CPUs, less than one augmentation task needs (cpus_per_task="
-            f"{need:g}); the job waits until the cluster grows",
+            f"warning: {job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} and their feeders hold "
+            f"all {total:g} CPUs, leaving none for augmentation; the job waits until the cluster grows",
             flush=True,
         )
 
@@ -94,7 +98,7 @@ def run_training(job: TrainJobConfig) -> dict:
     name = job.name or f"{job.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     storage = resolve_storage(job.storage_path)
     train_rows, val_rows, data = job_rows(job)
-    _check_cpus(job, train_rows)
+    _check_cpus(job)
     num_classes = _num_classes(job, train_rows, val_rows)
     _check_batches(job, len(train_rows))
     print(
