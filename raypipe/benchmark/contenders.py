@@ -27,7 +27,7 @@ import numpy as np
 from raypipe.benchmark.measure import Result, measure_epochs
 from raypipe.config import IMAGENET_MEAN, IMAGENET_STD, PipelineConfig, TrainAugment
 
-__all__ = ["decode_limit", "kernel_per_core", "raypipe_pipeline", "timm_loader", "naive_ray_data"]
+__all__ = ["decode_limit", "kernel_per_core", "raypipe_pipeline", "timm_dataloader", "timm_loader", "naive_ray_data"]
 
 
 def _timed_pass(name: str, files: list[bytes], fn: Callable[[bytes, int], object], scale: float, note: str) -> Result:
@@ -128,10 +128,9 @@ def _timm_kwargs(aug: TrainAugment) -> dict:
     )
 
 
-def timm_loader(data: str, aug: TrainAugment, *, batch_size: int, epochs: int, workers: int,
-                started: float | None = None) -> Result:  # fmt: skip
+def timm_dataloader(data: str, aug: TrainAugment, *, batch_size: int, workers: int):
     """timm's loader at its documented best on a CPU: the prefetcher path (uint8 collate, normalise in
-    the loop), persistent workers."""
+    the loop), persistent workers; batches are (image, target)."""
     import torch
     from timm.data import create_dataset, create_loader
 
@@ -153,6 +152,12 @@ def timm_loader(data: str, aug: TrainAugment, *, batch_size: int, epochs: int, w
         std=kw["std"],
     )
     _patch_timm_posterize(dataset.transform)
+    return loader
+
+
+def timm_loader(data: str, aug: TrainAugment, *, batch_size: int, epochs: int, workers: int,
+                started: float | None = None) -> Result:  # fmt: skip
+    loader = timm_dataloader(data, aug, batch_size=batch_size, workers=workers)
     return measure_epochs(
         f"timm ({workers} workers)",
         lambda epoch: loader,
