@@ -19,14 +19,21 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYT
 
 
 def main(argv: list[str] | None = None) -> int:
+    from raypipe.ray_logs import hide_worker_lines, quiet_ray_startup
+    from raypipe.train.args import parse_job_args
+
+    job, args = parse_job_args(argv)  # imports no Ray: Ray reads what hide_worker_lines sets at import
+    hide_worker_lines(verbose=args.verbose)
+
     from raypipe.pipeline.accounting import SkipLimitError
     from raypipe.runtime import connect
-    from raypipe.train import parse_job, run_training
+    from raypipe.train import run_training
 
     try:
-        job = parse_job(argv)
-        connect(dashboard=True)  # Ray Train's placement-group cleaner asks the dashboard's State API
-        run_training(job)
+        with quiet_ray_startup(verbose=args.verbose):  # e.g. that token auth is on: Ray's default, and fine
+            # Ray Train's placement-group cleaner asks the dashboard's State API
+            connect(dashboard=True, quiet=not args.verbose)
+        run_training(job, verbose=args.verbose)
     except SkipLimitError as e:  # the data is mostly broken: its own short message says what to do
         print(f"train.py: error: {e}", file=sys.stderr)
         return 1

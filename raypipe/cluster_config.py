@@ -1,7 +1,8 @@
 """Offline checks for the cluster definitions shipped with raypipe (``cluster.yaml``, KubeRay).
 
-Nothing here talks to a cloud or a Kubernetes API server, and nothing here is imported by the rest
-of the package.
+Nothing here talks to a cloud or a Kubernetes API server. ``raypipe cluster-check`` runs these checks
+on the files a user names (``raypipe/cli/cluster_check.py``); the rest of the package does not import
+this module.
 
 ``validate_cluster_config`` checks a cluster-launcher config against the JSON schema Ray ships
 (``ray/autoscaler/ray-schema.json``, the contract ``ray up`` validates against) with ``jsonschema``,

@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import warnings
 
 import ray
@@ -187,8 +188,10 @@ _DEFAULT_PORTS = {"": 6379, "ray": 10001, "http": 80, "https": 443}
 def check_ray_address(address: str, timeout_s: float | None = None) -> None:
     """Raise a one-line ``ConnectionError`` when nothing accepts a TCP connection at ``address`` (a
     ``RAY_ADDRESS``: ``host:port``, ``ray://host:port`` or a dashboard's ``http(s)://host:port``) within
-    ``timeout_s`` (``timeouts.RAY_CONNECT_S``). ``ray.init`` would retry such an address for ~20 s and
-    print a page of gRPC warnings first. ``auto``, ``local`` and unknown schemes are left to Ray."""
+    ``timeout_s`` (``timeouts.RAY_CONNECT_S``), or, for ``host:port`` and ``ray://``, when what accepts
+    does not answer as a gRPC server within the same time (``_not_grpc``: a dashboard's port, a proxy).
+    ``ray.init`` would retry either for ~20 s or more, printing a page of gRPC warnings. ``auto``,
+    ``local`` and unknown schemes are left to Ray."""
     address = address.strip()
     if address.lower() in ("", "auto", "local"):
         return
@@ -208,14 +211,64 @@ def check_ray_address(address: str, timeout_s: float | None = None) -> None:
         if number.isdigit():
             host, port = name, int(number)
     timeout_s = timeouts.RAY_CONNECT_S if timeout_s is None else timeout_s
+    deadline = time.monotonic() + timeout_s
     try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
+        conn = socket.create_connection((host, port), timeout=timeout_s)
     except OSError as e:
         why = f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
         raise ConnectionError(
             f"RAY_ADDRESS={address!r}: no Ray cluster at {host}:{port} ({why}): start one "
             "there (`ray start --head`), correct RAY_ADDRESS, or unset it to run on this machine alone"
         ) from None
+    with conn:
+        if scheme.lower() not in ("", "ray") or _ray_uses_tls():
+            return  # http(s): Ray itself says at once that a driver cannot join a dashboard's address
+        why = _not_grpc(conn, deadline, timeout_s)
+    if why:
+        expected = ("a Ray Client server (ray://head:10001)" if scheme.lower() == "ray"
+                    else "a Ray head's GCS (head:6379, the address `ray start --head` prints)")  # fmt: skip
+        raise ConnectionError(
+            f"RAY_ADDRESS={address!r}: {host}:{port} {why}, so it is not {expected}: check the port (the "
+            "dashboard's 8265 is for `ray job submit --address http://…`, not for a driver), correct "
+            "RAY_ADDRESS, or unset it to run on this machine alone"
+        )
+
+
+# What an HTTP/2 client sends first (RFC 9113, section 3.4): the preface, then its (empty) SETTINGS frame.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def _not_grpc(conn: socket.socket, deadline: float, timeout_s: float) -> str | None:
+    """None when the server at ``conn`` speaks HTTP/2 as Ray's gRPC servers do (its first frame is a
+    SETTINGS frame), else what it did instead. Ray's GCS and Ray Client server are gRPC servers on
+    plain TCP; without this check ``ray.init`` retries anything else that accepts connections for
+    minutes (a dashboard, a proxy, some other service on the port), printing gRPC warnings."""
+    got = b""
+    try:
+        conn.sendall(_H2_PREFACE)
+        while len(got) < 9:
+            conn.settimeout(max(deadline - time.monotonic(), 0.001))
+            chunk = conn.recv(9 - len(got))
+            if not chunk:
+                break
+            got += chunk
+    except TimeoutError:
+        if not got:
+            return f"accepts connections but sent nothing in {timeout_s:g} s"
+    except OSError as e:
+        return f"accepts connections, then failed ({e.strerror or type(e).__name__})"
+    if len(got) == 9 and got[3] == 4 and got[5:9] == bytes(4):  # a SETTINGS frame on stream 0
+        return None
+    if got.startswith((b"HTTP/", b"<")):  # a status line, or an HTML error page (an HTTP/0.9-style reply)
+        return "answers HTTP, not gRPC (a dashboard, a job API or a proxy?)"
+    if not got:
+        return "accepts connections and closes them without an answer"
+    return f"answers something other than gRPC ({got[:9]!r}…)"
+
+
+def _ray_uses_tls() -> bool:
+    """Ray's documented ``RAY_USE_TLS``: its gRPC servers then expect a TLS handshake first."""
+    return os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true")
 
 
 def private_cluster() -> bool:

@@ -40,8 +40,9 @@ def _seconds(name: str, default: float) -> float:
     return seconds
 
 
-# TCP connect to RAY_ADDRESS before ray.init: a live Ray head accepts in milliseconds, even across
-# regions; without the probe an address with nothing behind it costs ray.init ~20 s of gRPC retries.
+# TCP connect to RAY_ADDRESS before ray.init, and its first gRPC answer: a live Ray head accepts and
+# answers in milliseconds, even across regions; without the probe an address with nothing behind it,
+# or with something else behind it (a dashboard's port), costs ray.init 20 s or more of gRPC retries.
 RAY_CONNECT_S = _seconds("RAY_CONNECT_S", 5.0)
 # S3: opening a connection; an endpoint that does not accept in this long is not there.
 STORE_CONNECT_S = _seconds("STORE_CONNECT_S", 5.0)

@@ -302,7 +302,7 @@ def _commands():
 
 def test_every_command_is_covered_and_every_flag_has_help():
     parser, commands = _commands()
-    assert set(commands) == {"sample-data", "scan", "run", "preview", "convert", "bench"}
+    assert set(commands) == {"sample-data", "scan", "run", "preview", "convert", "bench", "cluster-check"}
     assert len(COMMANDS) == len(commands)
     for name, command in [("raypipe", parser), *commands.items()]:
         for action in command._actions:

@@ -350,3 +350,76 @@ def test_public_service_document_fails(tmp_path):
 def test_manifest_without_ray_documents_fails(tmp_path):
     with pytest.raises(ValueError, match="no RayCluster or RayJob"):
         check_kuberay_manifest(_write(tmp_path, [{"apiVersion": "v1", "kind": "ConfigMap"}]))
+
+
+# --------------------------------------------------------------------------------------------------
+# `raypipe cluster-check`: one line per file, exit 2 when any is invalid
+
+
+def _cluster_check(capsys, *args: str) -> tuple[int, list[str], list[str]]:
+    from raypipe.cli.main import main
+
+    status = main(["cluster-check", *args])
+    captured = capsys.readouterr()
+    return status, captured.out.splitlines(), captured.err.splitlines()
+
+
+def test_cluster_check_passes_the_shipped_definitions_one_line_each(tmp_path, capsys):
+    report = tmp_path / "report.json"
+    status, out, err = _cluster_check(capsys, str(CLUSTER_YAML), str(RAYCLUSTER), str(RAYJOB), "--json", str(report))
+    assert (status, err) == (0, [])
+    assert out == [
+        f"{CLUSTER_YAML}: ok (Ray cluster launcher config: provider aws, node types head, gpu, preprocess)",
+        f"{RAYCLUSTER}: ok (KubeRay manifest: RayCluster raypipe)",
+        f"{RAYJOB}: ok (KubeRay manifest: RayJob raypipe-train)",
+    ]
+    files = json.loads(report.read_text())["files"]
+    assert [(f["path"], f["kind"], f["ok"]) for f in files] == [
+        (str(CLUSTER_YAML), "Ray cluster launcher config", True),
+        (str(RAYCLUSTER), "KubeRay manifest", True),
+        (str(RAYJOB), "KubeRay manifest", True),
+    ]
+
+
+def test_cluster_check_reads_cluster_yaml_here_by_default(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    status, out, err = _cluster_check(capsys)
+    assert status == 2 and out == [] and len(err) == 1
+    assert err[0].startswith("raypipe cluster-check: error: no cluster.yaml in ") and "name the file" in err[0]
+
+    (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML.read_text(encoding="utf-8"), encoding="utf-8")
+    status, out, err = _cluster_check(capsys)
+    assert (status, err) == (0, []) and len(out) == 1 and out[0].startswith("cluster.yaml: ok (Ray cluster launcher")
+
+
+def test_cluster_check_names_each_invalid_file_in_one_line_and_exits_2(tmp_path, capsys):
+    cluster = _load(CLUSTER_YAML)
+    _head_has_cpus(cluster)
+    bad_cluster = _write(tmp_path, cluster, "cluster.yaml")
+    manifest = copy.deepcopy(_load(RAYCLUSTER))
+    _rc(manifest).pop("authOptions")
+    bad_manifest = _write(tmp_path, [manifest], "raycluster.yaml")  # a KubeRay manifest by its kind, whatever its name
+    unparsable = tmp_path / "torn.yaml"
+    unparsable.write_text("provider: {type: aws\nhead_node_type: [\n", encoding="utf-8")
+    report = tmp_path / "report.json"
+    args = [str(bad_cluster), str(RAYJOB), str(bad_manifest), str(unparsable), "--json", str(report)]
+    status, out, err = _cluster_check(capsys, *args)
+    assert status == 2
+    assert out == [f"{RAYJOB}: ok (KubeRay manifest: RayJob raypipe-train)"]  # the good file is still reported
+    assert len(err) == 3 and all(line.startswith("raypipe cluster-check: error: ") for line in err), err
+    assert str(bad_cluster) in err[0] and "CPU must be 0" in err[0]
+    assert str(bad_manifest) in err[1] and "authOptions.mode must be 'token'" in err[1]
+    assert str(unparsable) in err[2] and "not valid YAML" in err[2]
+    files = json.loads(report.read_text())
+    assert files["ok"] is False and [f["ok"] for f in files["files"]] == [False, True, False, False]
+
+
+def test_cluster_check_runs_as_a_command():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "raypipe", "cluster-check"], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.startswith("cluster.yaml: ok"), proc.stdout + proc.stderr

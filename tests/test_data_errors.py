@@ -188,7 +188,7 @@ def test_training_reports_a_ranks_skip_limit_without_a_traceback(monkeypatch, ca
     job = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(job)
 
-    def fail(_job):
+    def fail(_job, **_kwargs):
         raise got
 
     monkeypatch.setattr(raypipe.runtime, "connect", lambda **kw: None)

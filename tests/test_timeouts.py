@@ -1,7 +1,9 @@
-"""No hangs: an object store without credentials, an endpoint that accepts and never answers, and an
-unreachable RAY_ADDRESS each end in seconds with a one-line error (raypipe.timeouts), through
-``raypipe run`` in a subprocess with a 60 s limit."""
+"""No hangs: an object store without credentials, an endpoint that accepts and never answers, and a
+RAY_ADDRESS that is unreachable or is no Ray (an HTTP server, a service that answers something else)
+each end in seconds with a one-line error (raypipe.timeouts), through ``raypipe run`` or the training
+job in a subprocess with a 60 s limit."""
 
+import http.server
 import os
 import pickle
 import socket
@@ -61,6 +63,51 @@ def silent_endpoint():
     server.close()
 
 
+class _QuietHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"<html>a dashboard</html>")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def http_endpoint():
+    """An HTTP server on 127.0.0.1 (what a dashboard's or a proxy's port is): ``host:port``."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def garbage_endpoint():
+    """A TCP server on 127.0.0.1 that answers each connection with a line of text and closes it."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn = server.accept()[0]
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"220 not a Ray cluster\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join(5)
+    server.close()
+
+
 def test_gcs_without_credentials_fails_fast_and_clearly():
     line = _one_line_error(_raypipe_run("gs://raypipe-no-such-bucket/data", GOOGLE_APPLICATION_CREDENTIALS=""))
     assert "gs://raypipe-no-such-bucket/data" in line and "credentials" in line
@@ -82,6 +129,50 @@ def test_unreachable_ray_address_fails_fast_with_one_line(sample_dir):
 def test_ray_address_forms_are_probed(address):
     with pytest.raises(ConnectionError, match="no Ray cluster at"):
         check_ray_address(address, timeout_s=2)
+
+
+def test_a_ray_address_that_answers_http_fails_fast_with_one_line(http_endpoint, sample_dir):
+    t0 = time.monotonic()
+    line = _one_line_error(_raypipe_run(str(sample_dir), RAY_ADDRESS=http_endpoint))
+    assert time.monotonic() - t0 < 30  # a hang guard; ray.init alone retries such an address for minutes
+    assert f"RAY_ADDRESS='{http_endpoint}'" in line and "answers HTTP" in line and "GCS" in line, line
+
+
+def test_the_training_job_reports_a_ray_address_that_is_no_ray_in_one_line(garbage_endpoint, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), RAYPIPE_NO_PROGRESS="1", RAY_ADDRESS=garbage_endpoint)
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(REPO / "jobs" / "train.py"), "--epochs", "1"], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=tmp_path)  # fmt: skip
+    line = _one_line_error(proc)
+    assert time.monotonic() - t0 < 30  # a hang guard, as above
+    assert line.startswith(f"train.py: error: RAY_ADDRESS='{garbage_endpoint}': ")
+    assert "something other than gRPC" in line and "GCS" in line, line
+    assert not (tmp_path / "sample_data").exists()  # it stopped before doing anything else
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_what_accepts_but_is_not_a_grpc_server_is_named(scheme, http_endpoint, garbage_endpoint, silent_endpoint):
+    silent = silent_endpoint.removeprefix("http://")
+    for endpoint, why in ((http_endpoint, "answers HTTP"), (garbage_endpoint, "something other than gRPC"),
+                          (silent, "sent nothing in 0.5 s")):  # fmt: skip
+        with pytest.raises(ConnectionError, match=why):
+            check_ray_address(scheme + endpoint, timeout_s=0.5)
+
+
+def test_a_grpc_server_passes_the_probe():
+    """Ray's GCS and Ray Client server are gRPC servers: a bare one (grpcio, which Ray depends on) passes."""
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        check_ray_address(f"127.0.0.1:{port}", timeout_s=5)
+        check_ray_address(f"ray://127.0.0.1:{port}", timeout_s=5)
+    finally:
+        server.stop(0)
 
 
 def test_auto_and_local_are_left_to_ray():

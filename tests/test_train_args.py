@@ -226,3 +226,58 @@ def test_shipped_configs_load_in_raypipe_run_too(name):
     run = build_configs(build_parser().parse_args(["run", "data", "-c", path]))
     job = parse_job(["-c", path])
     assert run["augment"] == job.augment and run["pipeline"] == job.pipeline
+
+
+def test_verbose_is_a_flag_of_the_run_not_a_field_of_the_job():
+    from raypipe.train.args import parse_job_args
+
+    quiet_job, quiet = parse_job_args([])
+    loud_job, loud = parse_job_args(["-v"])
+    assert (quiet.verbose, loud.verbose) == (False, True)
+    assert quiet_job == loud_job
+
+
+_HIDE = """
+import os, sys
+from raypipe.ray_logs import hide_worker_lines
+print(hide_worker_lines(verbose=True), os.environ.get("RAY_DEDUP_LOGS_SKIP_REGEX"))
+print(hide_worker_lines(), os.environ["RAY_DEDUP_LOGS_SKIP_REGEX"].startswith("(?:mine)|"))
+import ray
+from ray._private import ray_constants  # read back only: what Ray took from the environment
+print(ray_constants.RAY_DEDUP_LOGS_SKIP_REGEX == os.environ["RAY_DEDUP_LOGS_SKIP_REGEX"], hide_worker_lines())
+"""
+
+
+def test_ray_worker_lines_are_hidden_through_rays_setting_read_at_import():
+    """Set before ``import ray`` (joined to a pattern already set), not by -v, and never after."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, RAY_DEDUP_LOGS_SKIP_REGEX="mine")
+    out = subprocess.run([sys.executable, "-c", _HIDE], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split("\n")[:3] == ["False mine", "True True", "True False"], out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    ("line", "hidden"),
+    [
+        ("Reporting training result 2: TrainingReport(checkpoint=Checkpoint(filesystem=local, path=/r/c), "
+         "metrics={'epoch': 1}, validation=False) from rank 0", True),
+        ("Checkpoint successfully created at: Checkpoint(filesystem=local, path=/r/checkpoint_1)", True),
+        ("Requesting resources: {'CPU': 0.5} * 1", True),
+        ("- (ip=10.0.0.2, pid=8482) world_rank=0, local_rank=0, node_rank=0", True),
+        ("[2026-12-05 03:19:51,805 E 8108 8143] core_worker.cc:2465: Actor with class name: 'PreemptionWatcher' "
+         "and ID: 'bb19ab3c' has constructor arguments in the object store and max_restarts > 0.", True),
+        # other errors from the same C++ file, and the job's own lines, still show
+        ("[2026-12-05 03:19:51,805 E 8108 8143] core_worker.cc:812: Failed to register worker to Raylet", False),
+        ("epoch 1/2  loss 1.7864  top1 40.00  top5 100.00  emitted 19/20 skipped 1", False),
+        ("Traceback (most recent call last):", False),
+    ],
+)  # fmt: skip
+def test_only_rays_own_lines_match(line, hidden):
+    import re
+
+    from raypipe.ray_logs import WORKER_LINES_HIDDEN
+
+    assert bool(re.compile("|".join(f"(?:{p})" for p in WORKER_LINES_HIDDEN)).search(line)) is hidden

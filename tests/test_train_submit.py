@@ -123,3 +123,7 @@ def test_job_submission_runs_and_writes_metrics(ray_head, tmp_path):
     assert "epoch 2/2" in out.stdout  # the per-epoch lines reach the submitter's log
     # ... once each (a plain print went through Ray Train's print-to-logger patch and came twice)
     assert [out.stdout.count(f"epoch {e}/2  loss") for e in (1, 2)] == [1, 1], tail
+    # Ray's own lines (Ray Train's per-report and per-checkpoint INFO, a C++ warning from its controller)
+    # are left out of the job's output without -v (test_train_worker_death.py sees them with -v)
+    for ray_line in ("Reporting training result", "Checkpoint successfully created", "PreemptionWatcher"):
+        assert ray_line not in out.stdout + out.stderr, tail

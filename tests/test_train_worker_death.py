@@ -50,7 +50,7 @@ def _registered_checkpoint(run_dir) -> bool:
 def test_killed_training_worker_resumes_from_checkpoint(tmp_path):
     data = tiny_dataset(tmp_path / "data", per_class=30, corrupt=1)
     storage = tmp_path / "runs"
-    args = tiny_args(data, storage, "crash", "--max-failures", "1")
+    args = tiny_args(data, storage, "crash", "--max-failures", "1", "-v")  # -v: Ray's own lines too
     args[args.index("--epochs") + 1] = "5"
     env = dict(os.environ, RAYPIPE_NO_PROGRESS="1", RAY_ADDRESS="")
     proc = subprocess.Popen([sys.executable, str(REPO / "jobs" / "train.py"), *args], env=env, cwd=tmp_path,
@@ -78,3 +78,5 @@ def test_killed_training_worker_resumes_from_checkpoint(tmp_path):
     brief = [(m["epoch"], m["resumed_from_epoch"], m["repeated"]) for m in metrics]
     assert restarted, f"no epoch was run by a restarted attempt (killed {killed}): {brief}"
     assert restarted[0]["resumed_from_epoch"] >= 1  # resumed from a checkpoint, not from scratch
+    # -v shows Ray Train's own lines, which the job leaves out by default (test_train_submit.py)
+    assert "Reporting training result" in out and "Checkpoint successfully created" in out, out[-4000:]

@@ -32,7 +32,7 @@ from raypipe.config import (
 )
 from raypipe.flags import add_augment_args, add_pipeline_args, build_configs
 
-__all__ = ["TrainJobConfig", "build_parser", "parse_job", "job_from_namespace", "DEFAULTS"]
+__all__ = ["TrainJobConfig", "build_parser", "parse_job", "parse_job_args", "job_from_namespace", "DEFAULTS"]
 
 # The embedded default job: sample data, a small model, a few minutes on 2 CPU cores. Keyed by flag
 # dest name; below the config file and the flags.
@@ -199,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--record-ids", action="store_true", default=None, help="write the sample ids each rank trained on")
     g.add_argument("--feeder", choices=("process", "thread"),
                    help="where each rank's batch consumer runs: a process beside it, or a thread")  # fmt: skip
+    g = p.add_argument_group("output")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="also show Ray's own lines: its start-up warnings and Ray Train's INFO lines (resources, "
+                        "worker group, each report and checkpoint)")  # fmt: skip
     add_augment_args(p)
     add_pipeline_args(p)  # also -b/--batch-size, --seed and -c/--config
     for action in p._actions:  # the shared flags' help shows the library's defaults: show this job's
@@ -232,10 +236,16 @@ def job_from_namespace(args: argparse.Namespace, parser: argparse.ArgumentParser
 
 
 def parse_job(argv: list[str] | None = None) -> TrainJobConfig:
+    return parse_job_args(argv)[0]
+
+
+def parse_job_args(argv: list[str] | None = None) -> tuple[TrainJobConfig, argparse.Namespace]:
+    """The job and the parsed flags (``verbose`` is how the job shows, not part of the job). Imports
+    no Ray: ``jobs/train.py`` acts on ``-v`` before Ray is imported."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return job_from_namespace(args, parser)
+        return job_from_namespace(args, parser), args
     except ValueError as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits

@@ -93,8 +93,21 @@ def data_failure(error: ray.train.WorkerGroupError) -> Exception | None:
     return None
 
 
-def run_training(job: TrainJobConfig) -> dict:
-    """Run the job on the connected Ray cluster; return a summary (run dir, last epoch's metrics)."""
+def _ray_train_logging(verbose: bool) -> dict:
+    """``RunConfig`` keywords for the level of Ray Train's own console lines: INFO (resources, worker
+    group, each checkpoint) with ``verbose``, else WARNING, so its warnings and errors still show; its
+    system log files under the session's ``logs/train/`` keep every level. ``ray.train.LoggingConfig``
+    is newer than Ray 2.52: there, and for the lines it does not reach, the job's driver leaves them
+    out instead (``raypipe.ray_logs.hide_worker_lines``)."""
+    logging_config = getattr(ray.train, "LoggingConfig", None)
+    if logging_config is None:
+        return {}
+    return {"logging_config": logging_config(log_level="INFO" if verbose else "WARNING")}
+
+
+def run_training(job: TrainJobConfig, *, verbose: bool = False) -> dict:
+    """Run the job on the connected Ray cluster; return a summary (run dir, last epoch's metrics).
+    ``verbose``: show Ray Train's own INFO lines (``_ray_train_logging``)."""
     name = job.name or f"{job.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     storage = resolve_storage(job.storage_path)
     train_rows, val_rows, data = job_rows(job)
@@ -128,6 +141,7 @@ def run_training(job: TrainJobConfig) -> dict:
             storage_path=storage,
             failure_config=FailureConfig(max_failures=job.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
+            **_ray_train_logging(verbose),
         ),
     )
     try:
