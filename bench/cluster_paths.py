@@ -54,6 +54,7 @@ def _measure(a: argparse.Namespace, what: str) -> dict:
 
 
 def _median_round(runs: list[dict]) -> dict:
+    """The middle round by images/s (of an even count, the slower of the two middle ones)."""
     return sorted(runs, key=lambda r: r["images_per_s"])[(len(runs) - 1) // 2]
 
 
@@ -70,9 +71,10 @@ def _paths_table(rounds: list[dict[str, dict]]) -> str:
         cpu = [rnd[name]["cpu_ms_per_image"] / rnd["local"]["cpu_ms_per_image"] for rnd in rounds] \
             if "local" in names else []  # fmt: skip
         ratio = f"{statistics.median(speed):.2f} ({', '.join(f'{x:.2f}' for x in speed)})" if speed else ""
+        cpu_ratio = f"{statistics.median(cpu):.2f}" if cpu else ""
         rows.append(
             f"| {name} | {med['images_per_s']:.0f} | {ratio} | {med['cpu_ms_per_image']:.2f} ms | "
-            f"{statistics.median(cpu):.2f} | {100 * med['busy']:.0f} % | "
+            f"{cpu_ratio} | {100 * med['busy']:.0f} % | "
             + " | ".join(f"{med['roles_ms_per_image'].get(role, 0.0):.2f}" for role in roles) + " |"
         )  # fmt: skip
     return "\n".join(rows)

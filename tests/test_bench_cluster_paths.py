@@ -74,3 +74,16 @@ def test_process_roles():
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_table_without_the_local_path_has_no_ratios():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cluster_paths", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    r = {"images_per_s": 100.0, "cpu_ms_per_image": 2.0, "busy": 0.5, "roles_ms_per_image": {"trainer": 0.5}}
+    table = bench._paths_table([{"ray-nodes": r}, {"ray-nodes": {**r, "images_per_s": 120.0}}])
+    assert "| ray-nodes | 100 |  | 2.00 ms |  | 50 % | 0.50 |" in table  # the lower middle round; no local ratio
+    with_local = bench._paths_table([{"local": r, "ray-node": {**r, "images_per_s": 50.0}}])
+    assert "| ray-node | 50 | 0.50 (0.50) |" in with_local

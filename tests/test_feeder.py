@@ -53,7 +53,25 @@ def test_same_batches_and_reports_as_in_process(ray_local, sample_dir):
         assert np.array_equal(w["image"], g["image"])
     assert [r.ids_sha256 for r in feeder.reports] == [r.ids_sha256 for r in here.reports]
     assert feeder.last_report.emitted == 48 and feeder.last_report.epoch == 1
+    assert feeder.zero_copy_batches == 6  # clean chunks of one batch each: every batch read from its chunk
     assert not np.array_equal(got[0][0]["sample_id"], got[1][0]["sample_id"])  # epochs reshuffle
+
+
+def test_batches_packed_across_chunks_and_views_of_one_chunk_come_out_the_same(ray_local, sample_dir):
+    """12-row chunks, batches of 8: a chunk's first 8 rows are handed over as its object's rows, the
+    rest packed across chunks into copies; both are the pixels EpochSource yields, in its order."""
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8),
+                    execution=ExecutionConfig(chunk_rows=12))  # fmt: skip
+    here, feeder = EpochSource(pipe, end_epoch=1), FeederSource(pipe, end_epoch=1)
+    try:
+        want, got = _epochs(here, 1)[0], _epochs(feeder, 1)[0]
+    finally:
+        here.close()
+        feeder.close()
+    assert len(got) == len(want) == 6
+    assert 0 < feeder.zero_copy_batches < len(got)
+    for w, g in zip(want, got, strict=True):
+        assert all(np.array_equal(w[k], g[k]) for k in ("image", "label", "sample_id"))
 
 
 def test_early_stop_then_next_epoch_and_close_ends_the_process(ray_local, sample_dir):

@@ -3,8 +3,14 @@
 The consumer side of a rank's execution (submitting chunks, fetching them, packing batches,
 accounting) is Python work; in the trainer's process it competes with the training loop for the GIL.
 Here all of it runs in a feeder actor on the trainer's node, and the trainer's share per batch is one
-actor call and one zero-copy ``ray.get`` of the packed batch (which the ``DeviceLoader`` then copies
-into pinned memory, releasing the GIL). See docs/performance.md for what it saves on a GPU machine.
+actor call and one zero-copy ``ray.get`` (which the ``DeviceLoader`` then copies into pinned memory,
+releasing the GIL). See docs/performance.md for what it saves on a GPU machine.
+
+A batch that is a run of whole rows of one chunk (every batch of a clean chunk whose rows are a
+multiple of the batch size: the usual case) is handed over as that chunk's Ray object and the run's
+bounds, and the trainer reads the rows from the object store where the task put them: no copy of
+the images in the feeder, which would otherwise put every batch into the object store a second time.
+Other batches (rows packed across chunks, around skipped rows) are returned as arrays.
 
 The feeder runs exactly the ``EpochSource`` the trainer would have run (same shard, same order, same
 accounting), so the batches are identical either way.
@@ -55,7 +61,11 @@ class _Feeder:
         if self.it is None:  # a call queued behind the epoch's end (the consumer prefetches)
             return ("idle", None)
         try:
-            return ("batch", next(self.it))
+            batch = next(self.it)
+            rows = _rows_of(batch["image"], self.source.chunk)
+            if rows is not None:
+                return ("rows", (self.source.chunk.ref, rows, batch["label"], batch["sample_id"]))
+            return ("batch", batch)
         except StopIteration:
             self.it = None
             return ("end", self.source.last_report)
@@ -72,6 +82,19 @@ class _Feeder:
     def close(self) -> None:
         self.end_epoch()
         self.source.close()
+
+
+def _rows_of(image: np.ndarray, chunk) -> tuple[int, int] | None:
+    """(start, stop) when ``image`` is rows ``start:stop`` of ``chunk``'s images, a Ray object."""
+    if chunk is None or chunk.ref is None:
+        return None
+    whole = chunk.block["image"]
+    offset = image.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
+    row = whole.strides[0]
+    if not (0 <= offset < whole.nbytes and offset % row == 0 and image.strides == whole.strides):
+        return None  # a packed copy
+    start = offset // row
+    return start, start + len(image)
 
 
 class FeederSource:
@@ -108,6 +131,7 @@ class FeederSource:
         self.prefetch = prefetch
         self.reports: list[EpochReport] = []
         self.timeout_s = timeout_s
+        self.zero_copy_batches = 0  # batches read from their chunk's object, with no copy in the feeder
         kwargs = dict(rank=rank, world_size=world_size, start_epoch=start_epoch, end_epoch=end_epoch,
                       reserved_cpus=reserved_cpus + FEEDER_CPUS)  # fmt: skip
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -134,7 +158,12 @@ class FeederSource:
         try:
             while True:
                 kind, value = self._get(pending.popleft())
-                if kind == "batch":
+                if kind == "rows":
+                    pending.append(actor.next.remote())
+                    ref, (start, stop), label, sample_id = value
+                    self.zero_copy_batches += 1
+                    yield {"image": self._get(ref)["image"][start:stop], "label": label, "sample_id": sample_id}
+                elif kind == "batch":
                     pending.append(actor.next.remote())
                     yield value
                 elif kind == "end":
@@ -160,7 +189,7 @@ class FeederSource:
             raise FeederDiedError(
                 f"the raypipe feeder process of rank {self.rank} did not answer in {timeout_s:g} s"
             ) from exc
-        except ray.exceptions.RayActorError as exc:
+        except (ray.exceptions.RayActorError, ray.exceptions.OwnerDiedError) as exc:  # a chunk's owner is the feeder
             raise FeederDiedError(
                 f"the raypipe feeder process of rank {self.rank} died ({exc.__class__.__name__}); "
                 "see the Ray logs of its node (out of memory?)"

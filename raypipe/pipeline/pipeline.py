@@ -26,7 +26,7 @@ from raypipe.pipeline.local_workers import LocalWorkers, local_cpus, shared_memo
 from raypipe.pipeline.order import RankPlan
 from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.pipeline.slabs import slab_room
-from raypipe.pipeline.stream import ChunkStream, RayTasks
+from raypipe.pipeline.stream import Chunk, ChunkStream, RayTasks
 from raypipe.sources import SourceRows, open_source
 from raypipe.sources.remote import reads_store_objects
 from raypipe.sources.table import table_columns
@@ -233,6 +233,7 @@ class EpochSource:
         self.epoch_rows = len(pipeline.plan(rank, world_size))
         self._stream: ChunkStream | None = None
         self._stream_epoch: int | None = None  # the epoch the stream's next chunk belongs to
+        self.chunk: Chunk | None = None  # the chunk whose rows are being packed (a batch may be a view of it)
 
     def __len__(self) -> int:
         return self.pipeline.num_batches(self.world_size, self.rank)
@@ -284,6 +285,7 @@ class EpochSource:
                 if chunk.epoch != epoch:
                     raise RuntimeError(f"chunk of epoch {chunk.epoch} while reading epoch {epoch} (stream out of step)")
                 if chunk.block is not None:
+                    self.chunk = chunk
                     ledger.record_block(chunk.block)
                     for batch in packer.add(chunk.block):
                         ledger.record_batch(batch)
@@ -302,6 +304,7 @@ class EpochSource:
             self._stream_epoch = epoch + 1
             finished = True
         finally:
+            self.chunk = None
             if not finished:  # stopped part way or failed: the stream's position is lost
                 self.close()
 

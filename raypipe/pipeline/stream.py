@@ -130,13 +130,16 @@ class RayTasks:
 
 @dataclass(frozen=True)
 class Chunk:
-    """One finished chunk: ``block`` is its rows (images and skip records), ``last`` ends its epoch."""
+    """One finished chunk: ``block`` is its rows (images and skip records), ``last`` ends its epoch.
+    ``ref``: the Ray object ``block`` was read from (zero-copy), for another process on the node to
+    read too; None where the chunk is no Ray object (local workers, made in this process)."""
 
     epoch: int
     index: int
     last: bool
     rows: int
     block: dict[str, np.ndarray]
+    ref: ray.ObjectRef | None = None
 
 
 class ChunkStream:
@@ -213,7 +216,7 @@ class ChunkStream:
         epoch, index, last, n, ref = self._pending.popleft()
         block = self._wait(ref, epoch, index) if ref is not None else None
         self._submit()  # refill the window before the consumer starts on this chunk
-        return Chunk(epoch, index, last, n, block)
+        return Chunk(epoch, index, last, n, block, ref if isinstance(ref, ray.ObjectRef) else None)
 
     def _make_here(self) -> bool:
         """Whether the consumer makes the next chunk itself: while the workers start and then, for a

@@ -117,8 +117,8 @@ class AugmentStage:
 
     def _augment(self, batch: dict[str, np.ndarray], out: np.ndarray | None) -> dict[str, np.ndarray]:
         n = len(batch["sample_id"])
-        if out is None:
-            images = np.zeros((n, *self.spec.image_shape), dtype=np.uint8)
+        if out is None:  # every row is written below: transformed, or zeroed when skipped
+            images = np.empty((n, *self.spec.image_shape), dtype=np.uint8)
         elif out.shape != (n, *self.spec.image_shape) or out.dtype != np.uint8:
             raise ValueError(f"out: {out.dtype} {out.shape}, expected uint8 {(n, *self.spec.image_shape)}")
         else:
