@@ -10,7 +10,8 @@ measured epochs (after one unmeasured epoch), the machine's CPU per image and ho
 (``/proc/stat``), the ratio to the local path of the same round, and where the CPU went by the role of
 each process (trainer, feeder, augmentation workers, Ray's daemons, other: whatever else ran).
 
-``--scaling 1 2 4 --node-cpus 3`` runs the cross-node path alone with each number of CPU nodes, and
+``--compression`` prints what compressing a chunk's images losslessly for the network would cost (bytes
+and CPU per image). ``--scaling 1 2 4 --node-cpus 3`` runs the cross-node path alone with each number of CPU nodes, and
 prints the images/s per augmentation CPU against one node's (the device machine's 16 cores:
 ``bench/gpu_session.sh``'s ``scaling`` step).
 """
@@ -35,14 +36,15 @@ def _one(a: argparse.Namespace) -> None:
         r = run_timm(a.data, workers=int(a.one.split("-")[1]), **common)
     else:
         path, _, nodes = a.one.partition(":")
-        r = run_path(path, a.data, nodes=int(nodes or a.nodes), node_cpus=a.node_cpus, **common)
+        r = run_path(path, a.data, nodes=int(nodes or a.nodes), node_cpus=a.node_cpus, chunk_rows=a.chunk_rows,
+                     **common)
     print(RESULT + json.dumps(r.as_dict()), flush=True)
 
 
 def _measure(a: argparse.Namespace, what: str) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), a.data, "--one", what, "--epochs", str(a.epochs),
            "-b", str(a.batch_size), "--img-size", str(a.img_size), "--nodes", str(a.nodes),
-           "--node-cpus", str(a.node_cpus)]  # fmt: skip
+           "--node-cpus", str(a.node_cpus)] + (["--chunk-rows", str(a.chunk_rows)] if a.chunk_rows else [])  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
     lines = [line for line in out.stdout.splitlines() if line.startswith(RESULT)]
     if out.returncode or not lines:
@@ -98,12 +100,15 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=4, help="measured epochs, after an unmeasured one")
     p.add_argument("-b", "--batch-size", type=int, default=128)
     p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--chunk-rows", type=int, help="ExecutionConfig.chunk_rows of the raypipe paths (default: auto)")
     p.add_argument("--rounds", type=int, default=2, help="each path this many times, in turn")
     p.add_argument("--paths", nargs="+", default=["local", "ray-node", "ray-nodes"])
     p.add_argument("--timm-workers", type=int, nargs="*", default=[], help="also timm's loader with N workers")
     p.add_argument("--nodes", type=int, default=1, help="CPU nodes of the ray-nodes path")
     p.add_argument("--node-cpus", type=int, default=2, help="CPUs of each simulated CPU node")
     p.add_argument("--scaling", type=int, nargs="*", help="run ray-nodes alone with each of these node counts")
+    p.add_argument("--compression", action="store_true",
+                   help="only what compressing a chunk's images for the network would cost")
     p.add_argument("--timeout", type=float, default=900, help="seconds one measuring process may take")
     p.add_argument("--json", help="write every round's figures here")
     p.add_argument("--one", help=argparse.SUPPRESS)  # a measuring process: one path, a RESULT line
@@ -111,10 +116,17 @@ def main() -> None:
     if a.one:
         return _one(a)
 
-    if a.scaling:
+    if a.compression:
+        from raypipe.benchmark.paths import compression_cost
+
+        figures: object = compression_cost(a.data, img_size=a.img_size, batch_size=a.batch_size)
+        for name, r in figures.items():
+            print(f"{name}: {r['ratio']:.3f} of the bytes, {r['compress_ms_per_image']:.2f} ms per image to compress, "
+                  f"{r['decompress_ms_per_image']:.2f} ms to decompress")  # fmt: skip
+    elif a.scaling:
         results = {n: _measure(a, f"ray-nodes:{n}") for n in a.scaling}
         print(_scaling_table(results, a.node_cpus))
-        figures: object = results
+        figures = results
     else:
         names = a.paths + [f"timm-{w}" for w in a.timm_workers]
         rounds = []

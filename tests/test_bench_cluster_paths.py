@@ -87,3 +87,12 @@ def test_the_table_without_the_local_path_has_no_ratios():
     assert "| ray-nodes | 100 |  | 2.00 ms |  | 50 % | 0.50 |" in table  # the lower middle round; no local ratio
     with_local = bench._paths_table([{"local": r, "ray-node": {**r, "images_per_s": 50.0}}])
     assert "| ray-node | 50 | 0.50 (0.50) |" in with_local
+
+
+@pytest.mark.timeout(200)
+def test_the_compression_mode_reports_both_codings(tiny_folder, tmp_path):
+    stdout, figures = _run([str(tiny_folder), "--compression"], tmp_path)
+    assert sorted(figures) == ["up filter + zlib-1", "zlib-1"]
+    for r in figures.values():
+        assert 0 < r["ratio"] < 1.1 and r["compress_ms_per_image"] > 0 and r["decompress_ms_per_image"] >= 0
+    assert "of the bytes" in stdout

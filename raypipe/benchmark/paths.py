@@ -28,7 +28,7 @@ import psutil
 
 from raypipe.benchmark.measure import measure_epochs
 
-__all__ = ["PATHS", "PathResult", "CpuAccount", "process_role", "run_path", "run_timm"]
+__all__ = ["PATHS", "PathResult", "CpuAccount", "process_role", "run_path", "run_timm", "compression_cost"]
 
 PATHS = ("local", "ray-node", "ray-nodes")
 # The resource the simulated CPU nodes offer and every augmentation task asks a sliver of (cluster.yaml's).
@@ -132,7 +132,7 @@ def _augment(img_size: int):
     return TrainAugment(input_size=img_size, color_jitter=None)  # RandomResizedCrop + flip
 
 
-def _source(path: str, data: str, *, batch_size: int, img_size: int, epochs: int):
+def _source(path: str, data: str, *, batch_size: int, img_size: int, epochs: int, chunk_rows: int | None):
     """The path's rank source, its Pipeline built as a user of that path would (see the module's doc)."""
     from raypipe import ExecutionConfig, FeederSource, Pipeline, PipelineConfig
     from raypipe.pipeline import EpochSource
@@ -140,10 +140,11 @@ def _source(path: str, data: str, *, batch_size: int, img_size: int, epochs: int
     aug = _augment(img_size)
     config = PipelineConfig(batch_size=batch_size, seed=0)
     if path == "local":
-        return EpochSource(Pipeline(data, aug, config=config, execution=ExecutionConfig(backend="local")),
-                           end_epoch=epochs)  # fmt: skip
+        execution = ExecutionConfig(backend="local", chunk_rows=chunk_rows)
+        return EpochSource(Pipeline(data, aug, config=config, execution=execution), end_epoch=epochs)
     resources = {PREPROCESS: 0.001} if path == "ray-nodes" else {}
-    pipe = Pipeline(data, aug, config=config, execution=ExecutionConfig(backend="ray", resources=resources))
+    execution = ExecutionConfig(backend="ray", resources=resources, chunk_rows=chunk_rows)
+    pipe = Pipeline(data, aug, config=config, execution=execution)
     return FeederSource(pipe, end_epoch=epochs)
 
 
@@ -201,6 +202,7 @@ def run_path(
     node_cpus: int = 2,
     trainer_cpus: int = 1,
     store_mb: int = 1024,
+    chunk_rows: int | None = None,
 ) -> PathResult:
     """Measure ``path`` in this process: an unmeasured first epoch (the workers' start), then ``epochs``
     measured ones. Starts and stops the path's Ray itself (none for ``local``)."""
@@ -219,7 +221,7 @@ def run_path(
     note = {"local": "local workers", "ray-node": "Ray, one node, FeederSource",
             "ray-nodes": f"Ray, trainer node + {nodes} CPU node(s) of {node_cpus} CPUs"}[path]  # fmt: skip
     try:
-        source = _source(path, data, batch_size=batch_size, img_size=img_size, epochs=epochs + 1)
+        source = _source(path, data, batch_size=batch_size, img_size=img_size, epochs=epochs + 1, chunk_rows=chunk_rows)
         with DeviceLoader.from_timm(source, device="cpu", img_dtype="float32") as loader:
             return _measure(path, loader, epochs=epochs, count=lambda b: int(b["image"].shape[0]), started=started,
                             note=note)  # fmt: skip
@@ -239,3 +241,38 @@ def run_timm(data: str, *, workers: int, epochs: int = 4, batch_size: int = 128,
     loader = timm_dataloader(data, _augment(img_size), batch_size=batch_size, workers=workers)
     return _measure(f"timm-{workers}", loader, epochs=epochs, count=lambda b: int(b[0].shape[0]), started=started,
                     note=f"timm create_loader, {workers} workers")  # fmt: skip
+
+
+def compression_cost(data: str, *, img_size: int = 224, batch_size: int = 128) -> dict:
+    """What shipping fewer bytes across the network would cost: one chunk of augmented images (local
+    workers, RandomResizedCrop + flip) compressed losslessly as zlib level 1, plain and after a PNG-like
+    "up" filter (each row minus the one above), with the ratio of bytes and the CPU per image to compress
+    and decompress."""
+    import zlib
+
+    import numpy as np
+
+    from raypipe import ExecutionConfig, Pipeline, PipelineConfig
+    from raypipe.pipeline import EpochSource
+
+    pipe = Pipeline(data, _augment(img_size), config=PipelineConfig(batch_size=batch_size, seed=0),
+                    execution=ExecutionConfig(backend="local", num_tasks=1))  # fmt: skip
+    source = EpochSource(pipe, end_epoch=1)
+    try:
+        images = np.array(next(iter(source))["image"])
+    finally:
+        source.close()
+    up = images.copy()
+    up[:, 1:] -= images[:, :-1]  # uint8 wraps: the filter is undone by a cumulative sum mod 256
+    out = {}
+    for name, array in (("zlib-1", images), ("up filter + zlib-1", up)):
+        raw = array.tobytes()
+        t0 = time.perf_counter()
+        packed = zlib.compress(raw, 1)
+        t1 = time.perf_counter()
+        zlib.decompress(packed)
+        t2 = time.perf_counter()
+        n = len(images)
+        out[name] = {"ratio": round(len(packed) / len(raw), 3), "compress_ms_per_image": round(1000 * (t1 - t0) / n, 3),
+                     "decompress_ms_per_image": round(1000 * (t2 - t1) / n, 3)}  # fmt: skip
+    return out
