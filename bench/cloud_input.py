@@ -36,13 +36,14 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from raypipe.benchmark.s3 import S3Process, keep_to, split_cores
 
 TARGETS = {"parquet": 0.9, "webdataset": 0.9, "s3 folder": 0.8, "s3 shards": 0.9}
 LATER_TARGETS = {"s3 folder + cache": 0.95}  # epochs after the first, against the folder's epochs after the first
@@ -73,53 +74,6 @@ def make_data(work: Path, images: int, classes: int) -> dict[str, Path]:
     if not shards.exists():
         convert(str(folder), str(shards), format="webdataset", samples_per_shard=100)
     return {"folder": folder, "parquet": parquet, "shards": shards}
-
-
-class S3Process:
-    """``raypipe.testing.s3server`` in a child process serving ``root``; stopped on exit."""
-
-    def __init__(self, root: Path, latency_ms: float, cores: set[int] | None = None):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "raypipe.testing.s3server", str(root), "--latency-ms", str(latency_ms)],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        if cores:  # before it serves: its threads, started later, take the same cores
-            os.sched_setaffinity(self.proc.pid, cores)
-        line = self.proc.stdout.readline()
-        if " at http://" not in line:
-            self.stop()
-            raise RuntimeError(f"the S3 server did not start: {line!r}")
-        self.host_port = line.split(" at http://", 1)[1].split()[0]
-
-    def filesystem(self):
-        import pyarrow.fs as pafs
-
-        return pafs.S3FileSystem(anonymous=True, endpoint_override=self.host_port, scheme="http", region="us-east-1")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def split_cores(server_cores: int) -> tuple[set[int], set[int] | None]:
-    """(the cores this process keeps, the last ``server_cores`` of its cores for the S3 server or None
-    for 0); ValueError when that leaves this process none."""
-    cores = sorted(os.sched_getaffinity(0))
-    if server_cores and not 0 < server_cores < len(cores):
-        raise ValueError(f"--server-cores must leave at least one of the {len(cores)} cores")
-    server = set(cores[len(cores) - server_cores:]) if server_cores else None
-    return set(cores) - (server or set()), server
-
-
-def keep_to(cores: set[int]) -> None:
-    """Every thread of this process on ``cores`` (the workers it starts afterwards inherit it)."""
-    for tid in os.listdir("/proc/self/task"):
-        os.sched_setaffinity(int(tid), cores)
 
 
 def run_epochs(name: str, source, epochs: int, batch_size: int, backend: str) -> dict:

@@ -11,7 +11,7 @@
  * src and dst are C-contiguous HxWx3 uint8 buffers of the same length (dst may be src for lut).
  *
  * Why: through Pillow each op converts the array to Pillow's 4-byte layout and back, builds its table
- * in Python, and Sharpness runs its 3x3 filter in scalar floats (`python bench/autoaug_profile.py
+ * in Python, and Sharpness runs its 3x3 filter in scalar floats (`python bench/profiles.py autoaug
  * --per-op` times each op). The arithmetic here is Pillow's, operation for operation: Blend.c's float blend
  * (`in1 + alpha * (in2 - in1)`, truncated, clipped when extrapolating), Filter.c's 3x3 kernel in
  * float with the kernel divided by its scale in float and 0.5 added first, border pixels copied,

@@ -24,7 +24,7 @@
  *
  * Why: Pillow's own resize of a typical crop to 224 px costs about as much as the rest of a training
  * transform, and the alternative, a 3-tap prefilter + OpenCV resize, only approximates Pillow's filter
- * (mean error up to 2 levels); `python bench/micro_profile.py resize DATA` times all three. The GIL is
+ * (mean error up to 2 levels); `python bench/profiles.py resize DATA` times all three. The GIL is
  * released while it runs.
  */
 #define PY_SSIZE_T_CLEAN

@@ -14,7 +14,7 @@
  * generic transform engine, about a millisecond (bilinear) to 2.5 (bicubic) per 224 px image, the
  * largest cost of rand-m9. The per-pixel double arithmetic is the cost, not Pillow's per-pixel calls
  * (the same loop in plain C is barely faster), so both filters run four pixels per AVX2 vector where
- * the CPU has it, about twice as fast (`python bench/autoaug_profile.py` times each): every lane performs the same IEEE operations as the scalar code, so the bytes stay
+ * the CPU has it, about twice as fast (`python bench/profiles.py autoaug` times each): every lane performs the same IEEE operations as the scalar code, so the bytes stay
  * Pillow's (tests compare against Pillow on random matrices and whole policies). Built without FP
  * contraction, like Pillow's x86-64 build; the GIL is released during the loop.
  */
@@ -297,7 +297,7 @@ AVX2 static void warp_avx2(const Source *s, uint8_t *out, int dw, int dh, const 
 
 /* Eight output pixels per step with AVX-512 (where the CPU has it): the AVX2 steps' operations on twice
  * the lanes, so the same IEEE operations per pixel and the same bytes, with half the instructions
- * (`python bench/autoaug_profile.py` times it against AVX2). */
+ * (`python bench/profiles.py autoaug` times it against AVX2). */
 #define AVX512 __attribute__((target("avx2,avx512f,avx512vl,avx512dq,avx512bw")))
 #define AVX512_INLINE AVX512 static inline __attribute__((always_inline))
 

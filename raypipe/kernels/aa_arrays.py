@@ -13,7 +13,7 @@ function accepts one:
 Each rewritten op matches one timm function (``ARRAY_OPS``); a policy with any other op stays on PIL
 images. Why: through Pillow every op converts the array to Pillow's 4-byte layout and back, builds its
 table in Python and Sharpness filters in scalar floats, so a rand-m9 policy costs more than twice as much
-on PIL images (even with the C warps) as on arrays (``python bench/autoaug_profile.py`` measures both).
+on PIL images (even with the C warps) as on arrays (``python bench/profiles.py autoaug`` measures both).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ RandAugment and AutoAugment policies whose ops all have array versions (timm's s
 :mod:`raypipe.kernels.aa_arrays`) run on the array itself: timm's policy object draws as always, the
 colour ops are Pillow's arithmetic in the ``_colorops`` extension and the geometric ops timm's own
 functions on an array image, so the bytes are timm's on Pillow without a single PIL image (a rand-m9
-policy about 2.4x faster per 224 px image, ``bench/autoaug_profile.py``). Other policies (AugMix,
+policy about 2.4x faster per 224 px image, ``bench/profiles.py autoaug``). Other policies (AugMix,
 custom ops) and builds without ``_colorops`` run on plain PIL images with Pillow's own ops.
 """
 
@@ -60,7 +60,7 @@ def timm_auto_augment():
 
     The module itself needs only Pillow and NumPy, but importing it through its package imports timm's
     models and torch: seconds of CPU and hundreds of MB per augmentation worker (``python
-    bench/micro_profile.py aa-import``), for code the stage never runs. So
+    bench/profiles.py aa-import``), for code the stage never runs. So
     it is loaded from its file as a module of its own (the same code, so the same behaviour); if timm is
     already imported, or the file stops being loadable alone, the package's module is used.
     """

@@ -2,7 +2,7 @@
 
 ``sample_rng(seed, epoch, sid)`` is ``default_rng(SeedSequence([seed, epoch, sid]))``: building the
 SeedSequence and the PCG64 from it costs ~11 µs per sample alone and ~35 µs inside the augmentation
-loop (cold caches after each decode), ~4 % of a training image's CPU (``python bench/micro_profile.py
+loop (cold caches after each decode), ~4 % of a training image's CPU (``python bench/profiles.py
 rng DATA`` measures both). ``BlockRngs`` runs NumPy's
 SeedSequence hashing (entropy mixing, then ``generate_state(4, uint64)``) vectorised over a block's
 sample ids and PCG64's seeding step in Python integers, then hands out one reused ``Generator`` whose

@@ -2,7 +2,7 @@
 
 Writing each chunk into new shared memory costs the kernel more than the copy itself: every page is
 allocated and zeroed when the worker first touches it, and freed when the trainer lets the chunk go
-(``python bench/slab_cost.py``: 20-22 ms for a 128-row chunk of 224 px images, against 7 ms into a
+(``python bench/profiles.py slab-cost``: 20-22 ms for a 128-row chunk of 224 px images, against 7 ms into a
 region written before and 2 ms for the copy alone, on the 2-core machine of docs/performance.md,
 where such a chunk is ~140 ms of decoding). So the trainer keeps its regions: a chunk's slab goes
 back to the pool when the last view of its images is gone (a finalizer on the trainer's mapping; a
@@ -119,7 +119,7 @@ class SlabPool:
         """Move the returned slabs to the free list, closing the smallest beyond ``keep`` (the oldest of
         equals; holding the lock). A large slab takes any smaller chunk, so a stream whose chunks vary
         in size (a window of shards and its pieces, a short last chunk), or the next pipeline, keeps
-        its large slabs instead of making their pages again (``python bench/slab_cost.py``: about three
+        its large slabs instead of making their pages again (``python bench/profiles.py slab-cost``: about three
         times the cost of writing into pages made before)."""
         while self._returned:
             self._free.append(self._returned.popleft())

@@ -115,7 +115,7 @@ class DatasetRoot:
         # Fast path: the file's directory resolved once per process (realpath costs an lstat per path
         # component, per file), the file itself opened without following a symlink. A symlinked file,
         # or a name realpath must interpret, takes the full resolve-then-check path. About half the cost
-        # per file of a full resolve (``python bench/micro_profile.py reads DATA`` measures both).
+        # per file of a full resolve (``python bench/profiles.py reads DATA`` measures both).
         parent, name = os.path.split(relpath)
         fast = _NOFOLLOW is not None and _FD_PATHS and name not in ("", ".", "..")
         real_dir = self._real_dir(parent) if fast else None

@@ -4,7 +4,7 @@ pyarrow's S3 client opens an object with a ``HEAD`` (its size) before the ``GET`
 Python API has no way to pass a size the listing already knows. For a folder of images that is two
 requests per image: twice the request charges, and the client's CPU for both (about 1 ms per object
 here, against ~1.8 ms to decode and augment it). obstore (Rust's ``object_store``) reads an object with
-a single ``GET`` at about half the client CPU (``python bench/s3_request_cost.py`` prints both).
+a single ``GET`` at about half the client CPU (``python bench/profiles.py s3-requests`` prints both).
 
 The store is built from the root's pyarrow ``S3FileSystem`` options (region, endpoint, scheme, explicit
 or anonymous credentials, timeouts), and otherwise from the environment as obstore reads it (``AWS_*``

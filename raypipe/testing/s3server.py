@@ -6,7 +6,7 @@ machine: every response waits ``latency_ms`` before its first byte, then comes a
 costs far less CPU than moto, which models all of S3 and spends enough per request to cap a 2-core
 machine well below what raypipe reads: one thread runs an asyncio loop for every connection (threads
 per connection would spend more on handing the interpreter lock around than on the requests), and a
-response goes out in one write once its latency has passed (``python bench/s3_request_cost.py``
+response goes out in one write once its latency has passed (``python bench/profiles.py s3-requests``
 prints the CPU per request). On a small machine that is still CPU a real store would not take from the
 reader: figures taken with it are a floor.
 

@@ -1,0 +1,36 @@
+"""One measurement each, behind a figure in the docs or a constant in raypipe (the text that quotes it
+names the command); the measuring code is in ``raypipe.benchmark`` (``machine``, ``stage_costs``, ``s3``)::
+
+    python bench/profiles.py --help               # every measurement, one line each
+    python bench/profiles.py slab-cost --help     # what one measures, and its options
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+
+from raypipe.benchmark import machine, s3, stage_costs
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="measurement", required=True, metavar="MEASUREMENT")
+
+    def add(name: str, fn) -> argparse.ArgumentParser:
+        doc = inspect.cleandoc(fn.__doc__)
+        sp = sub.add_parser(name, help=doc.splitlines()[0], description=doc,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+        sp.set_defaults(fn=fn)
+        return sp
+
+    for module in (machine, stage_costs, s3):
+        module.register(add)
+    args = vars(p.parse_args(argv))
+    fn = args.pop("fn")
+    del args["measurement"]
+    fn(**args)
+
+
+if __name__ == "__main__":
+    main()

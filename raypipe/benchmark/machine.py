@@ -1,0 +1,332 @@
+"""What the machine costs a loader beside its own work: first touches of memory, the spread of a fixed piece
+of work, shared memory per chunk, and a worker pool's start. ``python bench/profiles.py NAME --help``
+runs each (``register`` adds them to its command line)."""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import mmap
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+# ---- warm-memory -----------------------------------------------------------------------------------
+
+
+def _touch(nbytes: int) -> float:
+    """Seconds to allocate and write ``nbytes`` (then freed)."""
+    t0 = time.perf_counter()
+    block = np.ones(nbytes // 8, dtype=np.float64)
+    seconds = time.perf_counter() - t0
+    del block
+    return seconds
+
+
+def warm_memory(gib: float | None = None) -> None:
+    """Touch most of this machine's free memory once, and say how long the first and a second touch took.
+
+    A freshly started virtual machine may back its memory lazily: the first write to each page of guest
+    memory traps to the hypervisor, and is then orders of magnitude slower than any later one. Every
+    loader's new buffers (a batch, an object-store region, a worker's heap) pay it until the machine's
+    memory has been touched once, and the loader with the most memory in play pays most, so the first
+    benchmarks on a new VM rank loaders by their footprint rather than their speed. Run this once before
+    benchmarking a new VM::
+
+        python bench/profiles.py warm-memory            # 90 % of the available memory
+        python bench/profiles.py warm-memory --gib 8
+    """
+    import psutil
+
+    nbytes = int(gib * 2**30) if gib else int(0.9 * psutil.virtual_memory().available)
+    first = _touch(nbytes)
+    second = _touch(nbytes)
+    gib = nbytes / 2**30
+    print(f"{gib:.1f} GiB: first touch {first:.1f} s ({first / gib:.2f} s/GiB), again {second:.1f} s "
+          f"({second / gib:.2f} s/GiB)")  # fmt: skip
+
+
+# ---- machine-spread --------------------------------------------------------------------------------
+
+
+def _work(datas: list[bytes]) -> None:
+    from PIL import Image
+
+    for data in datas:
+        im = Image.open(io.BytesIO(data))
+        im.draft("RGB", (im.width // 2, im.height // 2))
+        im.convert("RGB").resize((224, 224), Image.BILINEAR)
+
+
+def _rates(datas: list[bytes], repeats: int, seconds: float) -> list[float]:
+    """Images/s of each repeat, the work sized so that one repeat lasts about ``seconds``."""
+    t0 = time.perf_counter()
+    _work(datas)
+    per_image = (time.perf_counter() - t0) / len(datas)
+    work = (datas * (1 + int(seconds / per_image / len(datas))))[: max(1, int(seconds / per_image))]
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _work(work)
+        rates.append(len(work) / (time.perf_counter() - t0))
+    return rates
+
+
+def _report_spread(label: str, rates: list[float]) -> None:
+    spread = (max(rates) - min(rates)) / statistics.median(rates)
+    print(f"{label:<22} median {statistics.median(rates):6.0f} img/s, spread {100 * spread:3.0f} %  "
+          f"({' '.join(f'{r:.0f}' for r in rates)})")  # fmt: skip
+
+
+def machine_spread(data: str, images: int = 300, repeats: int = 7, seconds: float = 1.7,
+                   procs: int | None = None) -> None:  # fmt: skip
+    """The spread this machine gives a fixed piece of work: the floor under any loader's epoch spread.
+
+    A loader's per-epoch spread ((fastest - slowest) / median, as ``raypipe bench`` reports it) mixes what
+    the loader does with what the machine does to it: a virtual machine's cores are shared, and the same
+    work takes more or less time from one second to the next. This times the same work again and again,
+    ``--repeats`` times: decoding the same JPEGs (DCT-scaled to half size) and resizing them to 224 px,
+    in one process and in one process per core at once (as a loader keeps every core busy), and prints
+    each process's rates and spread. Each repeat lasts about as long as ``--seconds`` (an epoch's length)::
+
+        raypipe sample-data /tmp/sample3k --per-class 300
+        python bench/profiles.py machine-spread /tmp/sample3k --seconds 1.7
+
+    A loader's spread at or below the all-cores figure is the machine's, not the loader's.
+    """
+    procs = procs or len(os.sched_getaffinity(0))
+    files = sorted(f for f in Path(data).rglob("*") if f.suffix.lower() in (".jpg", ".jpeg"))[:images]
+    if not files:
+        raise SystemExit(f"no JPEGs under {data}")
+    datas = [f.read_bytes() for f in files]
+    _report_spread("1 process", _rates(datas, repeats, seconds))
+    with multiprocessing.get_context("spawn").Pool(procs) as pool:
+        runs = pool.starmap(_rates, [(datas, repeats, seconds)] * procs)
+    for k, rates in enumerate(runs):
+        _report_spread(f"{procs} at once: #{k}", rates)
+
+
+# ---- slab-cost -------------------------------------------------------------------------------------
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+def _touch_pages(m: mmap.mmap) -> int:
+    """Read one byte of every page, as a consumer of every image would fault each page in."""
+    return int(np.frombuffer(m, np.uint8)[::4096].sum())
+
+
+def _new_file(src: np.ndarray, directory: str) -> None:
+    size = src.nbytes
+    path = os.path.join(directory, f"slab-cost-{os.getpid()}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.ftruncate(fd, size)
+    with mmap.mmap(fd, size) as m:
+        np.frombuffer(m, np.uint8)[:] = src
+    os.close(fd)
+    fd = os.open(path, os.O_RDONLY)
+    os.unlink(path)
+    with mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ) as m:
+        _touch_pages(m)
+    os.close(fd)
+
+
+def _reused(src: np.ndarray, fd: int) -> None:
+    size = src.nbytes
+    with mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE) as m:
+        np.frombuffer(m, np.uint8)[:] = src
+    with mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ) as m:
+        _touch_pages(m)
+
+
+def slab_cost(rows: int = 128, size: int = 224, repeat: int = 30) -> None:
+    """What a chunk's shared memory costs beside the copy of its images, new each time or reused.
+
+    The local workers hand each chunk's images to the trainer in shared memory (``raypipe.pipeline.slabs``).
+    This times, for one chunk of ``--rows`` images of ``--size`` px, the way the trainer and a worker use
+    that memory, without the decoding around it:
+
+    - ``new file``: a new file in /dev/shm (or the temporary directory), written, then mapped read-only
+      and unlinked by the reader, its pages freed when the mapping goes;
+    - ``reused slab``: the same memory each time (a ``memfd`` made once), mapped for writing and for
+      reading with every page mapped in one call, as a worker and the trainer do with a slab;
+    - ``copy alone``: the writes into memory that is already mapped, the floor.
+
+    ::
+
+        python bench/profiles.py slab-cost                   # 128 rows of 224 px (19 MB), as a chunk
+        python bench/profiles.py slab-cost --rows 2048       # a Parquet window's chunk
+    """
+    src = np.random.default_rng(0).integers(0, 256, rows * size * size * 3, dtype=np.uint8)
+    directory = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("slab-cost")
+    else:
+        path = os.path.join(directory, f"slab-cost-{os.getpid()}-slab")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.unlink(path)
+    os.ftruncate(fd, src.nbytes)
+    held = mmap.mmap(fd, src.nbytes)
+
+    def copy_alone() -> None:
+        np.frombuffer(held, np.uint8)[:] = src
+
+    contenders = {"new file": lambda: _new_file(src, directory), "reused slab": lambda: _reused(src, fd),
+                  "copy alone": copy_alone}  # fmt: skip
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for fn in contenders.values():
+        fn()  # warm-up
+    for _ in range(repeat):  # in turn, so a drift of the machine's speed touches all alike
+        for name, fn in contenders.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    print(f"one chunk of {rows} x {size}x{size}x3 uint8 ({src.nbytes / 2**20:.1f} MiB), "
+          f"{repeat} rounds, new files in {directory}:")  # fmt: skip
+    for name, ts in times.items():
+        print(f"  {name:12s} median {statistics.median(ts) * 1e3:7.2f} ms   min {min(ts) * 1e3:7.2f} ms")
+
+
+# ---- start-cost ------------------------------------------------------------------------------------
+
+
+def _kind(proc) -> str:
+    """A short name for one of the processes a start made."""
+    try:
+        cmd = " ".join(proc.cmdline())
+    except Exception:  # noqa: BLE001 - a process that ended meanwhile
+        return "ended"
+    for key, name in (("gcs_server", "GCS"), ("raylet", "raylet"), ("dashboard/agent.py", "dashboard agent"),
+                      ("runtime_env/agent", "runtime-env agent"), ("log_monitor", "log monitor"),
+                      ("monitor.py", "autoscaler monitor"), ("dashboard.py", "dashboard"),
+                      ("default_worker", "Ray worker"), ("_local_worker", "local worker")):  # fmt: skip
+        if key in cmd:
+            return name
+    return proc.name()
+
+
+def _cpu_by_kind(settle: float) -> dict[str, float]:
+    import psutil
+
+    time.sleep(settle)
+    me = psutil.Process()
+    seen: dict[str, float] = collections.defaultdict(float)
+    for child in me.children(recursive=True):
+        try:
+            t = child.cpu_times()
+            seen[_kind(child)] += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    t = me.cpu_times()
+    seen["this process"] = t.user + t.system
+    return {k: round(v, 2) for k, v in sorted(seen.items(), key=lambda kv: -kv[1])}
+
+
+def _spec(data: str):
+    from raypipe.config import TrainAugment
+    from raypipe.pipeline import Pipeline
+
+    return Pipeline(data, TrainAugment(input_size=224)).stage_spec(0)
+
+
+def _start_ray(data: str, settle: float) -> dict:
+    import ray
+
+    import raypipe.runtime
+    from raypipe.stages.augment import stage_for
+
+    start = time.perf_counter()
+    raypipe.runtime.connect()
+    cores = int(ray.cluster_resources().get("CPU", 1))
+
+    @ray.remote(num_cpus=1)
+    def set_up(spec):
+        stage_for(spec)
+
+    spec = _spec(data)
+    ray.get([set_up.remote(spec) for _ in range(cores)])
+    wall = time.perf_counter() - start
+    return {"backend": "ray", "workers": cores, "ready_s": round(wall, 2), "cpu_s": _cpu_by_kind(settle)}
+
+
+def _start_local(data: str, settle: float) -> dict:
+    from raypipe.pipeline.local_workers import LocalWorkers, local_cpus, shared_memory_dir
+
+    start = time.perf_counter()
+    cores = local_cpus()
+    pool = LocalWorkers(cores, shared_memory_dir(1)[0])
+    spec = _spec(data)
+    pool.release_start()  # as a stream does once its first chunk's batches are out
+    for task in pool.set_up(spec, cores):
+        pool.get(task)
+    wall = time.perf_counter() - start
+    out = {"backend": "local", "workers": cores, "ready_s": round(wall, 2), "cpu_s": _cpu_by_kind(settle)}
+    pool.shutdown()
+    return out
+
+
+# Each start runs in a fresh child process: python -c _CHILD BACKEND DATA SETTLE
+_CHILD = (
+    "import json, sys\n"
+    "from raypipe.benchmark import machine\n"
+    "run = machine._start_ray if sys.argv[1] == 'ray' else machine._start_local\n"
+    "print(json.dumps(run(sys.argv[2], float(sys.argv[3]))))\n"
+)
+
+
+def start_cost(data: str, only: str | None = None, settle: float = 5.0) -> None:
+    """What it costs to get a rank's workers going on this machine: a private Ray or local workers.
+
+    A private local Ray (``raypipe.connect()`` and one task per core) against raypipe's local worker
+    processes (``ExecutionConfig(backend="local")``, each set up with the stage), in wall seconds and CPU
+    seconds per kind of process::
+
+        python bench/profiles.py start-cost /tmp/photo4k            # both, each in a fresh child process
+        python bench/profiles.py start-cost /tmp/photo4k --only ray
+
+    The CPU is read from the processes themselves (psutil) after ``--settle`` seconds, so what a process
+    spends after its start (Ray's agents, the GCS) is counted up to then.
+    """
+    env = dict(os.environ, RAY_ADDRESS="")
+    for backend in [only] if only else ["ray", "local"]:
+        out = subprocess.run([sys.executable, "-c", _CHILD, backend, data, str(settle)],
+                             capture_output=True, text=True, env=env, check=True).stdout  # fmt: skip
+        r = json.loads(out.strip().splitlines()[-1])
+        total = sum(r["cpu_s"].values())
+        print(f"{r['backend']:5s}: {r['workers']} workers set up in {r['ready_s']:.2f} s; CPU {total:.2f} s in all "
+              f"after {settle:g} s: " + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_s"].items()))
+
+
+# ---- the command line ------------------------------------------------------------------------------
+
+
+def register(add) -> None:
+    """Add this module's measurements to ``bench/profiles.py``: ``add(name, fn)`` returns the subcommand's
+    parser, whose options are ``fn``'s keyword arguments."""
+    p = add("warm-memory", warm_memory)
+    p.add_argument("--gib", type=float, help="GiB to touch (default: 90 %% of the available memory)")
+
+    p = add("machine-spread", machine_spread)
+    p.add_argument("data", help="a folder of JPEGs (searched recursively)")
+    p.add_argument("--images", type=int, default=300, help="distinct images to decode (default: 300)")
+    p.add_argument("--repeats", type=int, default=7, help="timed repeats, as a bench's timed epochs (default: 7)")
+    p.add_argument("--seconds", type=float, default=1.7, help="length of one repeat (default: 1.7)")
+    p.add_argument("--procs", type=int, help="processes for the all-cores run (default: the cores)")
+
+    p = add("slab-cost", slab_cost)
+    p.add_argument("--rows", type=int, default=128)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--repeat", type=int, default=30)
+
+    p = add("start-cost", start_cost)
+    p.add_argument("data", help="any source raypipe reads (its stage is what the workers set up)")
+    p.add_argument("--only", choices=("ray", "local"))
+    p.add_argument("--settle", type=float, default=5.0, help="seconds to wait after the start before reading CPU")

@@ -1,0 +1,248 @@
+"""Reading from an object store, measured against a local S3-compatible server in a process of its own
+(``raypipe.testing.s3server``): the CPU each request costs the client and the server, and where a run's
+CPU goes per image, by process, for each source of a ``bench/cloud_input.py`` work folder.
+``python bench/profiles.py NAME --help`` runs each (``register`` adds them to its command line);
+``bench/cloud_input.py`` starts its server and splits the cores with the helpers here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+
+class S3Process:
+    """``raypipe.testing.s3server`` in a child process serving ``root``; stopped on exit."""
+
+    def __init__(self, root: Path, latency_ms: float, cores: set[int] | None = None):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "raypipe.testing.s3server", str(root), "--latency-ms", str(latency_ms)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        if cores:  # before it serves: its threads, started later, take the same cores
+            os.sched_setaffinity(self.proc.pid, cores)
+        line = self.proc.stdout.readline()
+        if " at http://" not in line:
+            self.stop()
+            raise RuntimeError(f"the S3 server did not start: {line!r}")
+        self.host_port = line.split(" at http://", 1)[1].split()[0]
+
+    def filesystem(self):
+        import pyarrow.fs as pafs
+
+        return pafs.S3FileSystem(anonymous=True, endpoint_override=self.host_port, scheme="http", region="us-east-1")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def split_cores(server_cores: int) -> tuple[set[int], set[int] | None]:
+    """(the cores this process keeps, the last ``server_cores`` of its cores for the S3 server or None
+    for 0); ValueError when that leaves this process none."""
+    cores = sorted(os.sched_getaffinity(0))
+    if server_cores and not 0 < server_cores < len(cores):
+        raise ValueError(f"--server-cores must leave at least one of the {len(cores)} cores")
+    server = set(cores[len(cores) - server_cores:]) if server_cores else None
+    return set(cores) - (server or set()), server
+
+
+def keep_to(cores: set[int]) -> None:
+    """Every thread of this process on ``cores`` (the workers it starts afterwards inherit it)."""
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), cores)
+
+
+def s3_requests(buckets: str, prefix: str = "bench/folder", threads: int = 32, latency_ms: float = 0.0,
+                ranges: bool = False) -> None:  # fmt: skip
+    """CPU that reading objects over S3 costs, per object, on the client and on the test server.
+
+    Reads every object under ``s3://bench/folder`` of a ``bench/cloud_input.py`` work folder (or any folder
+    of buckets) from ``raypipe.testing.s3server`` in its own process, with ``--threads`` requests in flight
+    from one client process, first whole objects through pyarrow's ``S3FileSystem``
+    (``open_input_stream``: a HEAD and a GET each), then a HEAD alone, then whole objects with one GET each
+    as raypipe reads a folder (``raypipe.sources.single_get``, obstore)::
+
+        python bench/cloud_input.py --images 3000 --epochs 1 --workdir /tmp/cloudbench
+        python bench/profiles.py s3-requests /tmp/cloudbench/buckets --prefix bench/folder
+
+    Prints objects/s, and the CPU time the client process and the server process spent per object.
+
+    ``--ranges`` reads each object whole as one ranged read instead, as raypipe reads the members of a
+    tar shard (``--prefix bench/shards``): through a pyarrow handle opened beforehand (its HEAD not
+    counted), then with one ranged GET (``SingleGet.read_range``), and prints the CPU per MB.
+    """
+    import psutil
+    import pyarrow.fs as pafs
+
+    from raypipe.sources.single_get import single_get_for
+
+    server = S3Process(Path(buckets), latency_ms)
+    try:
+        fs = server.filesystem()
+        selector = pafs.FileSelector(prefix, recursive=True)
+        paths = [i.path for i in fs.get_file_info(selector) if i.type == pafs.FileType.File]
+        served = psutil.Process(server.proc.pid)
+
+        def whole(path: str) -> int:
+            with fs.open_input_stream(path) as f:
+                return len(f.read())
+
+        def head(path: str) -> int:
+            return fs.get_file_info(path).size
+
+        getter = single_get_for(fs)
+
+        def single(path: str) -> int:
+            return len(getter.read(path))
+
+        contenders = [("HEAD + GET (pyarrow)", whole), ("HEAD (pyarrow)", head)]
+        if getter is not None:
+            contenders.append(("GET (single_get, obstore)", single))
+        unit, per_unit = "object", lambda n, nbytes: n
+        if ranges:
+            sizes = {path: fs.get_file_info(path).size for path in paths}
+            handles = {path: fs.open_input_file(path) for path in paths}
+
+            def pyarrow_range(path: str) -> int:
+                return len(handles[path].read_at(sizes[path], 0))
+
+            def single_range(path: str) -> int:
+                return len(getter.read_range(path, 0, sizes[path]))
+
+            contenders = [("ranged read (pyarrow handle)", pyarrow_range)]
+            if getter is not None:
+                contenders.append(("ranged GET (single_get, obstore)", single_range))
+            unit, per_unit = "MB", lambda n, nbytes: nbytes / 2**20
+        for name, fn in contenders:
+            s0, c0, t0 = sum(served.cpu_times()[:2]), time.process_time(), time.perf_counter()
+            with ThreadPoolExecutor(threads) as pool:
+                got = list(pool.map(fn, paths))
+            dt = time.perf_counter() - t0
+            n, units = len(got), per_unit(len(got), sum(got))
+            server_ms = 1e3 * (sum(served.cpu_times()[:2]) - s0) / units
+            client_ms = 1e3 * (time.process_time() - c0) / units
+            print(f"{name}: {n} objects in {dt:.2f} s = {n / dt:.0f}/s; CPU per {unit}: client {client_ms:.2f} ms, "
+                  f"server {server_ms:.2f} ms", flush=True)  # fmt: skip
+    finally:
+        server.stop()
+
+
+# The sources of a bench/cloud_input.py work folder, under its buckets/bench/
+SOURCES = {"folder": "folder", "parquet": "parquet/train.parquet", "webdataset": "shards",
+           "s3-folder": "folder", "s3-shards": "shards"}  # fmt: skip
+
+
+def _busy(cores: set[int]) -> tuple[int, int]:
+    """(all jiffies, idle + iowait jiffies) of ``cores`` so far."""
+    total = idle = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+                values = [int(v) for v in fields]
+                total, idle = total + sum(values), idle + values[3] + values[4]
+    return total, idle
+
+
+def cpu_account(source: str, workdir: str = "/tmp/cloudbench", epochs: int = 4, latency_ms: float = 20.0,
+                cpus_per_task: float | None = None, server_cores: int = 0) -> None:  # fmt: skip
+    """Where the CPU goes per image when a source is read as ``raypipe run`` reads it, by process.
+
+    Runs ``Pipeline`` + ``EpochSource`` (RandomResizedCrop 224 + flip, batch 128, local workers) over one
+    source of a ``bench/cloud_input.py`` work folder, an unmeasured epoch first, and prints the images/s
+    of the measured epochs, how busy its cores were (``/proc/stat``), and the CPU milliseconds per image
+    of the driver, of the worker processes (user and system), and of the S3 test server where there is
+    one (``raypipe.testing.s3server`` in its own process, adding ``--latency-ms`` to every response)::
+
+        python bench/cloud_input.py --images 3000 --epochs 1 --workdir /tmp/cloudbench   # makes the data
+        python bench/profiles.py cpu-account folder --workdir /tmp/cloudbench
+        python bench/profiles.py cpu-account s3-folder --workdir /tmp/cloudbench --latency-ms 20
+
+    ``--server-cores N`` gives the server N cores of its own and the pipeline the others, as
+    ``bench/cloud_input.py --server-cores`` does (compare with ``taskset -c 0 python bench/profiles.py
+    cpu-account folder`` for a local source on the same one core).
+
+    On a machine whose cores are all busy, a contender's rate is the cores over its CPU per image, so the
+    milliseconds tell where a gap between two sources comes from: the reading workers' own extra CPU, or
+    the test server's, which a real object store does not take from the reader's machine.
+    """
+    import psutil
+
+    from raypipe import ExecutionConfig, Pipeline, PipelineConfig, TrainAugment
+    from raypipe.pipeline import EpochSource
+    from raypipe.sources import open_source
+
+    buckets = Path(workdir) / "buckets"
+    try:
+        mine, server_set = split_cores(server_cores)  # mine: the cores whose busy share is printed
+    except ValueError as e:
+        print(f"profiles.py cpu-account: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if server_set:
+        keep_to(mine)
+    server = S3Process(buckets, latency_ms, server_set) if source.startswith("s3-") else None
+    try:
+        if server is not None:
+            rows = open_source(f"s3://bench/{SOURCES[source]}", filesystem=server.filesystem())
+        else:
+            rows = open_source(str(buckets / "bench" / SOURCES[source]))
+        execution = ExecutionConfig(cpus_per_task=cpus_per_task)  # None: decided by the dataset
+        pipe = Pipeline(rows, TrainAugment(input_size=224, color_jitter=None),
+                        config=PipelineConfig(batch_size=128, seed=0), execution=execution)  # fmt: skip
+        stream = EpochSource(pipe, end_epoch=epochs + 1)
+        me = psutil.Process()
+        served = psutil.Process(server.proc.pid) if server is not None else None
+
+        def cpu() -> tuple[float, float, float, float]:
+            own = me.cpu_times()
+            kids = [c.cpu_times() for c in me.children(recursive=True) if served is None or c.pid != served.pid]
+            srv = sum(served.cpu_times()[:2]) if served is not None else 0.0
+            return own.user + own.system, sum(k.user for k in kids), sum(k.system for k in kids), srv
+
+        images = 0
+        for epoch in range(epochs + 1):
+            if epoch == 1:
+                c0, b0, t0 = cpu(), _busy(mine), time.perf_counter()
+            n = sum(len(batch["label"]) for batch in stream)
+            images += n if epoch else 0
+        seconds = time.perf_counter() - t0
+        c1, b1 = cpu(), _busy(mine)
+        stream.close()
+    finally:
+        if server is not None:
+            server.stop()
+    busy = 1 - (b1[1] - b0[1]) / max(1, b1[0] - b0[0])
+    per = [1e3 * (x1 - x0) / images for x0, x1 in zip(c0, c1, strict=True)]
+    print(f"{source}: {images / seconds:.0f} img/s over {epochs} epochs, its cores {100 * busy:.0f} % busy; "
+          f"CPU ms per image: driver {per[0]:.2f}, workers {per[1] + per[2]:.2f} (user {per[1]:.2f}, system "
+          f"{per[2]:.2f}), S3 server {per[3]:.2f}")  # fmt: skip
+
+
+def register(add) -> None:
+    """Add this module's measurements to ``bench/profiles.py``: ``add(name, fn)`` returns the subcommand's
+    parser, whose options are ``fn``'s keyword arguments."""
+    p = add("s3-requests", s3_requests)
+    p.add_argument("buckets", help="a folder whose folders are buckets")
+    p.add_argument("--prefix", default="bench/folder", help="bucket/prefix to read")
+    p.add_argument("--threads", type=int, default=32)
+    p.add_argument("--latency-ms", type=float, default=0.0)
+    p.add_argument("--ranges", action="store_true", help="ranged reads of whole objects (tar shards), per MB")
+
+    p = add("cpu-account", cpu_account)
+    p.add_argument("source", choices=sorted(SOURCES))
+    p.add_argument("--workdir", default="/tmp/cloudbench", help="a bench/cloud_input.py work folder")
+    p.add_argument("--epochs", type=int, default=4, help="measured epochs, after an unmeasured one")
+    p.add_argument("--latency-ms", type=float, default=20.0, help="added before every S3 response")
+    p.add_argument("--cpus-per-task", type=float, default=None, help="ExecutionConfig.cpus_per_task (default: its own)")
+    p.add_argument("--server-cores", type=int, default=0,
+                   help="cores of the S3 server's own; the pipeline gets the rest (as in bench/cloud_input.py)")

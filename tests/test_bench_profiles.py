@@ -1,0 +1,51 @@
+"""bench/profiles.py: every command the docs and comments quote names a script that exists and, for
+profiles.py, one of its measurements; two cheap measurements run end to end (figures not checked)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "profiles.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def _quoting_files() -> list[pathlib.Path]:
+    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "bench").iterdir()]
+    return files + [p for p in (ROOT / "raypipe").rglob("*") if p.suffix in (".py", ".c")]
+
+
+def test_every_quoted_bench_script_exists_and_every_measurement_is_one_of_profiles():
+    out = _run("--help")
+    assert out.returncode == 0, out.stderr
+    measurements = set(re.findall(r"^    (\S+)", out.stdout.split("positional arguments:")[1], re.M))
+    assert {"slab-cost", "warm-memory", "stage", "autoaug", "cpu-account", "s3-requests"} <= measurements
+    for path in _quoting_files():
+        text = path.read_text(errors="replace")
+        for name in re.findall(r"bench/(\w+\.(?:py|sh))", text):
+            assert (ROOT / "bench" / name).exists(), f"{path.relative_to(ROOT)} quotes bench/{name}"
+        for name in re.findall(r"profiles\.py\s+([a-z][\w-]*)", text):
+            assert name in measurements, f"{path.relative_to(ROOT)} quotes profiles.py {name}"
+
+
+@pytest.mark.parametrize("name", ["slab-cost", "start-cost", "stage", "cpu-account", "s3-requests", "rng"])
+def test_each_measurement_explains_itself(name):
+    out = _run(name, "--help")
+    assert out.returncode == 0 and "usage: profiles.py " + name in out.stdout, out.stderr
+
+
+def test_cheap_measurements_run():
+    out = _run("slab-cost", "--rows", "2", "--size", "16", "--repeat", "2")
+    assert out.returncode == 0 and "reused slab" in out.stdout, out.stderr
+    out = _run("warm-memory", "--gib", "0.01")
+    assert out.returncode == 0 and "first touch" in out.stdout, out.stderr
