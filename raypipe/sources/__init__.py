@@ -15,6 +15,7 @@ from raypipe.sources.parquet import list_parquet
 from raypipe.sources.paths import DatasetRoot, _is_uri, open_root
 from raypipe.sources.reader import BlockReader
 from raypipe.sources.remote import ReadOptions
+from raypipe.sources.shard_index import INDEX_NAME
 from raypipe.sources.table import ROW_SCHEMA, SourceRows
 from raypipe.sources.webdataset import has_braces, list_webdataset
 
@@ -40,8 +41,8 @@ KINDS = ("folder", "parquet", "manifest", "webdataset")
 
 
 def _by_files(names: list[str]) -> str | None:
-    """The kind a folder's files say: Parquet files, or tar shards."""
-    if any(n.endswith(".parquet") for n in names):
+    """The kind a folder's files say: Parquet files (raypipe's shard index is not one), or tar shards."""
+    if any(n.endswith(".parquet") and n.rpartition("/")[2] != INDEX_NAME for n in names):
         return "parquet"
     if any(n.endswith(".tar") for n in names):
         return "webdataset"
@@ -50,14 +51,15 @@ def _by_files(names: list[str]) -> str | None:
 
 def detect_kind(data: str, *, filesystem: pafs.FileSystem | None = None) -> str:
     """'manifest' for .csv/.jsonl, 'parquet' for a .parquet file or a folder holding them, 'webdataset'
-    for a .tar file, a brace pattern, a folder holding .tar files or a prefix of some, else 'folder'."""
+    for a .tar file, a wids shard list (.json), a brace pattern, a folder holding .tar files or a prefix of
+    some, else 'folder'."""
     lower = data.lower().rstrip("/")
     if lower.endswith((".csv", ".jsonl", ".ndjson")):
         return "manifest"
     if lower.endswith(".parquet"):
         return "parquet"
-    if lower.endswith(".tar") or has_braces(data):
-        return "webdataset"
+    if lower.endswith((".tar", ".json")) or has_braces(data):
+        return "webdataset"  # .json: a wids shard list
     root = open_root(data, filesystem=filesystem)
     if root.is_local:
         if not os.path.exists(root.root):
@@ -89,6 +91,7 @@ def open_source(
     filesystem: pafs.FileSystem | None = None,
     class_order: str = "natural",
     class_map=None,
+    index=None,
 ) -> SourceRows:
     """List any supported dataset (local path or pyarrow filesystem URI) into SourceRows.
 
@@ -96,11 +99,14 @@ def open_source(
     the URI implies; it travels to the Ray workers with the rows, so its options must be picklable.
     ``class_order`` ("natural", timm's, or "sorted", torchvision's) and ``class_map`` (a dict or a
     .txt/.json/.csv file) number class folders and class-name labels (``sources.classes``).
+    ``index`` names a WebDataset shard index (``list_webdataset``); raypipe's own beside the shards is
+    found without it.
     """
     if isinstance(data, SourceRows):
         return data
     args = dict(kind=kind, image_column=image_column, label_column=label_column, path_column=path_column,
-                root=root, filesystem=filesystem, class_order=class_order, class_map=class_map)  # fmt: skip
+                root=root, filesystem=filesystem, class_order=class_order, class_map=class_map,
+                index=index)  # fmt: skip
     if filesystem is None and not _is_uri(data):
         return _list(data, **args)
     # Remote: a missing credential or a silent endpoint must end in seconds (raypipe.timeouts)
@@ -156,8 +162,11 @@ def _list(
     filesystem: pafs.FileSystem | None,
     class_order: str,
     class_map,
+    index,
 ) -> SourceRows:
     kind = kind or detect_kind(data, filesystem=filesystem)
+    if index is not None and kind != "webdataset":
+        raise ValueError(f"index={index!r}: shard indexes are for WebDataset shards, {data!r} is a {kind} dataset")
     if kind == "folder":
         root_ = open_root(data, filesystem=filesystem)
         return list_image_folder(root_, class_order=class_order, class_map=class_map)
@@ -169,5 +178,5 @@ def _list(
             class_order=class_order, class_map=class_map,
         )  # fmt: skip
     if kind == "webdataset":
-        return list_webdataset(data, filesystem=filesystem)
+        return list_webdataset(data, filesystem=filesystem, index=index)
     raise ValueError(f"kind={kind!r}: expected one of {KINDS}")

@@ -24,6 +24,11 @@ warning naming the shard and the byte where the listing stopped, and records it 
 ``SourceRows.extra["incomplete_shards"]`` (one dict per shard: ``shard``, ``listed_samples``,
 ``stopped_at``, ``shard_bytes``, ``reason``). A shard that ends exactly after a member but lacks tar's
 end-of-archive marker is reported the same way, as members may have followed.
+
+Indexes: a shard described by raypipe's index (``sources.shard_index``, found beside the shards) or by a
+DALI ``wds2idx`` file is listed from it, with the same rows, as long as it has not changed since; a wids
+shard list (``.json``) names the shards (``sources.foreign_index``). Without an index the listing says,
+in one line, how many bytes of shards it is about to scan and which command writes one.
 """
 
 from __future__ import annotations
@@ -42,11 +47,13 @@ import pyarrow.fs as pafs
 
 from raypipe.kernels.errors import BAD_LABEL, NULL_IMAGE, TRUNCATED, SkipImage
 from raypipe.sources.folder import IMG_EXTENSIONS
+from raypipe.sources.foreign_index import DaliMember, dali_index_for, parse_dali_index, parse_wids
 from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.remote import ReadOptions, with_retries
+from raypipe.sources.shard_index import INDEX_NAME, ShardRecord, read_index, stamp_matches
 from raypipe.sources.table import SourceRows, listed_stamp, make_rows
 
-__all__ = ["expand_braces", "has_braces", "list_webdataset", "shard_paths"]
+__all__ = ["expand_braces", "has_braces", "list_webdataset", "scan_shards", "shard_paths"]
 
 log = logging.getLogger(__name__)
 
@@ -264,19 +271,25 @@ def _ext(name: str) -> str:
     return base.split(".", 1)[1].lower() if "." in base else ""
 
 
-def _list_shard(root: DatasetRoot, rel: str, options: ReadOptions) -> _Listing:
+def _open_shard(root: DatasetRoot, rel: str, options: ReadOptions) -> tuple[Callable[[int, int], bytes], int, Callable]:
+    """(read_at(pos, n), the shard's size, close) for a shard inside the root."""
     try:
         where = root.resolve(rel)
     except SkipImage as e:  # a shard that is a link out of the root
         raise ValueError(f"shard {root.display(rel)}: {e}") from None
     if root.is_local:
         fd = os.open(where, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            return _walk(_Ranges(lambda pos, n: os.pread(fd, n, pos), os.fstat(fd).st_size, 0))
-        finally:
-            os.close(fd)
+        return (lambda pos, n: os.pread(fd, n, pos)), os.fstat(fd).st_size, (lambda: os.close(fd))
     handle = with_retries(lambda: root.filesystem.open_input_file(where), options)
-    return _walk(_Ranges(lambda pos, n: with_retries(lambda: handle.read_at(n, pos), options), handle.size(), _WINDOW))
+    return (lambda pos, n: with_retries(lambda: handle.read_at(n, pos), options)), handle.size(), handle.close
+
+
+def _list_shard(root: DatasetRoot, rel: str, options: ReadOptions) -> _Listing:
+    read_at, size, close = _open_shard(root, rel, options)
+    try:
+        return _walk(_Ranges(read_at, size, 0 if root.is_local else _WINDOW))
+    finally:
+        close()
 
 
 def _label(text: str | None, key: str) -> tuple[int, str | None]:
@@ -289,54 +302,281 @@ def _label(text: str | None, key: str) -> tuple[int, str | None]:
     return (value, None) if value >= 0 else (-1, f"{BAD_LABEL}: {key}.cls holds {value}")
 
 
-def list_webdataset(
-    data: str, *, filesystem: pafs.FileSystem | None = None, options: ReadOptions | None = None
-) -> SourceRows:
-    """List WebDataset tar shards (a folder, a prefix, a ``.tar`` file or a brace pattern) into SourceRows."""
+def _record(rel: str, stamp: tuple[int, int], listing: _Listing) -> ShardRecord:
+    """A shard's rows (everything but the columns the dataset sets) from its members."""
+    samples: dict[str, dict] = {}
+    for index, m in enumerate(listing.members):
+        sample = samples.setdefault(_key(m.name), {})
+        ext = _ext(m.name)
+        if ext in _IMAGE_EXTS and "image" not in sample:
+            sample["image"] = m
+        elif ext == "cls" and "cls" not in sample:
+            sample["cls"] = listing.labels[index]
+    rec = ShardRecord(rel, listing.file_size, stamp[1], [], [], [], [], [], keys=len(samples),
+                      stopped_at=listing.stopped_at, reason=listing.reason)  # fmt: skip
+    for key, sample in samples.items():
+        if "image" not in sample and "cls" not in sample:
+            continue
+        label, error = _label(sample.get("cls"), key)
+        image = sample.get("image")
+        if image is None:
+            error = f"{NULL_IMAGE}: {key} has no image member ({', '.join(sorted(_IMAGE_EXTS))})"
+        elif image.offset + image.size > listing.file_size:
+            short = image.offset + image.size - listing.file_size
+            error = f"{TRUNCATED}: the shard ends {short} bytes before the end of {image.name}"
+        rec.labels.append(label)
+        rec.errors.append(error)
+        rec.offsets.append(image.offset if image else -1)
+        rec.sizes.append(image.size if image else -1)
+        rec.members.append(image.name if image else f"{key}.cls")
+    return rec
+
+
+def _scan(root: DatasetRoot, rel: str, stamp: tuple[int, int], options: ReadOptions) -> ShardRecord:
+    """One shard's record, from its tar headers (and ``.cls`` members)."""
+    if root.is_local:  # before reading: a shard rewritten meanwhile then no longer matches the record
+        stamp = _local_stamp(root, rel)
+    return _record(rel, stamp, _list_shard(root, rel, options))
+
+
+def _local_stamp(root: DatasetRoot, rel: str) -> tuple[int, int]:
+    st = os.stat(os.path.join(root.root, rel))
+    return st.st_size, st.st_mtime_ns
+
+
+def scan_shards(root: DatasetRoot, stamps: dict[str, tuple[int, int]], options: ReadOptions | None = None
+                ) -> list[ShardRecord]:  # fmt: skip
+    """The records of the shards ``stamps`` names, from their tar headers: locally one after another
+    (a ``pread`` per header), remotely ``options.in_flight`` shards at a time."""
     options = options or ReadOptions()
-    root, stamps = _shards(data, filesystem)
+    rels = list(stamps)
+    if root.is_local or len(rels) < 2:
+        return [_scan(root, rel, stamps[rel], options) for rel in rels]
+    with ThreadPoolExecutor(min(options.in_flight, len(rels)), thread_name_prefix="raypipe-list") as pool:
+        return list(pool.map(lambda rel: _scan(root, rel, stamps[rel], options), rels))
+
+
+def _dali_record(root: DatasetRoot, rel: str, stamp: tuple[int, int], samples: list[list[DaliMember]],
+                 options: ReadOptions) -> ShardRecord:  # fmt: skip
+    """A shard's record from its DALI index: members as the index says, each ``.cls`` member read (a
+    ``pread`` locally, a small ranged read remotely), no tar header."""
+    read_at, size, close = _open_shard(root, rel, options)
+    try:
+        members, labels = [], {}
+        for number, sample in enumerate(samples):
+            for m in sample:
+                name = m.name if m.name is not None else f"#{number}.{m.ext}"  # v1.1 names no member
+                if _ext(name) == "cls" and m.offset + m.size <= size:
+                    labels[len(members)] = read_at(m.offset, min(m.size, 64)).decode("utf-8", "replace")
+                members.append(_Member(name, m.offset, m.size))
+        return _record(rel, stamp, _Listing(members=members, labels=labels, file_size=size))
+    finally:
+        close()
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
+
+
+def _wids_shards(data: str, filesystem: pafs.FileSystem | None
+                 ) -> tuple[DatasetRoot, dict[str, tuple[int, int]], dict[str, int]]:  # fmt: skip
+    """The root, the shards (with their stamps) and the sample count per shard of a wids shard list."""
+    parent, _, name = data.rstrip("/").rpartition("/")
+    here = open_root(parent or ".", filesystem=filesystem)
+    try:
+        raw = here.read_bytes(name)
+    except SkipImage as e:
+        raise ValueError(f"wids shard index {data!r}: {e.reason} ({e.detail})") from None
+    base, shards = parse_wids(raw, data)
+    root = here
+    if base is not None:
+        root = open_root(base, filesystem=filesystem) if "://" in base or base.startswith("/") else \
+            open_root(posixpath.join(parent or ".", base), filesystem=filesystem)  # fmt: skip
+    rels, counts = [], {}
+    for s in shards:
+        url = s.url
+        try:
+            resolved = root.resolve(url)  # a URI or a path inside the root; ".." out of it is refused
+        except SkipImage as e:
+            raise ValueError(f"wids shard index {data!r}: shard {url!r} lies outside {root.uri or root.root!r} "
+                             f"({e.detail})") from None  # fmt: skip
+        rel = root.relative(resolved)
+        rels.append(rel)
+        counts[rel] = s.nsamples
+    found = _existing(root, rels)
+    missing = [r for r in rels if r not in found]
+    if missing:
+        raise ValueError(f"{len(missing)} of the {len(rels)} shards of {data!r} do not exist, e.g. {missing[:3]}")
+    return root, {r: found[r] for r in sorted(found)}, counts
+
+
+def _given_index(root: DatasetRoot, index, rels: list[str], filesystem: pafs.FileSystem | None,
+                 options: ReadOptions) -> tuple[dict[str, ShardRecord], dict[str, list], str]:  # fmt: skip
+    """(raypipe index records by shard, DALI samples by shard, where the index came from)."""
+    if index is False:
+        return {}, {}, ""
+    if index is None:  # raypipe's own beside the shards, when there is one
+        where = os.path.join(root.root, INDEX_NAME) if root.is_local else posixpath.join(root.root, INDEX_NAME)
+        exists = os.path.isfile(where) if root.is_local else \
+            root.filesystem.get_file_info(where).type == pafs.FileType.File  # fmt: skip
+        if not exists:
+            return {}, {}, ""
+        _, records = read_index(where, root.filesystem)
+        return records, {}, root.display(INDEX_NAME)
+    paths = [index] if isinstance(index, str) else list(index)
+    if len(paths) == 1 and paths[0].endswith(".parquet"):
+        fs, where = _index_location(paths[0], root, filesystem)
+        index_root, records = read_index(where, fs)
+        if index_root != root.root:  # made under another root: its paths rebased onto this one
+            sep = os.sep if root.is_local else "/"
+            joined = {(os.path.join if root.is_local else posixpath.join)(index_root, rel): r
+                      for rel, r in records.items()}  # fmt: skip
+            prefix = root.root.rstrip(sep) + sep
+            records = {p[len(prefix):]: r for p, r in joined.items() if p.startswith(prefix)}
+        return records, {}, paths[0]
+    if paths == ["dali"]:  # wds2idx's default: SHARD.idx beside each shard
+        paths = [posixpath.join(posixpath.dirname(rel), dali_index_for(rel.rpartition("/")[2])) for rel in rels]
+        paths = [root.display(p) for p in paths]
+    elif any(not p.endswith(".idx") for p in paths):
+        raise ValueError(f"index={index!r}: expected a raypipe index (.parquet), DALI index files (.idx, a list "
+                         "or a brace pattern) or 'dali' (SHARD.idx beside each shard)")  # fmt: skip
+    if len(paths) == 1 and has_braces(paths[0]):
+        paths = expand_braces(paths[0])
+    by_stem = {dali_index_for(rel.rpartition("/")[2]): rel for rel in rels}
+    dali = {}
+    for p in paths:
+        rel = by_stem.get(p.rpartition("/")[2])
+        if rel is None:
+            raise ValueError(f"DALI index {p!r} names no shard of this dataset (SHARD.idx for SHARD.tar)")
+        fs, where = _index_location(p, root, filesystem)
+        if fs is None:
+            with open(where, encoding="utf-8") as f:
+                text = f.read()
+        else:
+            with fs.open_input_stream(where) as f:
+                text = f.read().decode("utf-8")
+        dali[rel] = (parse_dali_index(text, p), fs, where)
+    return {}, dali, ", ".join(paths[:2]) + (" …" if len(paths) > 2 else "")
+
+
+def _index_location(path: str, root: DatasetRoot, filesystem: pafs.FileSystem | None
+                    ) -> tuple[pafs.FileSystem | None, str]:  # fmt: skip
+    """(filesystem, path) of an index file: a URI is read through the dataset's filesystem (or the one it
+    names), a plain path from local disk."""
+    if "://" not in path:
+        return None, path
+    if filesystem is not None or not root.is_local:
+        return filesystem or root.filesystem, path.split("://", 1)[1]
+    fs, where = pafs.FileSystem.from_uri(path)
+    return fs, where
+
+
+def list_webdataset(
+    data: str, *, filesystem: pafs.FileSystem | None = None, options: ReadOptions | None = None, index=None
+) -> SourceRows:
+    """List WebDataset tar shards (a folder, a prefix, a ``.tar`` file, a brace pattern or a wids shard-list
+    ``.json``) into SourceRows.
+
+    ``index``: None reads raypipe's index beside the shards (``raypipe-index.parquet``) when there is one;
+    a ``.parquet`` path (or URI) names one elsewhere; ``.idx`` paths (a list or a brace pattern) are DALI
+    index files (``SHARD.idx`` for ``SHARD.tar``), and ``"dali"`` takes each shard's from beside it.
+    A shard the index lacks, or that changed since it was indexed, is listed from its tar headers.
+    """
+    options = options or ReadOptions()
+    expected: dict[str, int] = {}
+    if data.rstrip("/").lower().endswith(".json"):
+        root, stamps, expected = _wids_shards(data, filesystem)
+    else:
+        root, stamps = _shards(data, filesystem)
     rels = list(stamps)
     if not rels:
         raise ValueError(f"no .tar shards under {data!r}")
-    if root.is_local:
-        listings = [_list_shard(root, rel, options) for rel in rels]
-    else:
-        with ThreadPoolExecutor(min(options.in_flight, len(rels)), thread_name_prefix="raypipe-list") as pool:
-            listings = list(pool.map(lambda rel: _list_shard(root, rel, options), rels))
+    indexed, dali, source = _given_index(root, index, rels, filesystem, options)
+    current = {rel: _local_stamp(root, rel) for rel in rels} if root.is_local else stamps
+    records: dict[str, ShardRecord] = {}
+    stale = []
+    for rel in rels:
+        rec = indexed.get(rel)
+        if rec is not None and stamp_matches((rec.size, rec.mtime_ns), current[rel]):
+            records[rel] = rec
+        elif rec is not None:
+            stale.append(rel)
+    if dali:
+        fresh = _dali_fresh(dali, current)
+        stale += [rel for rel in dali if not fresh[rel]]
+        todo = [rel for rel in dali if fresh[rel]]
+        with ThreadPoolExecutor(max(1, min(options.in_flight, len(todo))), thread_name_prefix="raypipe-list") as pool:
+            done = pool.map(lambda r: _dali_record(root, r, current[r], dali[r][0], options), todo)
+            records.update(zip(todo, done, strict=True))
+    if stale:
+        log.warning("raypipe: %d of the %d shards changed since %s indexed them (size or time), e.g. %s: listing "
+                    "them from their tar headers; `raypipe index` writes the index again", len(stale), len(rels),
+                    source, root.display(stale[0]))  # fmt: skip
+    to_scan = {rel: stamps[rel] for rel in rels if rel not in records}
+    if to_scan and len(to_scan) > len(stale):
+        total = sum(current[rel][0] for rel in to_scan if current[rel][0] > 0)
+        (log.info if root.is_local else log.warning)(
+            "raypipe: listing %d shard(s) of %s without an index: reading the tar headers of up to %s; "
+            "`raypipe index %s` writes an index, and the listing then reads that file alone",
+            len(to_scan), data, _human(total), data)  # fmt: skip
+    for rec in scan_shards(root, to_scan, options):
+        records[rec.path] = rec
+    return _rows(data, root, rels, stamps, records, expected)
+
+
+def _dali_fresh(dali: dict, current: dict) -> dict[str, bool]:
+    """Per shard with a DALI index: whether the index may still describe it. A DALI index holds no shard
+    size or time, so a shard modified after its index file was written, or shorter than the end of the
+    index's last member, is taken as changed."""
+    out = {}
+    for rel, (samples, fs, where) in dali.items():
+        end = max((m.offset + m.size for s in samples for m in s), default=0)
+        if fs is None:
+            written = os.stat(where).st_mtime_ns
+        else:
+            info = fs.get_file_info(where)
+            written = listed_stamp(info)[1]
+        shard_time = current[rel][1]
+        fresh = end <= current[rel][0]
+        if written >= 0 and shard_time >= 0:  # to the second: stores state whole seconds in some answers
+            fresh = fresh and written // 10**9 >= shard_time // 10**9
+        out[rel] = fresh
+    return out
+
+
+def _rows(data: str, root: DatasetRoot, rels: list[str], stamps: dict, records: dict[str, ShardRecord],
+          expected: dict[str, int]) -> SourceRows:  # fmt: skip
     cols: dict[str, list] = {k: [] for k in ("path", "label", "error", "shard", "offset", "size", "member",
                                              "object_size", "object_mtime_ns")}  # fmt: skip
-    incomplete = []
-    for shard, (rel, listing) in enumerate(zip(rels, listings, strict=True)):
-        samples: dict[str, dict] = {}
-        for index, m in enumerate(listing.members):
-            sample = samples.setdefault(_key(m.name), {})
-            ext = _ext(m.name)
-            if ext in _IMAGE_EXTS and "image" not in sample:
-                sample["image"] = m
-            elif ext == "cls" and "cls" not in sample:
-                sample["cls"] = listing.labels[index]
-        for key, sample in samples.items():
-            if "image" not in sample and "cls" not in sample:
-                continue
-            label, error = _label(sample.get("cls"), key)
-            image = sample.get("image")
-            if image is None:
-                error = f"{NULL_IMAGE}: {key} has no image member ({', '.join(sorted(_IMAGE_EXTS))})"
-            elif image.offset + image.size > listing.file_size:
-                short = image.offset + image.size - listing.file_size
-                error = f"{TRUNCATED}: the shard ends {short} bytes before the end of {image.name}"
-            for col, value in (("path", rel), ("label", label), ("error", error), ("shard", shard),
-                               ("offset", image.offset if image else -1), ("size", image.size if image else -1),
-                               ("member", image.name if image else f"{key}.cls"),
-                               ("object_size", stamps[rel][0]), ("object_mtime_ns", stamps[rel][1])):  # fmt: skip
-                cols[col].append(value)
-        if listing.stopped_at is not None:
-            incomplete.append({"shard": root.display(rel), "listed_samples": len(samples),
-                               "stopped_at": listing.stopped_at, "shard_bytes": listing.file_size,
-                               "reason": listing.reason})  # fmt: skip
+    incomplete, miscounted = [], []
+    for shard, rel in enumerate(rels):
+        rec = records[rel]
+        n = len(rec)
+        cols["path"] += [rel] * n
+        cols["shard"] += [shard] * n
+        cols["object_size"] += [stamps[rel][0]] * n
+        cols["object_mtime_ns"] += [stamps[rel][1]] * n
+        cols["label"] += rec.labels
+        cols["error"] += rec.errors
+        cols["offset"] += rec.offsets
+        cols["size"] += rec.sizes
+        cols["member"] += rec.members
+        if rel in expected and expected[rel] != rec.keys:
+            miscounted.append((rel, expected[rel], rec.keys))
+        if rec.stopped_at is not None:
+            incomplete.append({"shard": root.display(rel), "listed_samples": rec.keys,
+                               "stopped_at": rec.stopped_at, "shard_bytes": rec.size,
+                               "reason": rec.reason})  # fmt: skip
             log.warning("raypipe: %s: %s; listed %d samples up to byte %d of %d, any after it are not in the "
-                        "dataset", root.display(rel), listing.reason, len(samples), listing.stopped_at,
-                        listing.file_size)  # fmt: skip
+                        "dataset", root.display(rel), rec.reason, rec.keys, rec.stopped_at, rec.size)  # fmt: skip
+    if miscounted:
+        rel, said, found = miscounted[0]
+        log.warning("raypipe: %d shard(s) hold another number of samples than the wids index %s says, e.g. %s: "
+                    "%d said, %d found", len(miscounted), data, root.display(rel), said, found)  # fmt: skip
     if not cols["path"]:
         raise ValueError(f"the {len(rels)} shard(s) of {data!r} hold no samples (KEY.jpg with KEY.cls)")
     table = make_rows(cols["path"], cols["label"], errors=cols["error"], shards=cols["shard"],

@@ -55,7 +55,8 @@ class S3Server:
     ``latency_ms`` is added before the first byte of every response (changeable while running).
     ``requests`` counts requests by ``(method, action)`` (``"GET", "GetObject"``…), ``log`` keeps the
     last ones as ``(method, path, query, range)``, and ``max_active`` is the most requests that were
-    being answered at once (with latency, how many a client keeps in flight).
+    being answered at once (with latency, how many a client keeps in flight). ``bytes_sent`` counts
+    the object bytes that ``GetObject`` answers carried.
     """
 
     def __init__(self, root: str | os.PathLike, *, latency_ms: float = 0.0, port: int = 0, log_size: int = 10000):
@@ -66,6 +67,7 @@ class S3Server:
         self.requests: Counter[tuple[str, str]] = Counter()
         self.log: list[tuple[str, str, str, str]] = []
         self.active = self.max_active = 0
+        self.bytes_sent = 0
         self._log_size = log_size
         self._lock = threading.Lock()
         self._handler = _make_handler(self)
@@ -167,6 +169,7 @@ class S3Server:
         with self._lock:
             self.requests.clear()
             self.log.clear()
+            self.bytes_sent = 0
             self.max_active = self.active
 
     def count(self, *actions: str) -> int:
@@ -366,6 +369,8 @@ def _make_handler(server: S3Server):
                 return self._error(404, "NoSuchKey", key)
             self._send(status, headers=headers)
             self.wfile.write(data)
+            with server._lock:
+                server.bytes_sent += len(data)
 
         def _PutObject(self, bucket, key, query):
             base = server._locate(bucket)

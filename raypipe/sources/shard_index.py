@@ -1,0 +1,148 @@
+"""raypipe's own index of WebDataset shards: what listing the shards would find, so that a listing with it
+reads one small file instead of every tar header.
+
+One Parquet file (``raypipe-index.parquet`` beside the shards by default). Its rows are the samples of
+every indexed shard as the listing makes them (``shard``: the position in the index's shard list,
+``label``, ``error``, ``offset``/``size`` of the image member's data, ``member``); its key-value metadata
+``raypipe.index`` is JSON: ``{"format": "raypipe-webdataset-index", "version": 1, "root": …, "shards":
+[{"path", "size", "mtime_ns", "keys", "stopped_at", "reason"}, …]}``, ``path`` relative to ``root``
+(the shards' folder as the indexer saw it), ``size`` and ``mtime_ns`` the shard's when it was indexed,
+``keys`` the sample keys its headers held (samples or not) and ``stopped_at``/``reason`` where a
+truncated shard's listing stopped (null and "" for a complete one).
+
+A shard is taken from the index only while its size and modification time are the ones indexed
+(:func:`stamp_matches`); otherwise the listing scans it again. The file is written in one piece:
+locally to a temporary name and renamed, on an object store in one upload (an object appears whole).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from raypipe.sources.paths import DatasetRoot
+from raypipe.sources.table import _string_array, column_array, int64_array
+
+__all__ = ["INDEX_NAME", "ShardRecord", "read_index", "stamp_matches", "write_index"]
+
+INDEX_NAME = "raypipe-index.parquet"
+_FORMAT = "raypipe-webdataset-index"
+_VERSION = 1
+_META_KEY = b"raypipe.index"
+_SCHEMA = pa.schema([("shard", pa.int64()), ("label", pa.int64()), ("error", pa.string()),
+                     ("offset", pa.int64()), ("size", pa.int64()), ("member", pa.string())])  # fmt: skip
+
+
+@dataclass
+class ShardRecord:
+    """One shard's samples as its listing makes them, and the shard's size and time when it was listed."""
+
+    path: str  # relative to the dataset root
+    size: int
+    mtime_ns: int  # -1: the store gave none
+    labels: list[int]
+    errors: list[str | None]
+    offsets: list[int]
+    sizes: list[int]
+    members: list[str]
+    keys: int  # sample keys its headers held, samples or not (the incomplete-shard report counts them)
+    stopped_at: int | None = None  # where a truncated shard's listing stopped
+    reason: str = ""
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def stamp_matches(indexed: tuple[int, int], current: tuple[int, int]) -> bool:
+    """Whether a shard whose (size, mtime_ns) was ``indexed`` is unchanged at ``current``. The size must
+    agree. The time too, but a store that gives none (-1) is checked by size alone, and one that states
+    whole seconds in some answers and finer times in others (S3: ``HEAD`` against ``ListObjectsV2``)
+    is compared to the second."""
+    if indexed[0] != current[0]:
+        return False
+    a, b = indexed[1], current[1]
+    if a < 0 or b < 0 or a == b:
+        return True
+    return (a % 10**9 == 0 or b % 10**9 == 0) and a // 10**9 == b // 10**9
+
+
+def _index_path(root: DatasetRoot, where: str) -> str:
+    return os.path.join(root.root, where) if root.is_local else posixpath.join(root.root, where)
+
+
+def write_index(records: list[ShardRecord], out: str, *, root: DatasetRoot,
+                filesystem: pafs.FileSystem | None = None) -> str:  # fmt: skip
+    """Write ``records`` (shards under ``root``) as an index at ``out`` (a local path, or a path on
+    ``filesystem``), in one piece; returns where."""
+    counts = [len(r) for r in records]
+    table = pa.table({
+        "shard": int64_array(np.repeat(np.arange(len(records), dtype=np.int64), counts)),
+        "label": int64_array([v for r in records for v in r.labels]),
+        "error": _string_array([v for r in records for v in r.errors]),
+        "offset": int64_array([v for r in records for v in r.offsets]),
+        "size": int64_array([v for r in records for v in r.sizes]),
+        "member": _string_array([v for r in records for v in r.members]),
+    }, schema=_SCHEMA)  # fmt: skip
+    meta = {"format": _FORMAT, "version": _VERSION, "root": root.root,
+            "shards": [{"path": r.path, "size": r.size, "mtime_ns": r.mtime_ns, "keys": r.keys,
+                        "stopped_at": r.stopped_at, "reason": r.reason} for r in records]}  # fmt: skip
+    table = table.replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
+    if filesystem is None:
+        folder, name = os.path.split(os.path.abspath(out))
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+        try:
+            pq.write_table(table, tmp, compression="zstd")
+            os.replace(tmp, out)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return out
+    # One upload: the store shows the object only once it is complete (a single PUT, or a multipart
+    # upload that is completed as its last step), so no reader sees half an index.
+    with filesystem.open_output_stream(out) as sink:
+        pq.write_table(table, sink, compression="zstd")
+    return out
+
+
+def read_index(path: str, filesystem: pafs.FileSystem | None = None) -> tuple[str, dict[str, ShardRecord]]:
+    """(the root the index was made under, its shards by path relative to that root); ``ValueError`` for
+    a file that is not a raypipe index, ``FileNotFoundError`` for none."""
+    if filesystem is None:
+        table = pq.read_table(path)
+    else:
+        with filesystem.open_input_file(path) as f:
+            table = pq.read_table(f)
+    raw = (table.schema.metadata or {}).get(_META_KEY)
+    try:
+        meta = json.loads(raw) if raw else {}
+    except ValueError:
+        meta = {}
+    if meta.get("format") != _FORMAT:
+        raise ValueError(f"{path}: not a raypipe shard index (no {_META_KEY.decode()} metadata)")
+    if meta.get("version") != _VERSION:
+        raise ValueError(f"{path}: raypipe shard index version {meta.get('version')}, this raypipe reads "
+                         f"{_VERSION}: write it again with `raypipe index`")  # fmt: skip
+    shard = column_array(table.column("shard"))
+    bounds = np.searchsorted(shard, np.arange(len(meta["shards"]) + 1))
+    cols = {name: column_array(table.column(name)) for name in ("label", "error", "offset", "size", "member")}
+    records = {}
+    for k, s in enumerate(meta["shards"]):
+        lo, hi = int(bounds[k]), int(bounds[k + 1])
+        records[s["path"]] = ShardRecord(
+            path=s["path"], size=int(s["size"]), mtime_ns=int(s["mtime_ns"]),
+            labels=cols["label"][lo:hi].tolist(), errors=list(cols["error"][lo:hi]),
+            offsets=cols["offset"][lo:hi].tolist(), sizes=cols["size"][lo:hi].tolist(),
+            members=list(cols["member"][lo:hi]), keys=int(s["keys"]), stopped_at=s["stopped_at"],
+            reason=s["reason"],
+        )  # fmt: skip
+    return meta["root"], records
