@@ -75,6 +75,8 @@ USER_ERRORS = [
     (["preview", "{data}", "--out", "{tmp}/g.png", "--count", "0"], "--count"),
     (["convert", "{data}", "{tmp}/out", "--format", "webdataset", "--max-side", "0"], "--max-side"),
     (["convert", "{data}", "{tmp}/out", "--format", "zip"], "invalid choice"),
+    (["index", "{tmp}/nope.tar", "--out", "{tmp}/i.parquet"], "no .tar shards"),
+    (["index", "{data}", "--out", "{tmp}/i.json"], "--out"),
     (["preview", "{data}", "--out", "{tmp}/g.notanimage"], "--out"),
     (["preview", "{tmp}/nope", "--out", "{tmp}/g.png"], "does not exist"),
     (["preview", "{data}"], "--out"),
@@ -302,7 +304,7 @@ def _commands():
 
 def test_every_command_is_covered_and_every_flag_has_help():
     parser, commands = _commands()
-    assert set(commands) == {"sample-data", "scan", "run", "preview", "convert", "bench", "cluster-check"}
+    assert set(commands) == {"sample-data", "scan", "run", "preview", "convert", "index", "bench", "cluster-check"}
     assert len(COMMANDS) == len(commands)
     for name, command in [("raypipe", parser), *commands.items()]:
         for action in command._actions:

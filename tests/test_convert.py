@@ -13,6 +13,8 @@ from raypipe.sources import open_source
 from raypipe.sources.convert import _ShardJob, _write_shard, convert, parse_size
 from raypipe.sources.paths import open_root
 from raypipe.sources.reader import BlockReader
+from raypipe.sources.shard_index import INDEX_NAME
+from raypipe.sources.webdataset import list_webdataset
 from raypipe.stages.augment import AugmentStage, StageSpec
 
 pytestmark = pytest.mark.timeout(240)
@@ -30,7 +32,8 @@ def _digests(rows) -> dict[int, tuple[int, str]]:
 
 
 def _files(d) -> dict[str, bytes]:
-    return {n: (d / n).read_bytes() for n in sorted(os.listdir(d))}
+    """The shards under ``d`` (raypipe's index beside them records their times, so it differs per run)."""
+    return {n: (d / n).read_bytes() for n in sorted(os.listdir(d)) if n != INDEX_NAME}
 
 
 @pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
@@ -39,8 +42,9 @@ def test_round_trip_gives_the_same_samples(ray_local, sample_dir, tmp_path, fmt)
     report = convert(str(sample_dir), str(tmp_path / "out"), format=fmt, samples_per_shard=10)
     assert report.samples == len(folder) == 48 and report.skipped == () and len(report.shards) == 5
     ext = ".tar" if fmt == "webdataset" else ".parquet"
-    assert sorted(os.listdir(tmp_path / "out")) == [f"{'shard' if ext == '.tar' else 'part'}-{k:05d}{ext}"
-                                                    for k in range(5)]  # fmt: skip
+    assert sorted(set(os.listdir(tmp_path / "out")) - {INDEX_NAME}) == [
+        f"{'shard' if ext == '.tar' else 'part'}-{k:05d}{ext}" for k in range(5)]  # fmt: skip
+    assert os.path.exists(tmp_path / "out" / INDEX_NAME) == (fmt == "webdataset")
     shards = open_source(str(tmp_path / "out"))
     assert shards.kind == fmt and shards.num_shards == 5 if fmt == "webdataset" else shards.kind == fmt
     assert shards.table.column("sample_id").to_pylist() == folder.table.column("sample_id").to_pylist()
@@ -49,6 +53,8 @@ def test_round_trip_gives_the_same_samples(ray_local, sample_dir, tmp_path, fmt)
     assert again.shards == report.shards and _files(tmp_path / "again") == _files(tmp_path / "out")  # byte-identical
     if fmt == "webdataset":
         assert open_source(str(tmp_path / "out" / report.pattern)).table.equals(shards.table)
+        scanned = list_webdataset(str(tmp_path / "out"), index=False)  # from the tar headers
+        assert shards.table.equals(scanned.table) and shards.extra == scanned.extra
 
 
 def test_max_side_shrinks_and_keeps_keys_and_labels(ray_local, sample_dir, tmp_path):
@@ -80,6 +86,7 @@ def test_unreadable_samples_are_left_out_and_bad_labels_stay_bad(ray_local, samp
     rows = open_source(str(tmp_path / "out"))
     t = rows.table.to_pydict()
     assert t["label"] == [1, -1, 0] and t["error"][1].startswith("bad_label")
+    assert rows.table.equals(list_webdataset(str(tmp_path / "out"), index=False).table)  # the index: as the headers
 
 
 def test_a_failed_shard_leaves_nothing_that_looks_complete(sample_dir, tmp_path, monkeypatch):
@@ -124,7 +131,7 @@ def test_cli_convert(ray_local, sample_dir, tmp_path, capsys):
                    "--json", str(tmp_path / "r.json")])  # fmt: skip
     assert rc == 0
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["samples"] == 48 and len(report["shards"]) == len(os.listdir(out)) > 1
+    assert report["samples"] == 48 and len(report["shards"]) == len(os.listdir(out)) - 1 > 1  # and the index
     assert "48 samples" in capsys.readouterr().out
     rows = open_source(str(out / report["pattern"]))
     assert len(rows) == 48 and np.array_equal(rows.table.column("label").to_numpy(),
@@ -138,10 +145,12 @@ def test_convert_into_a_remote_filesystem(ray_local, sample_dir, tmp_path):
     fs = pa.fs.SubTreeFileSystem(str(tmp_path / "remote"), pa.fs.LocalFileSystem())
     report = convert(str(sample_dir), "bucket/converted", format="webdataset", samples_per_shard=16, dst_filesystem=fs)
     assert len(report.shards) == 3
-    assert sorted(os.listdir(tmp_path / "remote" / "bucket" / "converted")) == list(report.shards)  # no temporaries
+    written = sorted(os.listdir(tmp_path / "remote" / "bucket" / "converted"))
+    assert written == sorted([*report.shards, INDEX_NAME])  # no temporaries
     rows = open_source("bucket/converted", filesystem=fs, kind="webdataset")
     assert not rows.root.is_local and len(rows) == 48
     assert _digests(rows) == _digests(open_source(str(sample_dir)))
+    assert rows.table.equals(list_webdataset("bucket/converted", filesystem=fs, index=False).table)
 
 
 def test_a_failed_shard_is_raised_after_the_other_shards_have_ended(ray_local, tmp_path):

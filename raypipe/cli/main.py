@@ -30,7 +30,7 @@ from raypipe import __version__
 __all__ = ["main", "build_parser", "COMMANDS", "HelpFormatter", "ArgumentParser"]
 
 # Modules under raypipe.cli, one per command, in the order --help lists them.
-COMMANDS = ("sample", "scan", "run", "preview", "convert", "bench", "cluster_check")
+COMMANDS = ("sample", "scan", "run", "preview", "convert", "index", "bench", "cluster_check")
 
 _MAX_FAILURE_LINES = 6
 # raypipe's own "the run failed" exceptions, by module (checked only once their module is imported).

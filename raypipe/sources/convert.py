@@ -18,6 +18,8 @@ so the same input gives byte-identical shards on any cluster.
   so is an image that does not decode (reading the output skips it, as reading the input did).
 - Each shard is written under a temporary name (``.NAME.tmp-…``, which no listing takes for a shard)
   and renamed when complete: a failed or interrupted conversion leaves only complete shards.
+- WebDataset output gets raypipe's shard index (``raypipe-index.parquet``, ``sources.shard_index``)
+  beside the shards, made from what the writers recorded, so listing the output reads that file alone.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import pyarrow.parquet as pq
 from raypipe.kernels.errors import BAD_LABEL, SkipImage
 from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.reader import BlockReader
-from raypipe.sources.table import SourceRows, int64_array, table_columns
+from raypipe.sources.table import SourceRows, int64_array, listed_stamp, table_columns
 
 __all__ = ["FORMATS", "ConvertReport", "convert", "parse_size", "plan_shards"]
 
@@ -148,12 +150,14 @@ class _ShardJob:
     row_group_rows: int
 
 
-def _tar_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+def _tar_member(tar: tarfile.TarFile, name: str, data: bytes) -> int:
+    """Append a member; returns where its data starts in the archive."""
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = len(data), 0, 0o644  # fixed fields: the same bytes on every run
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     tar.addfile(info, io.BytesIO(data))
+    return tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE  # the data, padded, ends there
 
 
 def _write_shard(job: _ShardJob) -> dict:
@@ -166,6 +170,8 @@ def _write_shard(job: _ShardJob) -> dict:
     final_path = os.path.join(dst.root, job.name) if local else posixpath.join(dst.root, job.name)
     tmp_path = os.path.join(dst.root, tmp) if local else posixpath.join(dst.root, tmp)
     stats = {"name": job.name, "samples": 0, "skipped": [], "resized": 0, "undecodable": 0}
+    members: list[tuple[str, int, int]] = []  # (name, data offset, size) of a tar shard, for its index
+    cls_texts: dict[int, str] = {}  # index in members -> a .cls member's text
     sink = open(tmp_path, "wb") if local else dst.filesystem.open_output_stream(tmp_path)  # noqa: SIM115
     writer = None
     try:
@@ -191,9 +197,12 @@ def _write_shard(job: _ShardJob) -> dict:
                 stats["samples"] += 1
                 if tar is not None:
                     key = str(sid).zfill(job.key_width)
-                    _tar_member(tar, f"{key}.{_ext(data)}", data)
+                    name = f"{key}.{_ext(data)}"
+                    members.append((name, _tar_member(tar, name, data), len(data)))
                     if label is not None:
-                        _tar_member(tar, f"{key}.cls", str(label).encode())
+                        text = str(label)
+                        cls_texts[len(members)] = text
+                        members.append((f"{key}.cls", _tar_member(tar, f"{key}.cls", text.encode()), len(text)))
                 else:
                     images.append(data)
                     labels.append(label)
@@ -209,8 +218,13 @@ def _write_shard(job: _ShardJob) -> dict:
         sink.close()
         if local:
             os.replace(tmp_path, final_path)
+            st = os.stat(final_path)
+            stamp = (st.st_size, st.st_mtime_ns)
         else:
             dst.filesystem.move(tmp_path, final_path)
+            stamp = listed_stamp(dst.filesystem.get_file_info(final_path))
+        if tar is not None:
+            stats["index"] = {"members": members, "labels": cls_texts, "stamp": stamp}
     except BaseException:
         if writer is not None:  # closed here, or its finaliser would write to the closed sink later
             with contextlib.suppress(Exception):
@@ -229,6 +243,22 @@ def _write_shard(job: _ShardJob) -> dict:
 def _unless_label(errors: np.ndarray) -> np.ndarray:
     """The listing's errors but for bad labels: such an image is still read and written, without a label."""
     return np.array([None if e is None or str(e).startswith(BAD_LABEL) else e for e in errors], dtype=object)
+
+
+def _write_index(root: DatasetRoot, names: list[str], results: list[dict]) -> None:
+    """raypipe's shard index of the shards just written, from what their writers recorded (nothing is read
+    back): the rows a listing of the shards would make."""
+    from raypipe.sources.shard_index import INDEX_NAME, write_index
+    from raypipe.sources.webdataset import _Listing, _Member, _record
+
+    records = []
+    for name, result in zip(names, results, strict=True):
+        info = result["index"]
+        listing = _Listing(members=[_Member(*m) for m in info["members"]], labels=dict(info["labels"]),
+                           file_size=info["stamp"][0])  # fmt: skip
+        records.append(_record(name, tuple(info["stamp"]), listing))
+    where = os.path.join(root.root, INDEX_NAME) if root.is_local else posixpath.join(root.root, INDEX_NAME)
+    write_index(records, where, root=root, filesystem=root.filesystem)
 
 
 def _mean_bytes(rows: SourceRows, max_side: int | None) -> float:
@@ -344,6 +374,8 @@ def convert(
 
     results = _gather(pending, report if progress is not None else None)
     ordered = [results[name] for name in names]
+    if format == "webdataset":
+        _write_index(out_root, names, ordered)
     return ConvertReport(
         dst=dst, format=format, shards=tuple(names), samples=sum(r["samples"] for r in ordered),
         skipped=tuple(s for r in ordered for s in r["skipped"]), resized=sum(r["resized"] for r in ordered),
