@@ -38,7 +38,8 @@ def test_every_quoted_bench_script_exists_and_every_measurement_is_one_of_profil
             assert name in measurements, f"{path.relative_to(ROOT)} quotes profiles.py {name}"
 
 
-@pytest.mark.parametrize("name", ["slab-cost", "start-cost", "stage", "cpu-account", "s3-requests", "rng"])
+@pytest.mark.parametrize("name", ["slab-cost", "start-cost", "stage", "cpu-account", "s3-requests", "s3-listing",
+                                  "rng"])
 def test_each_measurement_explains_itself(name):
     out = _run(name, "--help")
     assert out.returncode == 0 and "usage: profiles.py " + name in out.stdout, out.stderr

@@ -228,6 +228,75 @@ def cpu_account(source: str, workdir: str = "/tmp/cloudbench", epochs: int = 4, 
           f"{per[2]:.2f}), S3 server {per[3]:.2f}")  # fmt: skip
 
 
+def s3_listing(shards: int = 10, samples: int = 250, image_kb: int = 150, latency_ms: float = 20.0,
+               workdir: str = "/tmp/listbench") -> None:  # fmt: skip
+    """Bytes a WebDataset listing reads over S3, as a share of the dataset's bytes, with and without an index.
+
+    Writes ``--shards`` tar shards of ``--samples`` samples (``--image-kb`` KB of JPEG-headed random bytes
+    and a ``.cls`` each) into ``raypipe.testing.S3Server`` (in this process, ``--latency-ms`` before every
+    response) and lists them with ``open_source``: without an index, after ``raypipe index``
+    (``index_shards``, shards over Ray tasks), and the same samples as written by ``raypipe convert``
+    (which writes the index itself)::
+
+        python bench/profiles.py s3-listing --shards 10 --samples 50
+
+    Prints, per listing, the object bytes the server sent, the dataset's bytes, their ratio, the requests
+    and the seconds.
+    """
+    import shutil
+    import tarfile
+
+    import ray
+
+    from raypipe.sources import open_source
+    from raypipe.sources.convert import convert
+    from raypipe.sources.indexer import index_shards
+    from raypipe.testing import S3Server
+
+    work = Path(workdir)
+    shutil.rmtree(work, ignore_errors=True)
+    shard_dir, folder = work / "buckets" / "bench" / "shards", work / "folder"
+    shard_dir.mkdir(parents=True)
+    for s in range(shards):
+        with tarfile.open(shard_dir / f"shard-{s:04d}.tar", "w", format=tarfile.PAX_FORMAT) as tar:
+            for i in range(samples):
+                key, label = f"{s:04d}{i:05d}", (s * samples + i) % 10
+                image = b"\xff\xd8\xff" + os.urandom(image_kb * 1000 - 3)
+                (folder / str(label)).mkdir(parents=True, exist_ok=True)
+                (folder / str(label) / f"{key}.jpg").write_bytes(image)
+                for name, data in ((f"{key}.jpg", image), (f"{key}.cls", str(label).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, __import__("io").BytesIO(data))
+
+    def dataset_bytes(d: Path) -> int:
+        return sum(p.stat().st_size for p in d.glob("*.tar"))
+
+    def listing(name: str, data: str, fs, server, total: int) -> None:
+        server.reset_counts()
+        t0 = time.perf_counter()
+        rows = open_source(data, filesystem=fs)
+        seconds = time.perf_counter() - t0
+        print(f"{name:<34} {len(rows):>6} samples  read {server.bytes_sent / 1e6:8.2f} MB of {total / 1e6:7.1f} MB "
+              f"= {100 * server.bytes_sent / total:6.2f} %, {server.count():>5} requests, {seconds:5.2f} s")
+
+    started = not ray.is_initialized()
+    with S3Server(work / "buckets", latency_ms=latency_ms) as server:
+        fs = server.filesystem()
+        total = dataset_bytes(shard_dir)
+        print(f"{shards} shards of {samples} samples of {image_kb} KB, {latency_ms:g} ms per request")
+        listing("no index", "s3://bench/shards", fs, server, total)
+        index_shards("s3://bench/shards", filesystem=fs)
+        listing("index by `raypipe index`", "s3://bench/shards", fs, server, total)
+        convert(str(folder), "s3://bench/converted", format="webdataset", samples_per_shard=samples,
+                dst_filesystem=fs)  # fmt: skip
+        listing("shards by `raypipe convert`", "s3://bench/converted", fs, server,
+                dataset_bytes(work / "buckets" / "bench" / "converted"))  # fmt: skip
+    if started:
+        ray.shutdown()
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def register(add) -> None:
     """Add this module's measurements to ``bench/profiles.py``: ``add(name, fn)`` returns the subcommand's
     parser, whose options are ``fn``'s keyword arguments."""
@@ -237,6 +306,13 @@ def register(add) -> None:
     p.add_argument("--threads", type=int, default=32)
     p.add_argument("--latency-ms", type=float, default=0.0)
     p.add_argument("--ranges", action="store_true", help="ranged reads of whole objects (tar shards), per MB")
+
+    p = add("s3-listing", s3_listing)
+    p.add_argument("--shards", type=int, default=10)
+    p.add_argument("--samples", type=int, default=250, help="per shard")
+    p.add_argument("--image-kb", type=int, default=150)
+    p.add_argument("--latency-ms", type=float, default=20.0, help="added before every S3 response")
+    p.add_argument("--workdir", default="/tmp/listbench", help="written, then removed")
 
     p = add("cpu-account", cpu_account)
     p.add_argument("source", choices=sorted(SOURCES))
