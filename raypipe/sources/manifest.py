@@ -180,19 +180,26 @@ def _arrow_jsonl(uri: str, filesystem, columns: tuple[str, str]) -> tuple[pa.Chu
     return paths, labels
 
 
-def _codes(labels: pa.ChunkedArray) -> tuple[list, np.ndarray]:
-    """The distinct label values (Python objects, None last when some label is null) and each row's index
-    into them."""
-    if not pa.types.is_dictionary(labels.type):
-        labels = pc.dictionary_encode(labels)
-    arr = pa.Table.from_arrays([labels], ["l"]).unify_dictionaries().column("l").combine_chunks()
-    values = arr.dictionary.to_pylist()
-    codes = arr.indices
-    if codes.null_count:
-        codes = pc.fill_null(codes, len(values))
-        values.append(None)
-    codes = codes.cast(pa.int64())  # through the buffer: to_numpy would import pandas
-    return values, np.frombuffer(codes.buffers()[1], np.int64, count=len(codes), offset=codes.offset * 8)
+def _int_view(arr: pa.Array) -> np.ndarray:
+    """An integer array without nulls as numpy, through its buffer (``to_numpy`` would import pandas)."""
+    width = arr.type.bit_width // 8
+    return np.frombuffer(arr.buffers()[1], f"<i{width}", count=len(arr), offset=arr.offset * width)
+
+
+def _distinct(labels: pa.ChunkedArray) -> pa.Array:
+    """The distinct non-null values of a dictionary-encoded column, whatever each chunk's dictionary."""
+    return pc.unique(pa.concat_arrays([chunk.dictionary for chunk in labels.chunks])).drop_null()
+
+
+def _per_chunk_codes(labels: pa.ChunkedArray, distinct: pa.Array, null_code: int):
+    """Each chunk's rows as indices into ``distinct`` (``null_code`` for a null), int64."""
+    for chunk in labels.chunks:
+        where = _int_view(pc.index_in(chunk.dictionary, value_set=distinct).cast(pa.int64()))
+        where = np.append(where, null_code)  # the last: what a null row points at
+        indices = chunk.indices
+        if indices.null_count:
+            indices = pc.fill_null(indices, len(chunk.dictionary))
+        yield where[_int_view(indices)]
 
 
 def _label_values(values: list, class_order: str, class_map, droot: DatasetRoot) -> tuple[list, list[str] | None]:
@@ -249,22 +256,22 @@ def _rows_by_arrow(uri: str, fmt: str, filesystem, columns: tuple[str, str], lab
         if fmt == "jsonl":
             raise ValueError(f"{uri}: no record has a {columns[1]!r} key")
         labels = pa.chunked_array([pa.nulls(n, pa.string())])
-    values, codes = _codes(labels)
-    del labels
-    parsed, names = labelled(values)
+    if not pa.types.is_dictionary(labels.type):
+        labels = pc.dictionary_encode(labels)
+    distinct = _distinct(labels)
+    values = distinct.to_pylist() + ([None] if labels.null_count else [])
+    parsed, names = labelled(values)  # once per distinct value, not per row
     label_of = np.array([-1 if label is None else label for label in parsed], dtype=np.int64)
-    errors = None
-    bad = np.array([label is None for label in parsed])
-    if bad.any() and bad[codes].any():
-        messages = string_array([_bad(v) if label is None else None for v, label in zip(values, parsed, strict=True)])
-        errors = messages.take(int64_array(codes))
-    labels = label_of[codes]
-    del codes
-    if paths.num_chunks != 1 and paths.nbytes < 2**31 - 1:  # one buffer: the digest and reads slice it
-        paths = paths.combine_chunks()
-    elif paths.num_chunks == 1:
-        paths = paths.chunk(0)
-    return paths, labels, errors, names
+    messages = string_array([_bad(v) if label is None else None for v, label in zip(values, parsed, strict=True)])
+    out = np.empty(n, dtype=np.int64)
+    error_chunks, start = [], 0
+    for codes in _per_chunk_codes(labels, distinct, len(values) - 1):
+        out[start : start + len(codes)] = label_of[codes]
+        error_chunks.append(messages.take(int64_array(codes)) if messages.null_count < len(messages) else None)
+        start += len(codes)
+    errors = pa.chunked_array(error_chunks, pa.string()) if error_chunks[0] is not None else None
+    # paths stay in the reader's chunks: joining them would copy every path once more at the peak
+    return paths, out, errors, names
 
 
 def list_manifest(
@@ -295,4 +302,5 @@ def list_manifest(
     except _NotForArrow:
         paths, labels, errors, names = _rows_by_line(uri, fmt, filesystem, columns, labelled)
     table = make_file_rows(paths, labels, errors)
+    pa.default_memory_pool().release_unused()  # the reader's blocks: freed, but kept by the allocator
     return SourceRows(kind="manifest", root=droot, table=table, classes=tuple(names or ()))

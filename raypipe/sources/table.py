@@ -139,22 +139,23 @@ class SourceRows:
         for name in ("sample_id", "label", "row"):
             col = column_or_default(self.table, name)
             h.update(np.ascontiguousarray(column_array(col), dtype="<i8").tobytes())
-        paths = self.table.column("path").combine_chunks()
-        offsets, data = _string_buffers(paths)
-        h.update(np.ascontiguousarray(np.diff(offsets), dtype="<i8").tobytes())  # lengths: "ab"+"c" != "a"+"bc"
-        h.update(data)
+        chunks = [_string_buffers(chunk) for chunk in _chunks(self.table.column("path"))]
+        for offsets, _ in chunks:  # lengths: "ab"+"c" != "a"+"bc"
+            h.update(np.ascontiguousarray(np.diff(offsets), dtype="<i8").tobytes())
+        for _, data in chunks:
+            h.update(data)
         return h.hexdigest()
 
     def split_keys(self) -> np.ndarray:
         """A well-mixed uint64 per row that depends on the row's own location only (its path, and its row
         inside a Parquet file), never on its position in the listing: a split made from it (train/val)
         keeps every image on its side when files are added to or removed from the dataset."""
-        paths = self.table.column("path").combine_chunks()
+        paths = self.table.column("path")
         rows = column_array(column_or_default(self.table, "row")).astype(np.uint64)
         keys = np.empty(len(self), dtype=np.uint64)
         for lo in range(0, len(self), _KEY_CHUNK):  # bounded temporaries: ~8 bytes per path byte
             hi = min(lo + _KEY_CHUNK, len(self))
-            offsets, data = _string_buffers(paths.slice(lo, hi - lo))
+            offsets, data = _string_buffers(paths.slice(lo, hi - lo).combine_chunks())
             keys[lo:hi] = _path_keys(offsets - offsets[0], np.frombuffer(data, np.uint8), rows[lo:hi])
         return keys
 
@@ -212,10 +213,10 @@ def make_rows(
     )
 
 
-def make_file_rows(paths: pa.Array, labels, errors: pa.Array | None = None) -> pa.Table:
+def make_file_rows(paths, labels, errors=None) -> pa.Table:
     """The row table of files read one by one that no store listed (a manifest's): ``sample_id``,
-    ``label``, ``path`` (a string array), and ``error`` (strings, null for good rows) only when given and
-    some row has one; every other column is its default."""
+    ``label``, ``path`` (strings, an array or a chunked one), and ``error`` (strings, null for good rows)
+    only when given and some row has one; every other column is its default."""
     n = len(paths)
     columns = {"sample_id": int64_array(np.arange(n, dtype=np.int64)), "label": int64_array(labels), "path": paths}
     if errors is not None and errors.null_count < len(errors):
@@ -276,6 +277,10 @@ def listed_stamp(info: pafs.FileInfo) -> tuple[int, int]:
     """``(object_size, object_mtime_ns)`` of a listed file as the row table records them (-1: not given)."""
     size, mtime = info.size, info.mtime_ns
     return (-1 if size is None else int(size)), (-1 if mtime is None else int(mtime))
+
+
+def _chunks(column: pa.ChunkedArray | pa.Array) -> list[pa.Array]:
+    return column.chunks if isinstance(column, pa.ChunkedArray) else [column]
 
 
 def _string_buffers(arr: pa.Array) -> tuple[np.ndarray, memoryview]:
