@@ -1,3 +1,4 @@
+import dataclasses
 import os
 
 import numpy as np
@@ -161,6 +162,54 @@ def test_manifest_csv_and_jsonl_with_bad_labels(tmp_path):
     jl.write_text('{"path": "img/a.jpg", "label": 2}\n\n{"path": "img/b.jpg", "label": 2.5}\n{"path": "img/c.jpg"}\n')
     t = open_source(str(jl)).table.to_pydict()
     assert t["label"] == [2, -1, -1] and t["sample_id"] == [0, 1, 2]
+
+
+def test_manifest_table_holds_only_its_columns(tmp_path):
+    """A manifest's rows are files no store listed: sample_id, label, path, and error only when a line
+    is bad; every other column reads as its default, and the digest is the one the full table had."""
+    from raypipe.sources.table import COLUMN_DEFAULTS, column_or_default, make_rows
+
+    m = tmp_path / "m.csv"
+    m.write_text("path,label\nc1/a.jpg,c1\nc2/b.jpg,c2\nc10/c.jpg,c10\n")
+    rows = open_source(str(m))
+    assert rows.table.schema == pa.schema([("sample_id", pa.int64()), ("label", pa.int64()), ("path", pa.string())])
+    assert rows.table.column("label").to_pylist() == [0, 1, 2] and rows.num_shards == 3
+    assert column_or_default(rows.table, "error").to_pylist() == [None] * 3
+    assert column_or_default(rows.table, "shard").to_pylist() == [0, 1, 2]
+    full = make_rows(["c1/a.jpg", "c2/b.jpg", "c10/c.jpg"], [0, 1, 2])
+    for name in COLUMN_DEFAULTS:
+        assert column_or_default(rows.table, name).to_pylist() == full.column(name).to_pylist(), name
+    assert rows.digest() == dataclasses.replace(rows, table=full).digest()
+    np.testing.assert_array_equal(rows.split_keys(), dataclasses.replace(rows, table=full).split_keys())
+    m.write_text("path,label\na.jpg,1\nb.jpg,x\n")
+    assert open_source(str(m)).table.column_names == ["sample_id", "label", "path", "error"]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_manifest_read_by_arrow_gives_the_rows_of_the_line_by_line_read(tmp_path, fmt):
+    """The Arrow readers and the line-by-line read (kept for files those readers refuse) list the same
+    rows: paths, labels, errors, classes."""
+    from raypipe.sources import manifest
+
+    lines = [(f"n{c:08d}/n{c:08d}_{i}.JPEG", f"n{c:08d}") for i in range(40) for c in (7, 1, 30)]
+    lines += [("x/bad.jpg", ""), ("x/cat.jpg", "cat"), (" spaced .jpg", " n00000001 ")]
+    m = tmp_path / f"m.{fmt}"
+    if fmt == "csv":
+        m.write_text("path,label\n" + "".join(f"{p},{lbl}\n" for p, lbl in lines))
+    else:
+        m.write_text("".join(f'{{"path": "{p}", "label": "{lbl}"}}\n' for p, lbl in lines))
+    droot = open_root(str(tmp_path))
+
+    def labelled(values):
+        return manifest._label_values(values, "natural", None, droot)
+
+    args = (str(m), fmt, None, ("path", "label"), labelled)
+    paths, labels, errors, names = manifest._rows_by_arrow(*args)
+    want_paths, want_labels, want_errors, want_names = manifest._rows_by_line(*args)
+    assert paths.to_pylist() == want_paths.to_pylist() == [p for p, _ in lines]
+    assert labels.tolist() == want_labels.tolist() and errors.to_pylist() == want_errors.to_pylist()
+    assert names == want_names
+    assert labels.dtype == np.int64 and pa.types.is_string(paths.type)
 
 
 def test_manifest_missing_path_column_is_an_error(tmp_path):

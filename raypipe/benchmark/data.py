@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pyarrow.compute as pc
 
-from raypipe.sources.table import SourceRows
+from raypipe.sources.table import SourceRows, column_or_default
 
 __all__ = ["BenchData", "open_bench_data"]
 
@@ -36,7 +36,7 @@ class BenchData:
     @property
     def images(self) -> int:
         """Rows the listing found readable (no listing error)."""
-        return self.rows.table.column("error").null_count
+        return column_or_default(self.rows.table, "error").null_count
 
     def sample_bytes(self, limit: int = 400) -> list[bytes]:
         """The bytes of the first ``limit`` readable images, in listing order."""
@@ -82,7 +82,7 @@ def _read(rows: SourceRows, start: int, count: int, chunk: int = 256):
             part = rows.table.slice(first, min(chunk, start + count - first))
             batch = {k: part.column(k).to_numpy(zero_copy_only=False) for k in part.column_names}
             for i, data in enumerate(reader.read_block(batch)):
-                if not isinstance(data, SkipImage) and batch["error"][i] is None:
+                if not isinstance(data, SkipImage) and ("error" not in batch or batch["error"][i] is None):
                     yield batch, i, data
     finally:
         reader.close()

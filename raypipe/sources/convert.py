@@ -182,7 +182,7 @@ def _write_shard(job: _ShardJob) -> dict:
         table = rows.table
         for start in range(0, table.num_rows, _CHUNK):
             chunk = table.slice(start, _CHUNK)
-            batch = table_columns(chunk)
+            batch = _with_errors(table_columns(chunk))
             for i, data in enumerate(reader.read_block({**batch, "error": _unless_label(batch["error"])})):
                 sid, err = int(batch["sample_id"][i]), batch["error"][i]
                 if isinstance(data, SkipImage):
@@ -240,6 +240,13 @@ def _write_shard(job: _ShardJob) -> dict:
     return stats
 
 
+def _with_errors(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``batch`` with an ``error`` column: all None where the listing has none (no row is known bad)."""
+    if "error" not in batch:
+        batch["error"] = np.full(len(batch["sample_id"]), None, dtype=object)
+    return batch
+
+
 def _unless_label(errors: np.ndarray) -> np.ndarray:
     """The listing's errors but for bad labels: such an image is still read and written, without a label."""
     return np.array([None if e is None or str(e).startswith(BAD_LABEL) else e for e in errors], dtype=object)
@@ -265,7 +272,7 @@ def _mean_bytes(rows: SourceRows, max_side: int | None) -> float:
     """Mean stored size of up to ``_PROBE`` evenly spaced samples (the same ones on every run)."""
     n = len(rows)
     picks = np.unique(np.linspace(0, n - 1, min(n, _PROBE)).astype(np.int64))
-    batch = table_columns(rows.table.take(int64_array(picks)))
+    batch = _with_errors(table_columns(rows.table.take(int64_array(picks))))
     reader = BlockReader(rows.root, rows.kind, rows.image_column)
     sizes = []
     for data in reader.read_block({**batch, "error": _unless_label(batch["error"])}):

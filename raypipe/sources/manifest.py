@@ -8,6 +8,14 @@ folder source's labels. timm has no manifest of class names to follow; this keep
 A name the class map lacks is a ``bad_label`` row. A line whose label is
 missing, or not an integer among integers, stays a row with error ``bad_label``, so it is counted as
 skipped rather than silently dropped.
+
+Listing goes straight into Arrow: pyarrow's CSV reader (paths as a string column, labels
+dictionary-encoded) or JSON reader, and the label rules above run once per *distinct* label value,
+never per row, so a manifest of ImageNet-21k's 14.2M lines holds no Python object per line. A file
+those readers refuse or could read differently from the rules here (rows with too few or too many
+fields, a label column of floats or mixed types, a path that is not text, two JSON objects on one
+line, text that is not UTF-8) is read line by line in Python instead, which gives the same rows and
+the same errors, at that cost.
 """
 
 from __future__ import annotations
@@ -18,21 +26,31 @@ import json
 import os
 import posixpath
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+
 from raypipe.kernels.errors import BAD_LABEL
 from raypipe.sources.classes import classes_by_index, load_class_map, order_classes
 from raypipe.sources.paths import DatasetRoot, open_root
-from raypipe.sources.table import SourceRows, make_rows
+from raypipe.sources.table import SourceRows, int64_array, make_file_rows, string_array
 
 __all__ = ["list_manifest"]
 
 
-def _read_text(uri: str, filesystem) -> str:
-    # utf-8-sig: spreadsheet exports start with a byte-order mark, which would glue onto the first header
+def _open(uri: str, filesystem):
+    """The manifest as a binary stream."""
     root = open_root(uri, filesystem=filesystem)
     if root.is_local:
-        with open(root.root, encoding="utf-8-sig") as f:
-            return f.read()
-    with root.filesystem.open_input_stream(root.root) as f:
+        return pa.OSFile(root.root, "rb")
+    return root.filesystem.open_input_stream(root.root)
+
+
+def _read_text(uri: str, filesystem) -> str:
+    # utf-8-sig: spreadsheet exports start with a byte-order mark, which would glue onto the first header
+    with _open(uri, filesystem) as f:
         return f.read().decode("utf-8-sig")
 
 
@@ -89,6 +107,173 @@ def _records(text: str, fmt: str, where: str, columns: tuple[str, str]):
         yield rec
 
 
+class _NotForArrow(Exception):
+    """The manifest is one the Arrow readers would read differently: read it line by line."""
+
+
+def _header(uri: str, filesystem) -> list[str] | None:
+    """The CSV header's column names as written (None: no header line)."""
+    with _open(uri, filesystem) as f:
+        first = b""
+        while b"\n" not in first:
+            block = f.read(1 << 16)
+            if not block:
+                break
+            first += block
+    line = first.split(b"\n", 1)[0].decode("utf-8-sig")
+    if not line.strip():
+        return None
+    return next(csv.reader([line]))
+
+
+def _arrow_csv(uri: str, filesystem, columns: tuple[str, str]) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
+    """(paths, labels) of a CSV manifest: strings, and labels dictionary-encoded."""
+    raw = _header(uri, filesystem)
+    if raw is None:
+        raise _NotForArrow
+    names = [name.strip() for name in raw]  # "path, label" is a common way to write a header
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ValueError(f"{uri}: no column {missing[0]!r} in the header (columns: {names})")
+    if any(names.count(c) > 1 for c in columns) or any("\r" in n or '"' in n for n in raw):
+        raise _NotForArrow  # csv.DictReader's rules (the last of two same names wins) are Python's
+    path_column, label_column = columns
+    placeholders = [f"_{i}" for i in range(len(names))]  # other columns' names may repeat: never read
+    path_at, label_at = placeholders[names.index(path_column)], placeholders[names.index(label_column)]
+    try:
+        with _open(uri, filesystem) as f:
+            table = pacsv.read_csv(
+                f,
+                read_options=pacsv.ReadOptions(skip_rows=1, column_names=placeholders),
+                parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                convert_options=pacsv.ConvertOptions(
+                    include_columns=[path_at, label_at],
+                    column_types={path_at: pa.string(), label_at: pa.dictionary(pa.int32(), pa.string())},
+                ),
+            )  # fmt: skip
+    except pa.ArrowInvalid:
+        raise _NotForArrow from None  # a row of another width, or not UTF-8
+    return table.column(path_at), table.column(label_at)
+
+
+def _arrow_jsonl(uri: str, filesystem, columns: tuple[str, str]) -> tuple[pa.ChunkedArray, pa.ChunkedArray | None]:
+    """(paths, labels) of a JSONL manifest (labels None: no record has the key)."""
+    path_column, label_column = columns
+    try:
+        with _open(uri, filesystem) as f:
+            table = pajson.read_json(f)
+    except pa.ArrowInvalid:
+        raise _NotForArrow from None  # not JSON, not objects, or a key's type changes
+    if path_column not in table.column_names or table.column(path_column).null_count:
+        raise _NotForArrow  # the line-by-line read names the record without a path
+    paths = table.column(path_column)
+    labels = table.column(label_column) if label_column in table.column_names else None
+    if not pa.types.is_string(paths.type):
+        raise _NotForArrow  # numbers as paths: str() of the value
+    if labels is not None and not (pa.types.is_string(labels.type) or pa.types.is_int64(labels.type)
+                                   or pa.types.is_boolean(labels.type) or pa.types.is_null(labels.type)):  # fmt: skip
+        raise _NotForArrow  # floats: a bad label's message shows 2 as Python's JSON reads it, not 2.0
+    with _open(uri, filesystem) as f:  # one object per line, as the line-by-line read requires
+        lines = sum(1 for line in io.BufferedReader(f) if line.strip())
+    if lines != table.num_rows:
+        raise _NotForArrow
+    return paths, labels
+
+
+def _int_view(arr: pa.Array) -> np.ndarray:
+    """An integer array without nulls as numpy, through its buffer (``to_numpy`` would import pandas)."""
+    width = arr.type.bit_width // 8
+    return np.frombuffer(arr.buffers()[1], f"<i{width}", count=len(arr), offset=arr.offset * width)
+
+
+def _distinct(labels: pa.ChunkedArray) -> pa.Array:
+    """The distinct non-null values of a dictionary-encoded column, whatever each chunk's dictionary."""
+    return pc.unique(pa.concat_arrays([chunk.dictionary for chunk in labels.chunks])).drop_null()
+
+
+def _per_chunk_codes(labels: pa.ChunkedArray, distinct: pa.Array, null_code: int):
+    """Each chunk's rows as indices into ``distinct`` (``null_code`` for a null), int64."""
+    for chunk in labels.chunks:
+        where = _int_view(pc.index_in(chunk.dictionary, value_set=distinct).cast(pa.int64()))
+        where = np.append(where, null_code)  # the last: what a null row points at
+        indices = chunk.indices
+        if indices.null_count:
+            indices = pc.fill_null(indices, len(chunk.dictionary))
+        yield where[_int_view(indices)]
+
+
+def _label_values(values: list, class_order: str, class_map, droot: DatasetRoot) -> tuple[list, list[str] | None]:
+    """Each value's label (None: a bad label) and the class names, if the labels are names."""
+    names = _class_names(values)
+    if names is None:
+        return [_parse_label(v) for v in values], None
+    # class names, numbered as the folder source numbers its class folders
+    if class_map is not None:
+        index = load_class_map(class_map, droot.root if droot.is_local else None)
+        names = list(classes_by_index(index))
+    else:
+        names = order_classes(names, class_order)
+        index = {name: i for i, name in enumerate(names)}
+    return [index.get(v.strip()) if isinstance(v, str) else None for v in values], names
+
+
+def _bad(value) -> str:
+    return f"{BAD_LABEL}: label {value!r}"
+
+
+def _rows_by_line(uri: str, fmt: str, filesystem, columns: tuple[str, str], labelled):
+    """(paths, labels, errors, class names) read line by line (see the module doc)."""
+    path_column, label_column = columns
+    paths: list[str] = []
+    raw: list = []
+    for n, rec in enumerate(_records(_read_text(uri, filesystem), fmt, uri, columns)):
+        if path_column not in rec:
+            raise ValueError(f"{uri}: record {n} has no {path_column!r} column (keys: {sorted(rec)})")
+        path = rec.get(path_column)
+        paths.append("" if path is None else str(path))
+        raw.append(rec.get(label_column))
+    if not paths:
+        raise ValueError(f"manifest {uri!r} has no rows")
+    if all(v is None for v in raw) and fmt == "jsonl":
+        raise ValueError(f"{uri}: no record has a {label_column!r} key")
+    parsed, names = labelled(raw)
+    labels = np.array([-1 if label is None else label for label in parsed], dtype=np.int64)
+    errors = string_array([None if label is not None else _bad(v) for label, v in zip(parsed, raw, strict=True)])
+    return string_array(paths), labels, errors, names
+
+
+def _rows_by_arrow(uri: str, fmt: str, filesystem, columns: tuple[str, str], labelled):
+    """(paths, labels, errors, class names) through the Arrow readers, the label rules run per distinct
+    value."""
+    if fmt == "csv":
+        paths, labels = _arrow_csv(uri, filesystem, columns)
+    else:
+        paths, labels = _arrow_jsonl(uri, filesystem, columns)
+    n = len(paths)
+    if n == 0:
+        raise ValueError(f"manifest {uri!r} has no rows")
+    if labels is None or labels.null_count == n:
+        if fmt == "jsonl":
+            raise ValueError(f"{uri}: no record has a {columns[1]!r} key")
+        labels = pa.chunked_array([pa.nulls(n, pa.string())])
+    if not pa.types.is_dictionary(labels.type):
+        labels = pc.dictionary_encode(labels)
+    distinct = _distinct(labels)
+    values = distinct.to_pylist() + ([None] if labels.null_count else [])
+    parsed, names = labelled(values)  # once per distinct value, not per row
+    label_of = np.array([-1 if label is None else label for label in parsed], dtype=np.int64)
+    messages = string_array([_bad(v) if label is None else None for v, label in zip(values, parsed, strict=True)])
+    out = np.empty(n, dtype=np.int64)
+    error_chunks, start = [], 0
+    for codes in _per_chunk_codes(labels, distinct, len(values) - 1):
+        out[start : start + len(codes)] = label_of[codes]
+        error_chunks.append(messages.take(int64_array(codes)) if messages.null_count < len(messages) else None)
+        start += len(codes)
+    errors = pa.chunked_array(error_chunks, pa.string()) if error_chunks[0] is not None else None
+    # paths stay in the reader's chunks: joining them would copy every path once more at the peak
+    return paths, out, errors, names
+
+
 def list_manifest(
     uri: str,
     *,
@@ -107,30 +292,15 @@ def list_manifest(
     if root is None:
         root = posixpath.dirname(uri) if "://" in uri else os.path.dirname(os.path.abspath(uri))
     droot: DatasetRoot = open_root(root, filesystem=filesystem)
-    paths: list[str] = []
-    raw: list = []
-    for n, rec in enumerate(_records(_read_text(uri, filesystem), fmt, uri, (path_column, label_column))):
-        if path_column not in rec:
-            raise ValueError(f"{uri}: record {n} has no {path_column!r} column (keys: {sorted(rec)})")
-        path = rec.get(path_column)
-        paths.append("" if path is None else str(path))
-        raw.append(rec.get(label_column))
-    if not paths:
-        raise ValueError(f"manifest {uri!r} has no rows")
-    if all(v is None for v in raw) and fmt == "jsonl":
-        raise ValueError(f"{uri}: no record has a {label_column!r} key")
-    names = _class_names(raw)
-    if names is not None:  # class names, numbered as the folder source numbers its class folders
-        if class_map is not None:
-            index = load_class_map(class_map, droot.root if droot.is_local else None)
-            names = list(classes_by_index(index))
-        else:
-            names = order_classes(names, class_order)
-            index = {name: i for i, name in enumerate(names)}
-        parsed = [index.get(v.strip()) if isinstance(v, str) else None for v in raw]
-    else:
-        parsed = [_parse_label(v) for v in raw]
-    labels = [-1 if label is None else label for label in parsed]
-    errors = [None if label is not None else f"{BAD_LABEL}: label {v!r}" for label, v in zip(parsed, raw, strict=True)]
-    table = make_rows(paths, labels, errors=errors)
+
+    def labelled(values: list) -> tuple[list, list[str] | None]:
+        return _label_values(values, class_order, class_map, droot)
+
+    columns = (path_column, label_column)
+    try:
+        paths, labels, errors, names = _rows_by_arrow(uri, fmt, filesystem, columns, labelled)
+    except _NotForArrow:
+        paths, labels, errors, names = _rows_by_line(uri, fmt, filesystem, columns, labelled)
+    table = make_file_rows(paths, labels, errors)
+    pa.default_memory_pool().release_unused()  # the reader's blocks: freed, but kept by the allocator
     return SourceRows(kind="manifest", root=droot, table=table, classes=tuple(names or ()))

@@ -24,6 +24,13 @@ when listing, e.g. a manifest line with no integer label; null for good rows), a
   listing's digest leaves them out.
 
 Rows that are known bad stay in the table so the epoch's accounting still sees every source row.
+
+A listing holds only the columns its kind uses: ``sample_id``, ``label`` and ``path`` always, the others
+where the kind can give them a value other than their default (``COLUMN_DEFAULTS``). A manifest's rows
+are files read one by one that no store listed, so its table is ``sample_id``, ``label``, ``path`` and,
+when a line's label is bad, ``error``: about 50 bytes a row for ImageNet's paths, where the eleven
+columns took 98. Whatever reads a table treats a missing column as its default (``column_or_default``;
+a chunk's columns as ``rows.get(name)``), and the digest and split keys are the same either way.
 """
 
 from __future__ import annotations
@@ -38,7 +45,19 @@ from pyarrow.compute import max as pc_max
 
 from raypipe.sources.paths import DatasetRoot
 
-__all__ = ["ROW_SCHEMA", "SourceRows", "column_array", "int64_array", "listed_stamp", "make_rows", "table_columns"]
+__all__ = [
+    "COLUMN_DEFAULTS",
+    "ROW_SCHEMA",
+    "SourceRows",
+    "column_array",
+    "column_or_default",
+    "int64_array",
+    "listed_stamp",
+    "make_file_rows",
+    "make_rows",
+    "string_array",
+    "table_columns",
+]
 
 ROW_SCHEMA = pa.schema(
     [
@@ -55,6 +74,24 @@ ROW_SCHEMA = pa.schema(
         ("object_mtime_ns", pa.int64()),
     ]
 )
+
+# What a column that a listing leaves out holds in every row (``shard``: each row its own shard).
+COLUMN_DEFAULTS = {
+    "row": -1, "error": None, "shard": "own", "offset": -1, "size": -1, "member": None,
+    "object_size": -1, "object_mtime_ns": -1,
+}  # fmt: skip
+
+
+def column_or_default(table: pa.Table, name: str) -> pa.ChunkedArray | pa.Array:
+    """``table``'s column ``name``, or the column it stands for when the listing left it out."""
+    if name in table.column_names:
+        return table.column(name)
+    if name not in COLUMN_DEFAULTS:
+        raise KeyError(f"the row table has no column {name!r} (columns: {table.column_names})")
+    n, default = table.num_rows, COLUMN_DEFAULTS[name]
+    if default is None:
+        return pa.nulls(n, ROW_SCHEMA.field(name).type)
+    return int64_array(np.arange(n, dtype=np.int64) if default == "own" else np.full(n, default, np.int64))
 
 
 @dataclass(frozen=True)
@@ -100,30 +137,33 @@ class SourceRows:
         ``object_mtime_ns`` are left out too: copies of one dataset on two nodes' disks differ in them."""
         h = hashlib.sha256(f"raypipe-listing-v1:{self.kind}:{len(self)}".encode())
         for name in ("sample_id", "label", "row"):
-            col = self.table.column(name)
+            col = column_or_default(self.table, name)
             h.update(np.ascontiguousarray(column_array(col), dtype="<i8").tobytes())
-        paths = self.table.column("path").combine_chunks()
-        offsets, data = _string_buffers(paths)
-        h.update(np.ascontiguousarray(np.diff(offsets), dtype="<i8").tobytes())  # lengths: "ab"+"c" != "a"+"bc"
-        h.update(data)
+        chunks = [_string_buffers(chunk) for chunk in _chunks(self.table.column("path"))]
+        for offsets, _ in chunks:  # lengths: "ab"+"c" != "a"+"bc"
+            h.update(np.ascontiguousarray(np.diff(offsets), dtype="<i8").tobytes())
+        for _, data in chunks:
+            h.update(data)
         return h.hexdigest()
 
     def split_keys(self) -> np.ndarray:
         """A well-mixed uint64 per row that depends on the row's own location only (its path, and its row
         inside a Parquet file), never on its position in the listing: a split made from it (train/val)
         keeps every image on its side when files are added to or removed from the dataset."""
-        paths = self.table.column("path").combine_chunks()
-        rows = column_array(self.table.column("row")).astype(np.uint64)
+        paths = self.table.column("path")
+        rows = column_array(column_or_default(self.table, "row")).astype(np.uint64)
         keys = np.empty(len(self), dtype=np.uint64)
         for lo in range(0, len(self), _KEY_CHUNK):  # bounded temporaries: ~8 bytes per path byte
             hi = min(lo + _KEY_CHUNK, len(self))
-            offsets, data = _string_buffers(paths.slice(lo, hi - lo))
+            offsets, data = _string_buffers(paths.slice(lo, hi - lo).combine_chunks())
             keys[lo:hi] = _path_keys(offsets - offsets[0], np.frombuffer(data, np.uint8), rows[lo:hi])
         return keys
 
     @property
     def num_shards(self) -> int:
         """Shards (units read as a whole, see the module docstring) in the listing."""
+        if "shard" not in self.table.column_names:
+            return len(self)  # each row its own shard
         shards = self.table.column("shard")
         return int(pc_max(shards).as_py()) + 1 if len(shards) else 0
 
@@ -159,18 +199,30 @@ def make_rows(
         {
             "sample_id": int64_array(np.arange(n, dtype=np.int64)),
             "label": int64_array(labels),
-            "path": _string_array(paths),
+            "path": string_array(paths),
             "row": ints(rows, np.full(n, -1, np.int64)),
-            "error": _string_array([None] * n if errors is None else errors),
+            "error": string_array([None] * n if errors is None else errors),
             "shard": ints(shards, np.arange(n, dtype=np.int64)),
             "offset": ints(offsets, np.full(n, -1, np.int64)),
             "size": ints(sizes, np.full(n, -1, np.int64)),
-            "member": _string_array([None] * n if members is None else members),
+            "member": string_array([None] * n if members is None else members),
             "object_size": ints(object_sizes, np.full(n, -1, np.int64)),
             "object_mtime_ns": ints(object_mtimes, np.full(n, -1, np.int64)),
         },
         schema=ROW_SCHEMA,
     )
+
+
+def make_file_rows(paths, labels, errors=None) -> pa.Table:
+    """The row table of files read one by one that no store listed (a manifest's): ``sample_id``,
+    ``label``, ``path`` (strings, an array or a chunked one), and ``error`` (strings, null for good rows)
+    only when given and some row has one; every other column is its default."""
+    n = len(paths)
+    columns = {"sample_id": int64_array(np.arange(n, dtype=np.int64)), "label": int64_array(labels), "path": paths}
+    if errors is not None and errors.null_count < len(errors):
+        columns["error"] = errors
+    schema = pa.schema([ROW_SCHEMA.field(name) for name in columns])
+    return pa.Table.from_pydict(columns, schema=schema)
 
 
 # Row tables go to and from numpy through their buffers: pyarrow's ``pa.array`` and ``to_numpy`` import
@@ -184,7 +236,7 @@ def int64_array(values) -> pa.Array:
     return pa.Array.from_buffers(pa.int64(), len(data), [None, pa.py_buffer(data)])
 
 
-def _string_array(values) -> pa.Array:
+def string_array(values) -> pa.Array:
     """A string array of ``values`` (str or None); all None is a null array of strings."""
     values = list(values)
     if all(v is None for v in values):
@@ -225,6 +277,10 @@ def listed_stamp(info: pafs.FileInfo) -> tuple[int, int]:
     """``(object_size, object_mtime_ns)`` of a listed file as the row table records them (-1: not given)."""
     size, mtime = info.size, info.mtime_ns
     return (-1 if size is None else int(size)), (-1 if mtime is None else int(mtime))
+
+
+def _chunks(column: pa.ChunkedArray | pa.Array) -> list[pa.Array]:
+    return column.chunks if isinstance(column, pa.ChunkedArray) else [column]
 
 
 def _string_buffers(arr: pa.Array) -> tuple[np.ndarray, memoryview]:

@@ -1,0 +1,175 @@
+"""What a listing and an epoch's plan cost at ImageNet scale: a synthetic CSV manifest of N rows
+(``n01440764/n01440764_10026.JPEG``-like paths, class names as labels), listed in a fresh process
+(seconds, the table's bytes per row, the process's resident and peak memory), the listing turned into
+the numpy columns a ``Pipeline`` hands its chunks from, and, in another fresh process, one epoch's
+order, rank slice and chunks (``RankPlan``) for one rank of a world. ``python bench/profiles.py
+listing-cost --help`` runs it (``register`` adds it to that command line).
+
+Memory is read from ``/proc/self/status``: ``VmRSS`` now, ``VmHWM`` the peak since the baseline (the
+peak is reset after the imports by writing ``5`` to ``/proc/self/clear_refs``), so neither the
+interpreter nor the imports count against the listing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+IMAGENET_1K = 1_281_167
+IMAGENET_21K = 14_197_122
+_CLASSES_1K, _CLASSES_21K = 1000, 21841
+
+
+def write_manifest(path: Path, rows: int, *, labels: str = "names", classes: int | None = None) -> Path:
+    """A CSV manifest ``path,label`` of ``rows`` rows spread evenly over ``classes`` ImageNet-like class
+    folders (``n0…`` names, 1000 by default up to ImageNet-1k's size, else ImageNet-21k's 21841); the
+    label is the class name (``labels="names"``) or its index (``"ints"``). Kept and reused when a file
+    of that size and kind is there already."""
+    if labels not in ("names", "ints"):
+        raise ValueError(f"labels={labels!r}: expected 'names' or 'ints'")
+    classes = classes or (_CLASSES_1K if rows <= IMAGENET_1K else _CLASSES_21K)
+    path = Path(path)
+    if path.exists():
+        return path
+    tmp = path.with_suffix(".tmp")
+    per, extra = divmod(rows, classes)
+    with open(tmp, "w") as f:
+        f.write("path,label\n")
+        for c in range(classes):
+            wnid = f"n{1440764 + 3517 * c:08d}"
+            label = wnid if labels == "names" else str(c)
+            count = per + (1 if c < extra else 0)
+            f.write("".join(f"{wnid}/{wnid}_{10000 + j}.JPEG,{label}\n" for j in range(count)))
+    os.replace(tmp, path)
+    return path
+
+
+def _status() -> dict[str, int]:
+    """VmRSS and VmHWM of this process, bytes."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, value = line.split(":", 1)
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def _reset_peak() -> int:
+    """Reset the peak to the resident memory now (Linux ≥ 4.0); the baseline's bytes."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status()["VmRSS"]
+
+
+def _listing_child(manifest: str) -> dict:
+    import gc
+
+    from raypipe.sources import open_source
+    from raypipe.sources.table import table_columns
+
+    base = _reset_peak()
+    t0 = time.perf_counter()
+    rows = open_source(manifest)
+    seconds = time.perf_counter() - t0
+    gc.collect()
+    after, peak = _status()["VmRSS"], _status()["VmHWM"]
+    n = len(rows)
+    table_bytes = rows.table.get_total_buffer_size()
+    out = {
+        "rows": n, "seconds": seconds, "columns": rows.table.column_names, "table_bytes": table_bytes,
+        "resident_bytes": after - base, "peak_bytes": peak - base,
+    }  # fmt: skip
+    base = _reset_peak()
+    t0 = time.perf_counter()
+    columns = table_columns(rows.table)
+    out["columns_seconds"] = time.perf_counter() - t0
+    gc.collect()
+    out["columns_resident_bytes"] = _status()["VmRSS"] - base
+    out["columns_peak_bytes"] = _status()["VmHWM"] - base
+    del columns
+    return out
+
+
+def _plan_child(n: int, world_size: int, chunk_rows: int, shard_rows: int) -> dict:
+    import numpy as np
+
+    from raypipe.pipeline.order import RankPlan
+
+    shards = np.arange(n, dtype=np.int64) // shard_rows if shard_rows else None
+    base = _reset_peak()
+    t0 = time.perf_counter()
+    plan = RankPlan(n, seed=0, shuffle=True, chunk_rows=chunk_rows, rank=0, world_size=world_size, shards=shards)
+    chunks = plan.chunks(0)
+    seconds = time.perf_counter() - t0
+    return {
+        "rows": n, "rank_rows": len(plan), "chunks": len(chunks), "seconds": seconds,
+        "peak_bytes": _status()["VmHWM"] - base, "held_bytes": _status()["VmRSS"] - base,
+    }  # fmt: skip
+
+
+def _in_child(fn: str, *args) -> dict:
+    code = (f"import json, sys; from raypipe.benchmark import listing; "
+            f"print(json.dumps(listing.{fn}(*json.loads(sys.argv[1]))))")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"{fn} failed (exit {out.returncode}): {out.stderr.strip()[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:,.0f} MB"
+
+
+def listing_cost(
+    rows: list[int] | None = None, workdir: str = "/tmp/raypipe-listing", labels: str = "names",
+    world_size: int = 8, chunk_rows: int = 128, shard_rows: int = 0, skip_listing: bool = False,
+) -> None:  # fmt: skip
+    """A manifest's listing and one epoch's plan, each measured in a fresh process, at ImageNet sizes.
+
+    For each row count: writes (once, under --workdir) a CSV manifest of that many rows, lists it
+    (seconds, the table's buffers in bytes per row, resident memory after and the peak, both over the
+    process's baseline after its imports), turns the listing into a Pipeline's numpy columns (memory),
+    then plans epoch 0 for rank 0 of --world-size (order, rank slice, chunks of --chunk-rows rows):
+    seconds and peak memory. --shard-rows plans rows in shards of that many rows (the shard-window
+    shuffle of tar shards and Parquet row groups) instead of a manifest's global shuffle.
+    """
+    os.makedirs(workdir, exist_ok=True)
+    for n in rows or [IMAGENET_1K]:
+        print(f"== {n:,} rows, labels as {labels}")
+        if not skip_listing:
+            t0 = time.perf_counter()
+            manifest = write_manifest(Path(workdir) / f"manifest-{n}-{labels}.csv", n, labels=labels)
+            size = os.path.getsize(manifest)
+            print(f"manifest: {manifest} ({_mb(size)}, ready in {time.perf_counter() - t0:.1f} s)")
+            got = _in_child("_listing_child", str(manifest))
+            table = got["table_bytes"]
+            print(f"listing: {got['seconds']:.2f} s, columns {got['columns']}")
+            resident, peak = got["resident_bytes"], got["peak_bytes"]
+            print(f"  table {_mb(table)} = {table / n:.1f} B/row; resident +{_mb(resident)} ({resident / n:.1f} "
+                  f"B/row); peak +{_mb(peak)} ({peak / max(table, 1):.2f}x the table, {peak / n:.0f} B/row)")
+            resident, peak = got["columns_resident_bytes"], got["columns_peak_bytes"]
+            print(f"  Pipeline.columns: {got['columns_seconds']:.2f} s, resident +{_mb(resident)} "
+                  f"({resident / n:.1f} B/row), peak +{_mb(peak)}")
+        got = _in_child("_plan_child", n, world_size, chunk_rows, shard_rows)
+        kind = f"shards of {shard_rows} rows" if shard_rows else "global shuffle"
+        print(f"plan (rank 0 of {world_size}, {kind}): {got['seconds']:.2f} s, {got['chunks']:,} chunks of "
+              f"{got['rank_rows']:,} rows; peak +{_mb(got['peak_bytes'])}, held +{_mb(got['held_bytes'])}")  # fmt: skip
+
+
+def register(add) -> None:
+    """Add this module's measurement to ``bench/profiles.py``: ``add(name, fn)`` returns the subcommand's
+    parser, whose options are ``fn``'s keyword arguments."""
+    p = add("listing-cost", listing_cost)
+    p.add_argument("--rows", type=int, nargs="+", help=f"row counts (default: {IMAGENET_1K}, ImageNet-1k's; "
+                   f"ImageNet-21k's is {IMAGENET_21K})")  # fmt: skip
+    p.add_argument("--workdir", default="/tmp/raypipe-listing", help="where the manifests are written and kept")
+    p.add_argument("--labels", choices=("names", "ints"), default="names", help="labels as class names or ints")
+    p.add_argument("--world-size", type=int, default=8)
+    p.add_argument("--chunk-rows", type=int, default=128)
+    p.add_argument("--shard-rows", type=int, default=0, help="plan rows in shards of this many rows (default: none)")
+    p.add_argument("--skip-listing", action="store_true", help="the plan only")
