@@ -29,7 +29,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from raypipe.sources.paths import DatasetRoot
-from raypipe.sources.table import _string_array, column_array, int64_array
+from raypipe.sources.table import column_array, int64_array, string_array
 
 __all__ = ["INDEX_NAME", "ShardRecord", "read_index", "stamp_matches", "write_index"]
 
@@ -86,10 +86,10 @@ def write_index(records: list[ShardRecord], out: str, *, root: DatasetRoot,
     table = pa.table({
         "shard": int64_array(np.repeat(np.arange(len(records), dtype=np.int64), counts)),
         "label": int64_array([v for r in records for v in r.labels]),
-        "error": _string_array([v for r in records for v in r.errors]),
+        "error": string_array([v for r in records for v in r.errors]),
         "offset": int64_array([v for r in records for v in r.offsets]),
         "size": int64_array([v for r in records for v in r.sizes]),
-        "member": _string_array([v for r in records for v in r.members]),
+        "member": string_array([v for r in records for v in r.members]),
     }, schema=_SCHEMA)  # fmt: skip
     meta = {"format": _FORMAT, "version": _VERSION, "root": root.root,
             "shards": [{"path": r.path, "size": r.size, "mtime_ns": r.mtime_ns, "keys": r.keys,
