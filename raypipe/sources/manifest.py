@@ -21,6 +21,7 @@ the same errors, at that cost.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
@@ -44,6 +45,8 @@ def _open(uri: str, filesystem):
     """The manifest as a binary stream."""
     root = open_root(uri, filesystem=filesystem)
     if root.is_local:
+        if os.path.isdir(root.root):  # as open() says it: Arrow's own message names no errno
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), root.root)
         return pa.OSFile(root.root, "rb")
     return root.filesystem.open_input_stream(root.root)
 
