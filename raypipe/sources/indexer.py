@@ -19,7 +19,7 @@ from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.remote import ReadOptions
 from raypipe.sources.shard_index import INDEX_NAME, ShardRecord, stamp_matches, write_index
 from raypipe.sources.table import listed_stamp
-from raypipe.sources.webdataset import _index_location, _local_stamp, _shards, _wids_shards, scan_shards
+from raypipe.sources.webdataset import _index_location, _local_stamp, find_shards, scan_shards
 
 __all__ = ["IndexReport", "index_shards"]
 
@@ -52,13 +52,8 @@ def index_shards(data: str, out: str | None = None, *, filesystem: pafs.FileSyst
     with ``connect()``, default ``raypipe.connect()``, when Ray is not up, once the shards are found);
     otherwise this process lists them."""
     began = time.monotonic()
-    if data.rstrip("/").lower().endswith(".json"):
-        root, stamps, _ = _wids_shards(data, filesystem)
-    else:
-        root, stamps = _shards(data, filesystem)
+    root, stamps, _ = find_shards(data, filesystem)
     rels = list(stamps)
-    if not rels:
-        raise ValueError(f"no .tar shards under {data!r}")
     if root.is_local:
         stamps = _stamps_now(root, rels)
     if use_ray and len(rels) > 1:

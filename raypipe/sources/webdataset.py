@@ -110,6 +110,22 @@ def shard_paths(data: str, *, filesystem: pafs.FileSystem | None = None) -> tupl
     return root, list(shards)
 
 
+def find_shards(
+    data: str, filesystem: pafs.FileSystem | None
+) -> tuple[DatasetRoot, dict[str, tuple[int, int]], dict[str, int]]:
+    """The shards ``data`` names (a folder, a prefix, a ``.tar``, a brace pattern or a wids shard-list
+    ``.json``): their root, each one's (size, mtime_ns), and the sample counts a wids list gives (else
+    none); no shard at all is an error."""
+    expected: dict[str, int] = {}
+    if data.rstrip("/").lower().endswith(".json"):
+        root, stamps, expected = _wids_shards(data, filesystem)
+    else:
+        root, stamps = _shards(data, filesystem)
+    if not stamps:
+        raise ValueError(f"no .tar shards under {data!r}")
+    return root, stamps, expected
+
+
 def _shards(data: str, filesystem: pafs.FileSystem | None) -> tuple[DatasetRoot, dict[str, tuple[int, int]]]:
     """The root and the shards ``data`` names, sorted, each with its (size, mtime_ns) as a remote listing
     gave them (-1 for local shards)."""
@@ -487,14 +503,8 @@ def list_webdataset(
     A shard the index lacks, or that changed since it was indexed, is listed from its tar headers.
     """
     options = options or ReadOptions()
-    expected: dict[str, int] = {}
-    if data.rstrip("/").lower().endswith(".json"):
-        root, stamps, expected = _wids_shards(data, filesystem)
-    else:
-        root, stamps = _shards(data, filesystem)
+    root, stamps, expected = find_shards(data, filesystem)
     rels = list(stamps)
-    if not rels:
-        raise ValueError(f"no .tar shards under {data!r}")
     indexed, dali, source = _given_index(root, index, rels, filesystem, options)
     current = {rel: _local_stamp(root, rel) for rel in rels} if root.is_local else stamps
     records: dict[str, ShardRecord] = {}
