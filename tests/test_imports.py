@@ -71,14 +71,15 @@ def test_auto_augment_policies_run_without_importing_torch_and_match_timms_modul
 
 def test_a_listing_and_its_columns_do_not_import_pandas(sample_dir):
     """pyarrow's ``pa.array`` and ``to_numpy`` import pandas on first use (a quarter of a second before
-    a run's first batch); listing a folder, its digest and split keys, and the numpy columns a chunk is
-    cut from go through the tables' buffers instead."""
+    a run's first batch); listing a folder, its digest and split keys, and the columns a chunk's rows are
+    taken from go through the tables' buffers instead."""
     code = (
         "import sys\n"
         "from raypipe.sources import open_source\n"
-        "from raypipe.sources.table import table_columns\n"
+        "from raypipe.sources.table import TableColumns, table_columns\n"
         f"rows = open_source({str(sample_dir)!r})\n"
         "rows.digest(); rows.split_keys(); rows.num_classes; table_columns(rows.table)\n"
+        "TableColumns(rows.table).take([1, 0])\n"
         "print(len(rows), 'pandas' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()

@@ -364,3 +364,32 @@ def test_table_columns_equal_pyarrows_own_conversion():
     assert int64_array(np.arange(3)).equals(pa.array([0, 1, 2], type=pa.int64()))
     with pytest.raises(ValueError, match="1-D"):
         int64_array(np.zeros((2, 2)))
+
+
+def test_a_chunks_rows_from_table_columns_equal_a_take_of_the_numpy_columns():
+    """``TableColumns.take`` (strings kept in Arrow, converted per chunk) gives exactly what indexing the
+    numpy columns gives: keys in order, dtypes, values, nulls, for sliced and many-chunk tables."""
+    from raypipe.sources.table import TableColumns, make_file_rows, make_rows, string_array, table_columns
+
+    n = 50
+    table = make_rows([f"c{i % 3}/é{i}.jpg" for i in range(n)], [i % 3 for i in range(n)],
+                      errors=[None, "bad"] * (n // 2), members=[f"m{i}" if i % 4 else None for i in range(n)],
+                      shards=np.arange(n) // 7)  # fmt: skip
+    many = pa.concat_tables([table.slice(a, 9) for a in range(0, n, 9)])
+    manifest = make_file_rows(pa.chunked_array([string_array(["a.jpg", "b.jpg"]), string_array(["c.jpg"])]), [0, 1, 2])
+    rng = np.random.default_rng(0)
+    for t in (table, table.slice(3, 40), many, manifest, table.slice(0, 0)):
+        columns, want_all = TableColumns(t), table_columns(t)
+        assert len(columns) == t.num_rows
+        picks = [np.arange(t.num_rows), np.arange(t.num_rows)[::-1], np.empty(0, np.int64)]
+        if t.num_rows:
+            picks += [rng.integers(0, t.num_rows, size=k) for k in (1, 5, 30)]
+            picks += [np.array([t.num_rows - 1, 0], np.int32)]
+        for idx in picks:
+            got = columns.take(idx)
+            want = {name: col[idx] for name, col in want_all.items()}
+            assert list(got) == list(want)
+            for name in want:
+                assert got[name].dtype == want[name].dtype and got[name].tolist() == want[name].tolist(), name
+    with pytest.raises(IndexError):
+        TableColumns(table).take(np.array([n]))

@@ -1,7 +1,8 @@
 """What a listing and an epoch's plan cost at ImageNet scale: a synthetic CSV manifest of N rows
 (``n01440764/n01440764_10026.JPEG``-like paths, class names as labels), listed in a fresh process
 (seconds, the table's bytes per row, the process's resident and peak memory), the listing turned into
-the numpy columns a ``Pipeline`` hands its chunks from, and, in another fresh process, one epoch's
+the columns a ``Pipeline`` takes each chunk's rows from (``Pipeline.columns()``, then one chunk's rows),
+and, in another fresh process, one epoch's
 order, rank slice and chunks (``RankPlan``) for one rank of a world. ``python bench/profiles.py
 listing-cost --help`` runs it (``register`` adds it to that command line).
 
@@ -66,11 +67,14 @@ def _reset_peak() -> int:
     return _status()["VmRSS"]
 
 
-def _listing_child(manifest: str) -> dict:
+def _listing_child(manifest: str, chunk_rows: int = 128) -> dict:
     import gc
 
+    import numpy as np
+
+    from raypipe.config import TrainAugment
+    from raypipe.pipeline.pipeline import Pipeline
     from raypipe.sources import open_source
-    from raypipe.sources.table import table_columns
 
     base = _reset_peak()
     t0 = time.perf_counter()
@@ -84,14 +88,18 @@ def _listing_child(manifest: str) -> dict:
         "rows": n, "seconds": seconds, "columns": rows.table.column_names, "table_bytes": table_bytes,
         "resident_bytes": after - base, "peak_bytes": peak - base,
     }  # fmt: skip
+    pipeline = Pipeline(rows, TrainAugment())
+    idx = np.random.default_rng(0).permutation(n)[:chunk_rows]  # a global shuffle's chunk
     base = _reset_peak()
     t0 = time.perf_counter()
-    columns = table_columns(rows.table)
+    columns = pipeline.columns()
     out["columns_seconds"] = time.perf_counter() - t0
     gc.collect()
     out["columns_resident_bytes"] = _status()["VmRSS"] - base
     out["columns_peak_bytes"] = _status()["VmHWM"] - base
-    del columns
+    t0 = time.perf_counter()
+    columns.take(idx)
+    out["chunk_rows"], out["chunk_seconds"] = len(idx), time.perf_counter() - t0
     return out
 
 
@@ -133,7 +141,8 @@ def listing_cost(
 
     For each row count: writes (once, under --workdir) a CSV manifest of that many rows, lists it
     (seconds, the table's buffers in bytes per row, resident memory after and the peak, both over the
-    process's baseline after its imports), turns the listing into a Pipeline's numpy columns (memory),
+    process's baseline after its imports), makes a Pipeline over it and its columns (``Pipeline.columns()``:
+seconds, memory) and takes one chunk's rows from them (--chunk-rows rows picked at random: seconds),
     then plans epoch 0 for rank 0 of --world-size (order, rank slice, chunks of --chunk-rows rows):
     seconds and peak memory. --shard-rows plans rows in shards of that many rows (the shard-window
     shuffle of tar shards and Parquet row groups) instead of a manifest's global shuffle.
@@ -146,7 +155,7 @@ def listing_cost(
             manifest = write_manifest(Path(workdir) / f"manifest-{n}-{labels}.csv", n, labels=labels)
             size = os.path.getsize(manifest)
             print(f"manifest: {manifest} ({_mb(size)}, ready in {time.perf_counter() - t0:.1f} s)")
-            got = _in_child("_listing_child", str(manifest))
+            got = _in_child("_listing_child", str(manifest), chunk_rows)
             table = got["table_bytes"]
             print(f"listing: {got['seconds']:.2f} s, columns {got['columns']}")
             resident, peak = got["resident_bytes"], got["peak_bytes"]
@@ -154,7 +163,8 @@ def listing_cost(
                   f"B/row); peak +{_mb(peak)} ({peak / max(table, 1):.2f}x the table, {peak / n:.0f} B/row)")
             resident, peak = got["columns_resident_bytes"], got["columns_peak_bytes"]
             print(f"  Pipeline.columns: {got['columns_seconds']:.2f} s, resident +{_mb(resident)} "
-                  f"({resident / n:.1f} B/row), peak +{_mb(peak)}")
+                  f"({resident / n:.1f} B/row), peak +{_mb(peak)}; a chunk's rows ({got['chunk_rows']} rows "
+                  f"picked at random) taken from them in {1e3 * got['chunk_seconds']:.2f} ms")
         got = _in_child("_plan_child", n, world_size, chunk_rows, shard_rows)
         kind = f"shards of {shard_rows} rows" if shard_rows else "global shuffle"
         print(f"plan (rank 0 of {world_size}, {kind}): {got['seconds']:.2f} s, {got['chunks']:,} chunks of "

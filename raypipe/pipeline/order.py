@@ -58,6 +58,8 @@ def epoch_order(
     if shards is None or n == 0 or not (shards >= 0).any():
         order = _rng(seed, epoch, 0x5EED).permutation(n) if shuffle else np.arange(n)
         return order, np.zeros(1, dtype=np.int64)
+    if shards[0] >= 0 and not (shards[1:] < shards[:-1]).any():
+        return _contiguous_order(n, seed, epoch, shuffle, shards, window_rows)
     # Rows without a shard (-1) each form a shard of their own.
     keys = np.where(shards >= 0, shards, -1 - np.arange(n))
     uniq, inverse = np.unique(keys, return_inverse=True)
@@ -73,6 +75,60 @@ def epoch_order(
     sorted_win = win[order]
     starts = np.flatnonzero(np.r_[True, sorted_win[1:] != sorted_win[:-1]])
     return order, starts
+
+
+# Rows sorted together by their random keys in one go (whole windows): small enough for the cache,
+# large enough that the per-call cost vanishes.
+_SORT_ROWS = 1 << 16
+_SORT_WINDOWS = 1 << 11  # their numbers in a batch take the 11 bits of a 64-bit key above a draw's 53
+
+
+def _contiguous_order(
+    n: int, seed: int, epoch: int, shuffle: bool, shards: np.ndarray, window_rows: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``epoch_order`` for shards that are contiguous runs in listing order (non-decreasing ``shard``, as
+    every source lists them): the same values, from per-shard arithmetic instead of sorting every row.
+
+    A window's rows in listing order are its shards' runs, by shard number; sorting each window by its
+    random keys, ties kept in that order, then gives what sorting every row by (window, key, listing
+    index) gives. The draws are multiples of 2**-53, so a draw times 2**53 is an exact integer."""
+    bounds = np.flatnonzero(shards[1:] != shards[:-1]) + 1
+    first = np.r_[0, bounds]  # each shard's first row
+    sizes = np.diff(np.r_[first, n])
+    count = len(sizes)
+    shard_order = _rng(seed, epoch, 0x5A4D).permutation(count) if shuffle else np.arange(count)
+    shuffled = sizes[shard_order]
+    window_of_shard = np.empty(count, dtype=np.int64)
+    window_of_shard[shard_order] = (np.cumsum(shuffled) - shuffled) // max(1, window_rows)
+    by_window = np.argsort(window_of_shard, kind="stable")  # shards by window, then by number
+    run = sizes[by_window]
+    at = np.cumsum(run) - run  # where each shard's run lands in the order
+    windows = window_of_shard[by_window]
+    new_window = np.r_[True, windows[1:] != windows[:-1]]
+    starts = at[new_window]
+    # order[at[k] + j] = first[by_window[k]] + j: a run of consecutive rows per shard
+    order = np.repeat(first[by_window] - at, run)
+    for lo in range(0, n, _SORT_ROWS):
+        hi = min(lo + _SORT_ROWS, n)
+        order[lo:hi] += np.arange(lo, hi)
+    if shuffle:
+        inner = _rng(seed, epoch, 0x1A3E).random(n)
+        ends, count = np.r_[starts[1:], n], len(starts)
+        # batches of whole windows: about _SORT_ROWS rows (a longer window alone), at most 2**11 windows
+        cut = np.r_[True, np.diff(starts // _SORT_ROWS) != 0] | (np.arange(count) % _SORT_WINDOWS == 0)
+        batch = np.flatnonzero(cut)
+        for a, b in zip(batch, np.r_[batch[1:], count], strict=True):
+            lo, hi = int(starts[a]), int(ends[b - 1])
+            rows = order[lo:hi]
+            # one integer key: the window's place in the batch, then the random draw (53 bits, exact)
+            key = (inner[rows] * 2.0**53).astype(np.uint64)
+            key |= np.repeat(np.arange(b - a, dtype=np.uint64) << np.uint64(53), ends[a:b] - starts[a:b])
+            pick = np.argsort(key)
+            ordered = key[pick]
+            if (ordered[1:] == ordered[:-1]).any():  # equal draws in a window: listing order decides
+                pick = np.argsort(key, kind="stable")
+            order[lo:hi] = rows[pick]
+    return order, starts.astype(np.int64)
 
 
 def rank_slice(n: int, rank: int, world_size: int) -> slice:

@@ -29,7 +29,7 @@ from raypipe.pipeline.slabs import slab_room
 from raypipe.pipeline.stream import Chunk, ChunkStream, RayTasks
 from raypipe.sources import SourceRows, open_source
 from raypipe.sources.remote import reads_store_objects
-from raypipe.sources.table import table_columns
+from raypipe.sources.table import TableColumns
 from raypipe.stages.augment import StageSpec
 
 __all__ = ["Pipeline", "EpochSource", "EpochRun"]
@@ -64,7 +64,7 @@ class Pipeline:
         self.content_digest = content_digest
         h, w = augment.input_size
         self.batch_spec = BatchSpec(self.config.batch_size, (h, w, 3))
-        self._columns: dict[str, np.ndarray] | None = None
+        self._columns: TableColumns | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -138,11 +138,11 @@ class Pipeline:
             count = min(budget.in_flight, tasks_for_share(cpus / ranks_here, ex.cpus_per_task))
         return budget, count, directory
 
-    def columns(self) -> dict[str, np.ndarray]:
-        """The listing as numpy columns, made once: each chunk's rows are a take of them."""
+    def columns(self) -> TableColumns:
+        """The listing's columns as each chunk's rows are taken from them (``take(idx)``), made once:
+        about the table's own bytes (``raypipe.sources.table.TableColumns``)."""
         if self._columns is None:
-            table = self.rows.table
-            self._columns = table_columns(table)
+            self._columns = TableColumns(self.rows.table)
         return self._columns
 
     def stream(

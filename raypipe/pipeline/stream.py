@@ -51,6 +51,7 @@ import ray
 from raypipe import runtime
 from raypipe.pipeline.budget import RankBudget
 from raypipe.pipeline.order import RankPlan
+from raypipe.sources.table import TableColumns
 from raypipe.stages.augment import StageSpec, augment_block, stage_for
 
 __all__ = ["Chunk", "ChunkStream", "RayTasks", "STALL_WARN_S"]
@@ -148,7 +149,7 @@ class ChunkStream:
 
     def __init__(
         self,
-        columns: dict[str, np.ndarray],
+        columns: TableColumns,
         plan: RankPlan,
         spec_for_epoch,
         budget: Callable[[], RankBudget],
@@ -182,7 +183,7 @@ class ChunkStream:
             epoch += 1
 
     def _rows(self, idx: np.ndarray) -> dict[str, np.ndarray]:
-        return {name: col[idx] for name, col in self._columns.items()}
+        return self._columns.take(idx)
 
     def _refresh_budget(self) -> None:
         if self.budget is None or time.monotonic() - self._budget_at > BUDGET_REFRESH_S:

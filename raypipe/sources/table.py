@@ -49,6 +49,7 @@ __all__ = [
     "COLUMN_DEFAULTS",
     "ROW_SCHEMA",
     "SourceRows",
+    "TableColumns",
     "column_array",
     "column_or_default",
     "int64_array",
@@ -254,7 +255,9 @@ def string_array(values) -> pa.Array:
 def column_array(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """A column as numpy, as ``to_numpy(zero_copy_only=False)`` gives it: int64 without nulls as a
     read-only view of its buffer, strings as an object array (None for nulls)."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    arr = column
+    if isinstance(column, pa.ChunkedArray):  # combine_chunks copies even a single chunk
+        arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     if arr.type == pa.int64() and arr.null_count == 0:
         if len(arr) == 0:
             return np.empty(0, np.int64)
@@ -271,6 +274,65 @@ def column_array(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 def table_columns(table: pa.Table) -> dict[str, np.ndarray]:
     """Every column of ``table`` through :func:`column_array`."""
     return {name: column_array(table.column(name)) for name in table.column_names}
+
+
+class TableColumns:
+    """A listing's columns as a chunk's rows are taken from them, held at about the table's own bytes:
+    int64 columns as views of the table's buffers (``column_array``), string columns (the path, a skip
+    reason, a member name) as the table's Arrow arrays, turned into Python strings one chunk at a time.
+    ``take(idx)`` is ``{name: column_array(column)[idx]}`` for every column: the same keys, dtypes and
+    values, where ``table_columns`` would hold every path of the listing as a Python string (about 140
+    bytes a row at ImageNet's paths: more than the table itself)."""
+
+    def __init__(self, table: pa.Table):
+        self.names = tuple(table.column_names)
+        self.num_rows = table.num_rows
+        self._arrays: dict[str, np.ndarray] = {}
+        self._strings: dict[str, tuple[list[pa.Array], np.ndarray]] = {}
+        for name in self.names:
+            column = table.column(name)
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                chunks = [c for c in _chunks(column) if len(c)] or [pa.nulls(0, column.type)]
+                starts = np.cumsum([0] + [len(c) for c in chunks[:-1]])
+                self._strings[name] = (chunks, starts)
+            else:
+                self._arrays[name] = column_array(column)
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def take(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows ``idx`` (row indices, any order) of every column, in the table's column order."""
+        idx = np.asarray(idx)
+        out = {}
+        for name in self.names:
+            if name in self._arrays:
+                out[name] = self._arrays[name][idx]
+            else:
+                out[name] = _take_strings(*self._strings[name], idx)
+        return out
+
+
+def _take_strings(chunks: list[pa.Array], starts: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Rows ``idx`` of a string column kept in ``chunks`` (which begin at rows ``starts``) as an object
+    array of Python strings (None for nulls), as ``column_array`` gives them."""
+    out = np.empty(len(idx), dtype=object)
+    if not len(idx):
+        return out
+    rows = int(starts[-1]) + len(chunks[-1])
+    if idx.min() < 0 or idx.max() >= rows:
+        bad = int(idx.min()) if idx.min() < 0 else int(idx.max())
+        raise IndexError(f"row {bad} is out of bounds for a column of {rows} rows")
+    which = np.searchsorted(starts, idx, side="right") - 1
+    by = np.argsort(which, kind="stable")  # the rows grouped by the Arrow chunk they lie in
+    grouped = which[by]
+    edges = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1], True])
+    pieces = [
+        chunks[c].take(int64_array(idx[by[a:b]] - starts[c]))
+        for a, b, c in zip(edges[:-1], edges[1:], grouped[edges[:-1]], strict=True)
+    ]
+    out[by] = pa.concat_arrays(pieces).to_pylist()
+    return out
 
 
 def listed_stamp(info: pafs.FileInfo) -> tuple[int, int]:
