@@ -39,6 +39,7 @@ import hashlib
 import io
 import os
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -634,10 +635,15 @@ def main() -> None:
     args = p.parse_args()
     with S3Server(args.root, latency_ms=args.latency_ms, port=args.port, cache_listings=args.cache_listings) as server:
         print(f"serving {server.root} at {server.endpoint} (AWS_ENDPOINT_URL={server.endpoint})", flush=True)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:
-            threading.Event().wait()
+            while not stop.wait(1.0):
+                pass
         except KeyboardInterrupt:
             pass
+        # what a benchmark running the server in a process of its own counts (``benchmark.s3.S3Process``)
+        print(f"served {server.count()} requests, at most {server.max_active} at once", flush=True)
 
 
 if __name__ == "__main__":
