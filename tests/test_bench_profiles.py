@@ -39,7 +39,7 @@ def test_every_quoted_bench_script_exists_and_every_measurement_is_one_of_profil
 
 
 @pytest.mark.parametrize("name", ["slab-cost", "start-cost", "stage", "cpu-account", "s3-requests", "s3-listing",
-                                  "rng"])
+                                  "s3-folder-listing", "rng"])
 def test_each_measurement_explains_itself(name):
     out = _run(name, "--help")
     assert out.returncode == 0 and "usage: profiles.py " + name in out.stdout, out.stderr
@@ -50,3 +50,14 @@ def test_cheap_measurements_run():
     assert out.returncode == 0 and "reused slab" in out.stdout, out.stderr
     out = _run("warm-memory", "--gib", "0.01")
     assert out.returncode == 0 and "first touch" in out.stdout, out.stderr
+
+
+def test_remote_folder_listing_measurement_runs(tmp_path):
+    """Both listings list every object, and the server's count of requests comes back from its process."""
+    out = _run("s3-folder-listing", "--prefixes", "3", "--objects", "5", "--latency-ms", "0", "--server-cores", "0",
+               "--workdir", str(tmp_path / "work"))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if "objects " in line and " s " in line]
+    assert len(lines) == 2 and all(" 15 objects" in line for line in lines), out.stdout
+    assert "served 1 requests" in lines[0] and "served 4 requests" in lines[1], out.stdout
+    assert not (tmp_path / "work").exists()

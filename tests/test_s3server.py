@@ -202,3 +202,26 @@ def test_a_chunked_body_and_an_unknown_method(tmp_path):
         conn.close()
         assert s.count("Unsupported") == 1
     assert (tmp_path / "bkt" / "a.bin").read_bytes() == b"hello chunked world"
+
+
+def test_cached_listings_page_as_walked_ones_and_writes_clear_them(data, tmp_path):
+    """cache_listings=True: every page is what an uncached server answers; a write through the server is
+    seen by the next listing; an empty folder lists as its marker object, as S3 lists ``folder/``."""
+    cls = sorted(p.name for p in (data / "bkt" / "folder").iterdir())[0]  # a class folder that stays
+    (data / "bkt" / "folder" / "empty").mkdir()
+    try:
+        pages = {}
+        for cached in (False, True):
+            with S3Server(data, cache_listings=cached) as s:
+                fs = s.filesystem()
+                infos = fs.get_file_info(pafs.FileSelector("bkt/folder", recursive=True))
+                pages[cached] = sorted((i.path, i.type, i.size) for i in infos)
+                with fs.open_output_stream(f"bkt/folder/{cls}/new.jpg") as f:
+                    f.write(b"x")
+                after = fs.get_file_info(pafs.FileSelector(f"bkt/folder/{cls}", recursive=True))
+                assert f"bkt/folder/{cls}/new.jpg" in [i.path for i in after]
+                fs.delete_file(f"bkt/folder/{cls}/new.jpg")
+        assert pages[False] == pages[True]
+        assert ("bkt/folder/empty", pafs.FileType.Directory, None) in pages[True]
+    finally:
+        (data / "bkt" / "folder" / "empty").rmdir()

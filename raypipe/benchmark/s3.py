@@ -18,11 +18,13 @@ from pathlib import Path
 class S3Process:
     """``raypipe.testing.s3server`` in a child process serving ``root``; stopped on exit."""
 
-    def __init__(self, root: Path, latency_ms: float, cores: set[int] | None = None):
+    def __init__(self, root: Path, latency_ms: float, cores: set[int] | None = None, *, cache_listings: bool = False):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "raypipe.testing.s3server", str(root), "--latency-ms", str(latency_ms)],
+            [sys.executable, "-m", "raypipe.testing.s3server", str(root), "--latency-ms", str(latency_ms),
+             *(["--cache-listings"] if cache_listings else [])],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
+        self.served = ""  # the server's last line once stopped: the requests it answered, the most at once
         if cores:  # before it serves: its threads, started later, take the same cores
             os.sched_setaffinity(self.proc.pid, cores)
         line = self.proc.stdout.readline()
@@ -40,7 +42,7 @@ class S3Process:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=10)
+                self.served = self.proc.communicate(timeout=10)[0].strip()
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

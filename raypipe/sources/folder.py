@@ -16,13 +16,16 @@ path column, see ``paths.path_value``); reports show it with ``\\xNN`` escapes.
 
 from __future__ import annotations
 
+import itertools
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.fs as pafs
 
 from raypipe.sources.classes import classes_by_index, load_class_map, order_classes
 from raypipe.sources.parquet import parquet_files
 from raypipe.sources.paths import DatasetRoot, path_value, printable
+from raypipe.sources.remote import ReadOptions, with_retries
 from raypipe.sources.table import SourceRows, listed_stamp, make_rows
 
 __all__ = ["IMG_EXTENSIONS", "list_image_folder"]
@@ -62,9 +65,34 @@ def _walk_order(relpath: str) -> list[tuple[int, str]]:
     return [(1, d) for d in dirs[1:]] + [(0, name)]
 
 
-def _list_remote(root: DatasetRoot) -> tuple[list[str], dict[str, list[str]], dict[str, tuple[int, int]]]:
-    """Class names, each class's files, and each file's (size, mtime_ns) as the listing gives them."""
-    infos = root.filesystem.get_file_info(pafs.FileSelector(root.root, recursive=True))
+def _list_remote(
+    root: DatasetRoot, options: ReadOptions | None = None
+) -> tuple[list[str], dict[str, list[str]], dict[str, tuple[int, int]]]:
+    """Class names, each class's files, and each file's (size, mtime_ns) as the listing gives them.
+
+    A store lists a prefix 1,000 keys a page, each page after the last one's answer: 1.28M objects under
+    one prefix are 1,282 requests in turn. So the root's class prefixes are listed first (one delimited
+    listing), then each class's objects, ``options.list_in_flight`` prefixes at once, each listing retried
+    as reads are (``remote.with_retries``). ``list_in_flight=1`` lists the whole folder in one recursive
+    listing instead. Either way the result is the same.
+    """
+    options = options or ReadOptions()
+    fs = root.filesystem
+
+    def listing(path: str, recursive: bool) -> list[pafs.FileInfo]:
+        return with_retries(lambda: fs.get_file_info(pafs.FileSelector(path, recursive=recursive)), options)
+
+    if options.list_in_flight == 1:
+        return _gathered(root, listing(root.root, True))
+    top = listing(root.root, False)
+    prefixes = [info.path for info in top if info.type == pafs.FileType.Directory]
+    with ThreadPoolExecutor(max(1, min(options.list_in_flight, len(prefixes))), "raypipe-list") as pool:
+        below = list(pool.map(lambda path: listing(path, True), prefixes))  # pyarrow waits without the GIL
+    return _gathered(root, itertools.chain(top, *below))
+
+
+def _gathered(root: DatasetRoot, infos) -> tuple[list[str], dict[str, list[str]], dict[str, tuple[int, int]]]:
+    """``_list_remote``'s result from the listed entries under the root (in any order)."""
     classes: set[str] = set()
     files: dict[str, list[str]] = {}
     stamps: dict[str, tuple[int, int]] = {}

@@ -17,6 +17,11 @@ HeadBucket, ListObjectsV2 (prefix, delimiter, max-keys, continuation), HeadObjec
 for objects past its part size). Requests are not authenticated (use anonymous or any credentials).
 A key that would leave the bucket's folder (``..``, a symlink out of ``root``) is answered as missing.
 
+Each ListObjectsV2 page walks (and stats) the folder under its prefix afresh, so that files changed
+behind the server's back are seen; a flat listing of ``n`` objects then costs the server ``n²/1000``
+stats. ``cache_listings=True`` walks each (bucket, prefix, delimiter) once and cuts every page from
+that (writes through the server clear it): for benchmarks of large listings, whose tree stays still.
+
     with S3Server("/data/buckets", latency_ms=20) as server:
         fs = server.filesystem()                    # a pyarrow S3FileSystem pointing at it
         open_source("s3://photos/train", filesystem=fs)
@@ -29,10 +34,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import hashlib
 import io
 import os
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -41,6 +48,7 @@ import uuid
 from collections import Counter
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler
+from typing import NamedTuple
 from xml.sax.saxutils import escape
 
 __all__ = ["S3Server"]
@@ -59,7 +67,8 @@ class S3Server:
     the object bytes that ``GetObject`` answers carried.
     """
 
-    def __init__(self, root: str | os.PathLike, *, latency_ms: float = 0.0, port: int = 0, log_size: int = 10000):
+    def __init__(self, root: str | os.PathLike, *, latency_ms: float = 0.0, port: int = 0, log_size: int = 10000,
+                 cache_listings: bool = False):  # fmt: skip
         self.root = os.path.realpath(root)
         if not os.path.isdir(self.root):
             raise ValueError(f"root={str(root)!r}: not a directory")
@@ -68,6 +77,8 @@ class S3Server:
         self.log: list[tuple[str, str, str, str]] = []
         self.active = self.max_active = 0
         self.bytes_sent = 0
+        self.cache_listings = cache_listings
+        self._listings: dict[tuple[str, str, str], tuple[list[str], list]] = {}
         self._log_size = log_size
         self._lock = threading.Lock()
         self._handler = _make_handler(self)
@@ -187,6 +198,20 @@ class S3Server:
                 del self.log[: len(self.log) - self._log_size]
             self.active += 1
             self.max_active = max(self.max_active, self.active)
+            if method in ("PUT", "POST", "DELETE"):
+                self._listings.clear()
+
+    def _listing(self, base: str, prefix: str, delimiter: str) -> tuple[list[str], list]:
+        """(keys, entries) of ``_walk``, walked once per (base, prefix, delimiter) when listings are cached."""
+        if not self.cache_listings:
+            entries = _walk(base, prefix, delimiter)
+            return [n for n, _ in entries], entries
+        key = (base, prefix, delimiter)
+        found = self._listings.get(key)
+        if found is None:
+            entries = _walk(base, prefix, delimiter)
+            found = self._listings[key] = ([n for n, _ in entries], entries)
+        return found
 
     def _leave(self) -> None:
         with self._lock:
@@ -302,12 +327,10 @@ def _make_handler(server: S3Server):
             prefix, delimiter = query.get("prefix", ""), query.get("delimiter", "")
             max_keys = max(1, min(1000, int(query.get("max-keys") or 1000)))
             after = query.get("continuation-token") or query.get("start-after") or ""
-            entries = []  # (key or common prefix, stat or None), sorted, strictly after `after`
-            for name, st in _walk(base, prefix, delimiter):
-                if name > after:
-                    entries.append((name, st))
-            page = entries[:max_keys]
-            truncated = len(entries) > max_keys
+            names, entries = server._listing(base, prefix, delimiter)  # (key or common prefix, stat or None)
+            first = bisect.bisect_right(names, after)  # strictly after `after`
+            page = entries[first:first + max_keys]
+            truncated = len(entries) - first > max_keys
             contents = "".join(
                 f"<Contents><Key>{escape(n)}</Key><LastModified>{_iso(st.st_mtime)}</LastModified><ETag>"
                 f"{escape(_etag(st))}</ETag><Size>{st.st_size}</Size><StorageClass>STANDARD</StorageClass></Contents>"
@@ -492,7 +515,8 @@ def _action(method: str, bucket: str, key: str, query: dict, headers) -> str:
 
 def _walk(base: str, prefix: str, delimiter: str):
     """``(key, stat)`` of the objects under ``base`` whose keys start with ``prefix``, and ``(common
-    prefix, None)`` for each folder the delimiter rolls up, in key order (as S3 sorts them)."""
+    prefix, None)`` for each folder the delimiter rolls up, in key order (as S3 sorts them). An empty
+    folder is what a PutObject of ``folder/`` leaves: the empty marker object ``folder/``, as on S3."""
     folder = prefix.rpartition("/")[0] if "/" in prefix else ""
     if any(p in (".", "..") for p in folder.split("/")):
         return []
@@ -504,6 +528,9 @@ def _walk(base: str, prefix: str, delimiter: str):
             it = list(os.scandir(dirpath))
         except OSError:
             return
+        if not it and keybase.startswith(prefix) and keybase:
+            st = os.stat(dirpath)
+            found[keybase] = _Marker(0, st.st_mtime, st.st_mtime_ns, st.st_ino)
         for entry in it:
             name = keybase + entry.name
             if entry.name == _UPLOADS and not keybase:
@@ -521,6 +548,15 @@ def _walk(base: str, prefix: str, delimiter: str):
 
     visit(start, folder + "/" if folder else "")
     return sorted(found.items())
+
+
+class _Marker(NamedTuple):
+    """The stat of a folder marker object (an empty folder): no bytes."""
+
+    st_size: int
+    st_mtime: float
+    st_mtime_ns: int
+    st_ino: int
 
 
 def _range(header: str, size: int) -> tuple[int, int] | None:
@@ -595,13 +631,19 @@ def main() -> None:
     p.add_argument("root")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--latency-ms", type=float, default=0.0, help="added before the first byte of every response")
+    p.add_argument("--cache-listings", action="store_true", help="walk each listed prefix once (a still tree)")
     args = p.parse_args()
-    with S3Server(args.root, latency_ms=args.latency_ms, port=args.port) as server:
+    with S3Server(args.root, latency_ms=args.latency_ms, port=args.port, cache_listings=args.cache_listings) as server:
         print(f"serving {server.root} at {server.endpoint} (AWS_ENDPOINT_URL={server.endpoint})", flush=True)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:
-            threading.Event().wait()
+            while not stop.wait(1.0):
+                pass
         except KeyboardInterrupt:
             pass
+        # what a benchmark running the server in a process of its own counts (``benchmark.s3.S3Process``)
+        print(f"served {server.count()} requests, at most {server.max_active} at once", flush=True)
 
 
 if __name__ == "__main__":
