@@ -199,6 +199,33 @@ def _two_epochs_started_late(monkeypatch, pipe, starting_calls: int, setting_up_
     return out, stream
 
 
+def test_trainers_cpus_are_not_taken_from_cpu_nodes_they_do_not_run_on(sample_dir):
+    """Tasks steered to `preprocess` nodes: what the trainer and feeder hold on their own node (which
+    offers no `preprocess`) leaves the CPU nodes' share whole; unsteered, it is taken from it."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from raypipe.config import ExecutionConfig
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 150 * 2**20})
+    try:
+        cluster.add_node(num_cpus=2, resources={"preprocess": 2}, object_store_memory=150 * 2**20)
+        ray.init(address=cluster.address, logging_level="WARNING")
+        cluster.wait_for_nodes()
+        steered = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8),
+                           execution=ExecutionConfig(resources={"preprocess": 0.001}))  # fmt: skip
+        b = steered.budget(world_size=1, reserved_cpus=1.25)
+        assert (b.workers, b.task_cpus, b.cpus) == (2, 1.0, 2.0)
+        anywhere = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8))
+        b = anywhere.budget(world_size=1, reserved_cpus=1.25)
+        assert (b.workers, b.task_cpus, b.cpus) == (2, 0.875, 1.75)  # the 3 CPUs of both nodes, less 1.25
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
 def test_chunks_made_here_while_the_cluster_starts_are_the_tasks_chunks(ray_local, sample_dir, monkeypatch):
     """While the cluster starts, then until the workers' set-up tasks are done, the consumer makes the
     chunks itself: the same batches as Ray's tasks make."""

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["RankBudget", "rank_budget", "tasks_for_share", "eligible_resources", "STORE_SHARE"]
+__all__ = ["RankBudget", "rank_budget", "tasks_for_share", "eligible_resources", "runs_tasks_here", "STORE_SHARE"]
 
 log = logging.getLogger(__name__)
 
@@ -111,3 +111,19 @@ def eligible_resources(resources: Mapping[str, float]) -> tuple[float, float]:
             cpus += have.get("CPU", 0.0)
             store += have.get("object_store_memory", 0.0)
     return cpus, store
+
+
+def runs_tasks_here(resources: Mapping[str, float]) -> bool:
+    """Whether this process's node offers every resource in ``resources``, so that augmentation tasks
+    may run beside it: the CPUs a trainer or feeder here holds are then taken from the tasks' nodes.
+    Steered elsewhere (``preprocess`` CPU nodes), they are not."""
+    import ray
+
+    if not resources:
+        return True
+    here = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node.get("NodeID") == here:
+            have = node.get("Resources", {})
+            return all(have.get(name, 0.0) >= amount for name, amount in resources.items())
+    return False

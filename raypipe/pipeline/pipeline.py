@@ -21,7 +21,7 @@ import numpy as np
 from raypipe import runtime
 from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline.accounting import EpochLedger, EpochReport
-from raypipe.pipeline.budget import RankBudget, eligible_resources, rank_budget, tasks_for_share
+from raypipe.pipeline.budget import RankBudget, eligible_resources, rank_budget, runs_tasks_here, tasks_for_share
 from raypipe.pipeline.local_workers import LocalWorkers, local_cpus, shared_memory_dir
 from raypipe.pipeline.order import RankPlan
 from raypipe.pipeline.pack import BatchSpec, Packer
@@ -97,9 +97,12 @@ class Pipeline:
         )
 
     def budget(self, *, world_size: int = 1, reserved_cpus: float = 0.0) -> RankBudget:
-        """This rank's share of the connected cluster (``raypipe.pipeline.budget``)."""
+        """This rank's share of the connected cluster (``raypipe.pipeline.budget``). ``reserved_cpus``
+        (what the trainers and feeders hold) is taken from the tasks' nodes only where this process's
+        node is one of them (``runs_tasks_here``): trainers on GPU nodes hold none of the CPU nodes'."""
         ex = self.execution
         cpus, store = eligible_resources(ex.resources)
+        reserved_cpus = reserved_cpus if runs_tasks_here(ex.resources) else 0.0
         h, w, c = self.batch_spec.image_shape
         chunk_bytes = self.plan(0, world_size).max_chunk_rows * h * w * c
         return rank_budget(
