@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-__all__ = ["Result", "MemorySampler", "measure_epochs"]
+__all__ = ["Result", "MemorySampler", "measure_epochs", "core_ticks"]
 
 
 @dataclass
@@ -168,3 +168,20 @@ def measure_epochs(
         peak_object_store_mb=mem.peak_store,
         note=note,
     )
+
+
+def core_ticks(cores: set[int] | None = None) -> tuple[int, int]:
+    """(busy, total) clock ticks of ``cores`` (None: every core) so far, from ``/proc/stat``; idle and
+    iowait count as not busy."""
+    busy = total = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *fields = line.split()
+            if not (name.startswith("cpu") and name[3:].isdigit()):
+                continue
+            if cores is not None and int(name[3:]) not in cores:
+                continue
+            values = [int(v) for v in fields]
+            total += sum(values)
+            busy += sum(values) - values[3] - values[4]
+    return busy, total

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from raypipe.benchmark.measure import measure_epochs
+from raypipe.benchmark.measure import core_ticks, measure_epochs
 
 __all__ = ["PATHS", "PathResult", "CpuAccount", "process_role", "run_path", "run_timm", "compression_cost"]
 
@@ -61,14 +61,6 @@ def process_role(proc: psutil.Process, trainer_pid: int) -> str:
     return "other"
 
 
-def _machine_jiffies() -> tuple[int, int]:
-    """(busy, total) clock ticks of every core so far (``/proc/stat``)."""
-    with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
 class CpuAccount:
     """CPU seconds between ``start()`` and ``stop()``: the machine's, and each process's by role."""
 
@@ -92,10 +84,10 @@ class CpuAccount:
 
     def start(self) -> None:
         self._start = {pid: cpu for pid, (_, cpu) in self._per_process().items()}
-        self._machine0 = _machine_jiffies()
+        self._machine0 = core_ticks()
 
     def stop(self) -> None:
-        busy, total = _machine_jiffies()
+        busy, total = core_ticks()
         b0, t0 = self._machine0
         self.machine_s = (busy - b0) / _CLOCK
         self.busy = (busy - b0) / max(1, total - t0)

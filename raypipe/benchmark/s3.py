@@ -14,6 +14,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from raypipe.benchmark.measure import core_ticks
+
 
 class S3Process:
     """``raypipe.testing.s3server`` in a child process serving ``root``; stopped on exit."""
@@ -144,18 +146,6 @@ SOURCES = {"folder": "folder", "parquet": "parquet/train.parquet", "webdataset":
            "s3-folder": "folder", "s3-shards": "shards"}  # fmt: skip
 
 
-def _busy(cores: set[int]) -> tuple[int, int]:
-    """(all jiffies, idle + iowait jiffies) of ``cores`` so far."""
-    total = idle = 0
-    with open("/proc/stat") as f:
-        for line in f:
-            name, *fields = line.split()
-            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
-                values = [int(v) for v in fields]
-                total, idle = total + sum(values), idle + values[3] + values[4]
-    return total, idle
-
-
 def cpu_account(source: str, workdir: str = "/tmp/cloudbench", epochs: int = 4, latency_ms: float = 20.0,
                 cpus_per_task: float | None = None, server_cores: int = 0) -> None:  # fmt: skip
     """Where the CPU goes per image when a source is read as ``raypipe run`` reads it, by process.
@@ -214,16 +204,16 @@ def cpu_account(source: str, workdir: str = "/tmp/cloudbench", epochs: int = 4, 
         images = 0
         for epoch in range(epochs + 1):
             if epoch == 1:
-                c0, b0, t0 = cpu(), _busy(mine), time.perf_counter()
+                c0, b0, t0 = cpu(), core_ticks(mine), time.perf_counter()
             n = sum(len(batch["label"]) for batch in stream)
             images += n if epoch else 0
         seconds = time.perf_counter() - t0
-        c1, b1 = cpu(), _busy(mine)
+        c1, b1 = cpu(), core_ticks(mine)
         stream.close()
     finally:
         if server is not None:
             server.stop()
-    busy = 1 - (b1[1] - b0[1]) / max(1, b1[0] - b0[0])
+    busy = (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
     per = [1e3 * (x1 - x0) / images for x0, x1 in zip(c0, c1, strict=True)]
     print(f"{source}: {images / seconds:.0f} img/s over {epochs} epochs, its cores {100 * busy:.0f} % busy; "
           f"CPU ms per image: driver {per[0]:.2f}, workers {per[1] + per[2]:.2f} (user {per[1]:.2f}, system "

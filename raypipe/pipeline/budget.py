@@ -20,7 +20,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["RankBudget", "rank_budget", "tasks_for_share", "eligible_resources", "runs_tasks_here", "STORE_SHARE"]
+__all__ = [
+    "RankBudget", "rank_budget", "tasks_for_share", "eligible_resources", "runs_tasks_here", "offers", "STORE_SHARE",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +109,7 @@ def eligible_resources(resources: Mapping[str, float]) -> tuple[float, float]:
         if not node.get("Alive"):
             continue
         have = node.get("Resources", {})
-        if all(have.get(name, 0.0) >= amount for name, amount in resources.items()):
+        if offers(have, resources):
             cpus += have.get("CPU", 0.0)
             store += have.get("object_store_memory", 0.0)
     return cpus, store
@@ -124,6 +126,11 @@ def runs_tasks_here(resources: Mapping[str, float]) -> bool:
     here = ray.get_runtime_context().get_node_id()
     for node in ray.nodes():
         if node.get("NodeID") == here:
-            have = node.get("Resources", {})
-            return all(have.get(name, 0.0) >= amount for name, amount in resources.items())
+            return offers(node.get("Resources", {}), resources)
     return False
+
+
+def offers(have: Mapping[str, float], resources: Mapping[str, float]) -> bool:
+    """Pure: whether a node with ``have`` (``ray.nodes()``' ``Resources``) can hold a task asking for
+    ``resources``."""
+    return all(have.get(name, 0.0) >= amount for name, amount in resources.items())

@@ -21,7 +21,14 @@ import numpy as np
 from raypipe import runtime
 from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline.accounting import EpochLedger, EpochReport
-from raypipe.pipeline.budget import RankBudget, eligible_resources, rank_budget, runs_tasks_here, tasks_for_share
+from raypipe.pipeline.budget import (
+    RankBudget,
+    eligible_resources,
+    offers,
+    rank_budget,
+    runs_tasks_here,
+    tasks_for_share,
+)
 from raypipe.pipeline.local_workers import LocalWorkers, local_cpus, shared_memory_dir
 from raypipe.pipeline.order import RankPlan
 from raypipe.pipeline.pack import BatchSpec, Packer
@@ -193,7 +200,7 @@ def check_task_fits(execution: ExecutionConfig) -> None:
     cpus = execution.cpus_per_task_for(store_objects=False)
     need = {"CPU": cpus, **dict(execution.resources)}
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-    if not nodes or any(all(r.get(k, 0.0) >= v for k, v in need.items()) for r in nodes):
+    if not nodes or any(offers(r, need) for r in nodes):
         return
     largest = max(r.get("CPU", 0.0) for r in nodes)
     message = (
