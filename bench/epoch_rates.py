@@ -35,7 +35,7 @@ def main() -> None:
     started = time.perf_counter()
 
     import raypipe.runtime
-    from raypipe import DeviceLoader, ExecutionConfig, FeederSource, Pipeline, PipelineConfig, TrainAugment
+    from raypipe import ExecutionConfig, FeederSource, Pipeline, PipelineConfig, TrainAugment, from_timm_args
     from raypipe.benchmark.measure import measure_epochs
 
     raypipe.runtime.connect(object_store_memory=a.object_store_mb << 20 if a.object_store_mb else None)
@@ -45,7 +45,7 @@ def main() -> None:
         config=PipelineConfig(batch_size=a.batch_size, seed=0),
         execution=ExecutionConfig(num_tasks=a.num_tasks, prefetch_chunks=a.prefetch_chunks, worker_nice=a.worker_nice),
     )
-    with DeviceLoader.from_timm(FeederSource(pipe, end_epoch=a.epochs), device="cpu", img_dtype="float32") as loader:
+    with from_timm_args(FeederSource(pipe, end_epoch=a.epochs), device="cpu", img_dtype="float32") as loader:
         r = measure_epochs(
             "raypipe", lambda epoch: loader, epochs=a.epochs, count=lambda b: int(b["image"].shape[0]),
             object_store=True, started=started,

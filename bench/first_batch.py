@@ -33,7 +33,7 @@ def timm_args(aug) -> dict:
 
 def feeder_marks(a, aug, device, marks: list) -> None:
     import raypipe.runtime
-    from raypipe import DeviceLoader, ExecutionConfig, FeederSource, Pipeline, PipelineConfig
+    from raypipe import ExecutionConfig, FeederSource, Pipeline, PipelineConfig, from_timm_args
 
     raypipe.runtime.connect()
     marks.append(("Ray's start", time.perf_counter()))
@@ -42,7 +42,7 @@ def feeder_marks(a, aug, device, marks: list) -> None:
     marks.append(("listing (Pipeline)", time.perf_counter()))
     source = FeederSource(pipe, end_epoch=1)
     marks.append(("FeederSource", time.perf_counter()))
-    with DeviceLoader.from_timm(source, device=device, img_dtype=_dtype(device)) as loader:
+    with from_timm_args(source, device=device, img_dtype=_dtype(device)) as loader:
         _first(loader, device)
         marks.append(("first batch", time.perf_counter()))
 

@@ -74,7 +74,7 @@ def check_correctness(dev, rows):
               mixup_mode="elem", label_smoothing=0.1, num_classes=10, seed=1)  # fmt: skip
     outs = {}
     for device in ("cpu", "cuda"):
-        with dev.DeviceLoader.from_timm(src, device=device, **kw) as loader:
+        with dev.from_timm_args(src, device=device, **kw) as loader:
             outs[device] = [(b["image"].cpu(), b["label"].cpu()) for b in loader]
     err = max((g[0] - c[0]).abs().max().item() for g, c in zip(outs["cuda"], outs["cpu"], strict=True))
     terr = max((g[1] - c[1]).abs().max().item() for g, c in zip(outs["cuda"], outs["cpu"], strict=True))
@@ -86,7 +86,7 @@ def check_correctness(dev, rows):
                for b in src]  # fmt: skip
     timm_loader = PrefetchLoader(batches, device=torch.device("cuda"), img_dtype=torch.float16)
     timm_out = [x.cpu() for x, _ in timm_loader]
-    with dev.DeviceLoader.from_timm(batches, device="cuda", channels_last=False) as loader:
+    with dev.from_timm_args(batches, device="cuda", channels_last=False) as loader:
         ours = [x.cpu() for x, _ in loader]
     # Ours is one fused multiply-add, timm's sub then div: equal within fp16 rounding.
     diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(ours, timm_out, strict=True))
@@ -250,7 +250,7 @@ def check_vs_timm(dev, rows, batches, device="cuda"):
     nchw = [(torch.from_numpy(b["image"]).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(b["label"]))
             for b in batches]  # fmt: skip
     results = {}
-    with dev.DeviceLoader.from_timm(nchw, device=device, img_dtype="float16", channels_last=False) as loader:
+    with dev.from_timm_args(nchw, device=device, img_dtype="float16", channels_last=False) as loader:
         for name, it in (("timm PrefetchLoader",
                           lambda: PrefetchLoader(nchw, device=torch.device(device), img_dtype=torch.float16)),
                          ("raypipe DeviceLoader", lambda: loader)):  # fmt: skip

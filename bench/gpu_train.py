@@ -249,7 +249,7 @@ def synthetic_batches(trainer: Trainer, batch: int, size: int, dtype: torch.dtyp
 
 def raypipe_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, closers: list, feeder: bool):
     from raypipe.config import ExecutionConfig, PipelineConfig
-    from raypipe.device import DeviceLoader
+    from raypipe.device import from_timm_args
     from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 
     # drop_last as timm's training loader (create_loader(is_training=True)): both feeds then train on
@@ -259,8 +259,7 @@ def raypipe_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, 
                          worker_sched_idle=args.worker_sched_idle, cpus_per_task=args.cpus_per_task)
     ex = ex.resolved_for(gpu_trainer=trainer.device.type == "cuda")
     source = (FeederSource if feeder else EpochSource)(Pipeline(data, aug, config=cfg, execution=ex))
-    loader = DeviceLoader.from_timm(source, device=trainer.device, img_dtype=dtype,
-                                    channels_last=trainer.channels_last)
+    loader = from_timm_args(source, device=trainer.device, img_dtype=dtype, channels_last=trainer.channels_last)
     closers.append(loader.close)
     while True:  # as many epochs as the window needs; each pass is the next epoch
         for b in loader:

@@ -39,7 +39,7 @@ def _start_hog() -> subprocess.Popen:
 
 def profile_pipeline(args: argparse.Namespace) -> None:
     from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
-    from raypipe.device import DeviceLoader
+    from raypipe.device import from_timm_args
     from raypipe.pipeline import EpochSource, Pipeline
     from raypipe.runtime import connect
 
@@ -55,7 +55,7 @@ def profile_pipeline(args: argparse.Namespace) -> None:
     aug = TrainAugment(input_size=args.img_size, color_jitter=None, auto_augment=args.auto_augment)
     pipe = Pipeline(args.data, aug, config=cfg, execution=ex)
     source = EpochSource(pipe, end_epoch=args.epochs)
-    it = DeviceLoader.from_timm(source, device="cpu", img_dtype=args.img_dtype) if args.device_loader else source
+    it = from_timm_args(source, device="cpu", img_dtype=args.img_dtype) if args.device_loader else source
     total_n, total_s = 0, 0.0
     for epoch in range(args.epochs):
         psutil.cpu_percent(None)
@@ -197,7 +197,7 @@ def profile_normalise(args: argparse.Namespace) -> None:
     import torch
 
     from raypipe.config import IMAGENET_MEAN, IMAGENET_STD
-    from raypipe.device import DeviceLoader
+    from raypipe.device import from_timm_args
     from raypipe.device.normalize import _affine, normalize
 
     normalize_module = importlib.import_module("raypipe.device.normalize")  # the package exports the function
@@ -263,7 +263,7 @@ def profile_normalise(args: argparse.Namespace) -> None:
             continue
         normalize_module._cext = ext
         try:
-            with DeviceLoader.from_timm(batches, device="cpu", img_dtype="float32") as loader:
+            with from_timm_args(batches, device="cpu", img_dtype="float32") as loader:
                 for _ in loader:  # first pass allocates the ring and the output pool
                     pass
                 c0, n = time.process_time(), 0

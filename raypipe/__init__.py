@@ -22,6 +22,7 @@ _EXPORTS = {
     "load_config": "raypipe.config",
     "load_yaml": "raypipe.config",
     "DeviceLoader": "raypipe.device",
+    "from_timm_args": "raypipe.device",
     "connect": "raypipe.runtime",
     "EpochReport": "raypipe.pipeline",
     "EpochRun": "raypipe.pipeline",

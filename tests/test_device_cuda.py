@@ -10,7 +10,7 @@ import pytest
 import torch
 from device_helpers import loader_threads, packed_batches
 
-from raypipe.device import DeviceLoader
+from raypipe.device import DeviceLoader, from_timm_args
 
 pytestmark = [
     pytest.mark.needs_cuda,
@@ -28,10 +28,10 @@ def _collect(loader):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_async_output_equals_synchronous_reference(dtype):
     src = packed_batches(6, n=8, h=32, w=32)
-    with DeviceLoader.from_timm(src, device="cuda", img_dtype=dtype, prefetch=3, seed=3, **AUG) as loader:
+    with from_timm_args(src, device="cuda", img_dtype=dtype, prefetch=3, seed=3, **AUG) as loader:
         async_out = _collect(loader)
     # synchronous reference: same loader semantics, one batch in flight, a sync after each batch
-    with DeviceLoader.from_timm(src, device="cuda", img_dtype=dtype, prefetch=1, seed=3, **AUG) as loader:
+    with from_timm_args(src, device="cuda", img_dtype=dtype, prefetch=1, seed=3, **AUG) as loader:
         sync_out = []
         for b in loader:
             torch.cuda.synchronize()
@@ -43,9 +43,9 @@ def test_async_output_equals_synchronous_reference(dtype):
 def test_cuda_matches_cpu_reference_without_pixel_noise():
     src = packed_batches(4, n=8)
     kw = dict(img_dtype="float32", seed=5, **AUG)
-    with DeviceLoader.from_timm(src, device="cuda", **kw) as loader:
+    with from_timm_args(src, device="cuda", **kw) as loader:
         gpu = _collect(loader)
-    with DeviceLoader.from_timm(src, device="cpu", **kw) as loader:
+    with from_timm_args(src, device="cpu", **kw) as loader:
         cpu = _collect(loader)
     for g, c in zip(gpu, cpu, strict=True):
         torch.testing.assert_close(g["image"], c["image"], atol=1e-5, rtol=1e-5)
@@ -58,7 +58,7 @@ def test_consumer_that_frees_and_reallocates_still_sees_correct_data():
         want = [b["image"].double().sum().item() for b in loader]
     big = torch.randn(2048, 2048, device="cuda")
     got = []
-    with DeviceLoader.from_timm(src, device="cuda", img_dtype="float32", prefetch=4) as loader:
+    with from_timm_args(src, device="cuda", img_dtype="float32", prefetch=4) as loader:
         for b in loader:
             for _ in range(8):  # keep the consumer's stream busy so the batch is read late
                 big = (big @ big).tanh_()
@@ -72,7 +72,7 @@ def test_consumer_that_frees_and_reallocates_still_sees_correct_data():
 
 def test_reserved_memory_does_not_grow_over_50_epochs():
     src = packed_batches(3, n=8, h=32, w=32)
-    with DeviceLoader.from_timm(src, device="cuda", **AUG) as loader:
+    with from_timm_args(src, device="cuda", **AUG) as loader:
         for epoch in range(50):
             for b in loader:
                 b["image"].float().mean().item()
@@ -104,7 +104,7 @@ def test_default_dtype_on_cuda_is_float16_and_ranks_differ_on_the_device():
     kw = dict(re_prob=1.0, re_mode="pixel", img_dtype="float32", seed=2)
     outs = []
     for rank in (0, 1, 0):
-        with DeviceLoader.from_timm(src, device="cuda", rank=rank, **kw) as loader:
+        with from_timm_args(src, device="cuda", rank=rank, **kw) as loader:
             outs.append([b["image"].cpu() for b in loader])
     assert all(torch.equal(a, b) for a, b in zip(outs[0], outs[2], strict=True))
     assert not torch.equal(outs[0][0], outs[1][0])

@@ -89,7 +89,7 @@ def test_determinism_under_seed_and_epochs_differ():
     src = packed_batches(3)
 
     def run(seed, epochs=2):
-        with DeviceLoader.from_timm(src, seed=seed, **kw) as loader:
+        with from_timm_args(src, seed=seed, **kw) as loader:
             return [[(b["image"].clone(), b["label"].clone()) for b in loader] for _ in range(epochs)]
 
     a, b, c = run(0), run(0), run(1)
@@ -98,7 +98,7 @@ def test_determinism_under_seed_and_epochs_differ():
             assert torch.equal(xa, xb) and torch.equal(ya, yb)
     assert not torch.equal(a[0][0][0], a[1][0][0]), "epoch 1 must draw new parameters"
     assert not torch.equal(a[0][0][0], c[0][0][0]), "another seed must draw new parameters"
-    with DeviceLoader.from_timm(src, seed=0, **kw) as loader:
+    with from_timm_args(src, seed=0, **kw) as loader:
         loader.set_epoch(1)
         again = [bt["image"] for bt in loader]
     assert torch.equal(again[0], a[1][0][0])
@@ -273,7 +273,7 @@ def test_tuple_with_labels_only_and_soft_targets():
 def test_label_smoothing_alone_keeps_class_indices_as_timm():
     """timm builds no Mixup without mixup/cutmix: targets stay indices, the loss smooths them."""
     src = packed_batches(2, n=4)
-    with DeviceLoader.from_timm(src, label_smoothing=0.1, num_classes=10) as loader:
+    with from_timm_args(src, label_smoothing=0.1, num_classes=10) as loader:
         assert loader.mixup is None and not loader.mixup_enabled
         labels = [b["label"] for b in loader]
     assert all(y.dtype == torch.int64 and y.tolist() == b["label"].tolist() for y, b in zip(labels, src, strict=True))
@@ -282,7 +282,7 @@ def test_label_smoothing_alone_keeps_class_indices_as_timm():
 def test_mixup_enabled_switch_stops_mixing_and_keeps_smoothed_targets():
     src = packed_batches(2, n=8)
     ref = [b["image"] for b in DeviceLoader(src)]
-    with DeviceLoader.from_timm(src, mixup_alpha=1.0, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=10) as loader:
+    with from_timm_args(src, mixup_alpha=1.0, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=10) as loader:
         assert loader.mixup_enabled
         mixed = [b["image"] for b in loader]
         assert any(not torch.equal(a, b) for a, b in zip(mixed, ref, strict=True))
@@ -308,8 +308,8 @@ def test_cpu_default_dtype_is_float32():
 
 def _draws(rank, seed=0, epoch=0):
     src = packed_batches(2, n=8)
-    loader = DeviceLoader.from_timm(src, seed=seed, rank=rank, re_prob=0.5, re_mode="pixel", re_count=2,
-                                    mixup_alpha=0.8, cutmix_alpha=1.0, mixup_mode="elem", num_classes=10)  # fmt: skip
+    loader = from_timm_args(src, seed=seed, rank=rank, re_prob=0.5, re_mode="pixel", re_count=2,
+                            mixup_alpha=0.8, cutmix_alpha=1.0, mixup_mode="elem", num_classes=10)  # fmt: skip
     with loader:
         loader.set_epoch(epoch)
         return [(b["image"].clone(), b["label"].clone()) for b in loader]
@@ -433,6 +433,38 @@ def test_objects_name_their_own_fields(build, name):
         build()
 
 
+def _imported_modules(path) -> set[str]:
+    """Every module a source file imports, at any depth (a lazy import in a method counts), as absolute
+    names: ``from raypipe.device import factory`` and ``from .factory import x`` both give
+    ``raypipe.device.factory``."""
+    import ast
+
+    package = "raypipe.device"
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(part for part in (base, node.module or "") if part)
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_the_loader_knows_nothing_of_its_factory():
+    """The factory sits above the class it builds (as timm's ``create_*`` functions): ``factory``
+    imports ``loader``, and ``loader`` imports nothing from ``factory``, not even lazily."""
+    from pathlib import Path
+
+    import raypipe.device.factory as factory
+    import raypipe.device.loader as loader
+
+    assert "raypipe.device.loader" in _imported_modules(Path(factory.__file__))
+    assert not {m for m in _imported_modules(Path(loader.__file__)) if m.startswith("raypipe.device.factory")}
+    assert not hasattr(DeviceLoader, "from_timm")
+
+
 def test_cuda_device_without_cuda_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
@@ -448,10 +480,10 @@ def test_a_process_that_exits_with_a_pass_unfinished_exits_cleanly():
 
     code = (
         "import numpy as np\n"
-        "from raypipe.device import DeviceLoader\n"
+        "from raypipe.device import from_timm_args\n"
         "src = [{'image': np.zeros((64, 96, 96, 3), np.uint8), 'label': np.arange(64), 'sample_id': np.arange(64)}"
         " for _ in range(6)]\n"
-        "it = iter(DeviceLoader.from_timm(src, device='cpu', img_dtype='float32', channels_last=False))\n"
+        "it = iter(from_timm_args(src, device='cpu', img_dtype='float32', channels_last=False))\n"
         "next(it); next(it)\n"
         "print('taken')\n"
     )

@@ -9,7 +9,7 @@ import pytest
 import ray
 
 from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
-from raypipe.device import DeviceLoader
+from raypipe.device import from_timm_args
 from raypipe.pipeline import EpochSource, FeederDiedError, FeederSource, Pipeline, SkipLimitError
 
 pytestmark = pytest.mark.timeout(240)
@@ -123,7 +123,7 @@ def test_a_killed_feeder_is_a_clear_error(ray_local, sample_dir):
 
 def test_device_loader_over_a_feeder(ray_local, sample_dir):
     pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16))
-    with DeviceLoader.from_timm(FeederSource(pipe), device="cpu", img_dtype="float32") as loader:
+    with from_timm_args(FeederSource(pipe), device="cpu", img_dtype="float32") as loader:
         for _ in range(2):
             ids = np.concatenate([b["sample_id"].numpy() for b in loader])
             assert sorted(ids.tolist()) == list(range(48))

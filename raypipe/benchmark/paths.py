@@ -202,7 +202,7 @@ def run_path(
         raise ValueError(f"path={path!r}: expected one of {', '.join(PATHS)}")
     import ray
 
-    from raypipe import DeviceLoader, runtime
+    from raypipe import from_timm_args, runtime
 
     started = time.perf_counter()
     cluster = None
@@ -214,7 +214,7 @@ def run_path(
             "ray-nodes": f"Ray, trainer node + {nodes} CPU node(s) of {node_cpus} CPUs"}[path]  # fmt: skip
     try:
         source = _source(path, data, batch_size=batch_size, img_size=img_size, epochs=epochs + 1, chunk_rows=chunk_rows)
-        with DeviceLoader.from_timm(source, device="cpu", img_dtype="float32") as loader:
+        with from_timm_args(source, device="cpu", img_dtype="float32") as loader:
             return _measure(path, loader, epochs=epochs, count=lambda b: int(b["image"].shape[0]), started=started,
                             note=note)  # fmt: skip
     finally:

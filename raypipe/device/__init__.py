@@ -1,8 +1,9 @@
 """Trainer-side device loading: pinned ring, side-stream copies, normalise, random erasing, mixup.
 
 ``DeviceLoader`` composes ``Normalize``, ``RandomErasing`` and ``Mixup`` (timm's names, each usable on
-its own); ``from_timm_args`` (also ``DeviceLoader.from_timm``) builds all of it from timm's flat
-argument names.
+its own); ``from_timm_args`` builds all of it from timm's flat argument names. The factory sits above
+the class it builds (``factory`` imports ``loader``, never the reverse), as timm's ``create_*``
+functions do.
 """
 
 from raypipe.device.erasing import RandomErasing

@@ -9,6 +9,9 @@ loader composes; an invalid value raises ``ValueError`` naming the keyword given
 Mixup is built when timm's ``train.py`` would build it (``mixup_alpha > 0``, ``cutmix_alpha > 0`` or
 ``cutmix_minmax``); otherwise labels stay int64 class indices and ``label_smoothing`` is left to the
 loss (timm's ``LabelSmoothingCrossEntropy``), exactly as in timm.
+
+:func:`from_timm_args` is the one factory and sits above the class it builds, as timm's ``create_*``
+functions do: this module imports ``DeviceLoader``, which knows nothing of it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """DeviceLoader: packed host batches in, normalised / erased / mixed device batches out.
 
 The loader composes three small objects, each usable alone: :class:`Normalize` (always),
-:class:`RandomErasing` and :class:`Mixup` (optional), with timm's names. ``DeviceLoader.from_timm``
-builds them from timm's flat argument names (``raypipe.device.factory``).
+:class:`RandomErasing` and :class:`Mixup` (optional), with timm's names, and takes them built.
+:func:`raypipe.device.factory.from_timm_args` builds them and the loader from timm's flat argument
+names; it sits above the class it builds, as timm's ``create_*`` functions do, so this module imports
+nothing from it.
 
 A producer thread runs steps 1-5 for batches ahead of the consumer; the consumer thread runs 6-8.
 With ``prefetch=2`` (a ring of 3 host slots), these are the batches in flight while the trainer is
@@ -181,14 +183,6 @@ class DeviceLoader:
         self._active: _Epoch | None = None
         self._closed = False
         _LIVE.add(self)
-
-    @classmethod
-    def from_timm(cls, source: Iterable, **kwargs: Any) -> DeviceLoader:
-        """Build the loader and its parts from timm's flat argument names; see
-        :func:`raypipe.device.factory.from_timm_args`, which takes the same keywords."""
-        from raypipe.device.factory import from_timm_args
-
-        return from_timm_args(source, **kwargs)
 
     # -- public surface ---------------------------------------------------------------------------
 

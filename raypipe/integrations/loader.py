@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from raypipe.device import DeviceLoader
+from raypipe.device import from_timm_args
 from raypipe.integrations.epochs import EqualBatches, eval_rows_per_rank, train_batches_per_rank
 from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 from raypipe.pipeline.order import rank_slice
@@ -60,7 +60,7 @@ class RankLoader:
 
     ``training``: batches full (``pipeline.config.drop_last`` must be set) and the same count on every
     rank; else eval: padded like timm's ``OrderedDistributedSampler``. ``device_kwargs`` go to
-    ``DeviceLoader.from_timm`` (timm's names). ``yield_ids``: yield ``(input, target, sample_id)``
+    ``raypipe.device.from_timm_args`` (timm's names). ``yield_ids``: yield ``(input, target, sample_id)``
     (padding rows have ``sample_id == -1``). ``dataset``: what ``loader.dataset`` shows (default: the
     pipeline's rows). ``feeder``: run the rank's source in a feeder process (``FeederSource``).
     """
@@ -108,7 +108,7 @@ class RankLoader:
         kwargs = dict(device_kwargs or {})
         kwargs.setdefault("seed", cfg.seed)
         kwargs.setdefault("rank", rank)
-        self.device_loader = DeviceLoader.from_timm(self.batches, **kwargs)
+        self.device_loader = from_timm_args(self.batches, **kwargs)
         self.device_loader.set_epoch(start_epoch)
         self.dataset = pipeline.rows if dataset is None else dataset
         self.batch_size = b

@@ -260,7 +260,7 @@ def _check_same_images(rows: SourceRows, samples: Sequence, root: str) -> None:
 
 
 def mixup_of(collate_fn: Callable | None) -> dict[str, Any]:
-    """``DeviceLoader.from_timm`` keywords for timm's ``collate_fn``: nothing for None or
+    """``raypipe.device.from_timm_args`` keywords for timm's ``collate_fn``: nothing for None or
     ``fast_collate``; the mixup settings of a timm ``Mixup`` / ``FastCollateMixup``."""
     if collate_fn is None:
         return {}

@@ -23,7 +23,7 @@ import ray.train.torch
 import torch
 import torch.distributed as dist
 
-from raypipe.device import DeviceLoader
+from raypipe.device import DeviceLoader, from_timm_args
 from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 from raypipe.pipeline.identity import check_same_listing
 from raypipe.train.args import TrainJobConfig
@@ -85,7 +85,7 @@ def _loader(source, job: TrainJobConfig, device, num_classes: int, *, train: boo
         kwargs.update(re_prob=job.reprob, re_mode=job.remode, re_count=job.recount)
         if job.soft_targets:
             kwargs.update(mixup_alpha=job.mixup, cutmix_alpha=job.cutmix, label_smoothing=job.smoothing)
-    return DeviceLoader.from_timm(source, **kwargs)
+    return from_timm_args(source, **kwargs)
 
 
 def _load_state(model, optimizer, scheduler) -> int:
