@@ -104,8 +104,9 @@ def test_rank_slices_and_chunk_bounds():
     assert [rank_slice(10, r, 3) for r in range(3)] == [slice(0, 4), slice(4, 7), slice(7, 10)]
     with pytest.raises(ValueError, match="rank"):
         rank_slice(10, 3, 3)
-    assert chunk_bounds(0, 10, np.array([0]), 4) == [(0, 4), (4, 8), (8, 10)]
-    assert chunk_bounds(2, 10, np.array([0, 5]), 4) == [(2, 5), (5, 9), (9, 10)]
+    assert chunk_bounds(0, 10, np.array([0]), 4).tolist() == [[0, 4], [4, 8], [8, 10]]
+    assert chunk_bounds(2, 10, np.array([0, 5]), 4).tolist() == [[2, 5], [5, 9], [9, 10]]
+    assert chunk_bounds(3, 3, np.array([0]), 4).shape == (0, 2)
 
 
 def test_ranks_budgets_add_up_to_the_cluster_not_a_multiple_of_it():

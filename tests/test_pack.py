@@ -66,18 +66,36 @@ def test_whole_batches_of_a_big_block_are_views_and_the_rest_is_packed():
         assert b["label"].dtype == np.int64 and np.array_equal(b["label"], b["sample_id"] % 7)
 
 
-def test_clean_blocks_stay_views_while_rows_are_pending():
-    """A short block (an epoch's last) or a partly bad one leaves rows pending; the clean blocks after it
-    still pass as views, and the pending rows become one batch with later leftovers (or the last)."""
+def test_batches_are_the_good_rows_in_order_however_the_blocks_are_cut():
+    """A short or partly bad block costs one copied batch; the clean blocks after it are views again (at
+    an offset), and every batch is the next good rows of the order whatever the blocks' lengths."""
     p = Packer(BatchSpec(4, (2, 3, 3)))
     clean = [block(range(10 + 4 * k, 14 + 4 * k)) for k in range(3)]
     out = run(p, [block([0, 1, 2], ok=[1, 0, 1]), *clean, block([30, 31])])
-    want = [[10, 11, 12, 13], [14, 15, 16, 17], [18, 19, 20, 21], [0, 2, 30, 31]]
+    want = [[0, 2, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19], [20, 21, 30, 31]]
     assert [b["sample_id"].tolist() for b in out] == want
-    for b, blk in zip(out[:3], clean, strict=True):
-        assert np.shares_memory(b["image"], blk["image"])  # no copy behind the pending rows
-    assert np.all(out[3]["image"][:, 0, 0, 0] == out[3]["sample_id"] % 251)
-    assert np.array_equal(out[3]["label"], out[3]["sample_id"] % 7)
+    assert np.shares_memory(out[1]["image"], clean[0]["image"]) is False  # rows 12, 13 then 14, 15: two blocks
+    rng = np.random.default_rng(0)
+    ids = np.arange(500)
+    ok = rng.random(500) > 0.1
+    expected = ids[ok]
+    for _ in range(20):
+        cuts = np.sort(rng.choice(np.arange(1, 500), size=rng.integers(1, 40), replace=False))
+        packer = Packer(BatchSpec(8, (2, 3, 3)))
+        got = run(packer, [block(i, ok=o) for i, o in zip(np.split(ids, cuts), np.split(ok, cuts), strict=True)])
+        flat = np.concatenate([b["sample_id"] for b in got])
+        assert np.array_equal(flat, expected) and all(len(b["sample_id"]) == 8 for b in got[:-1])
+        for b in got:
+            assert np.all(b["image"][:, 0, 0, 0] == b["sample_id"] % 251)
+
+
+def test_clean_blocks_after_a_short_one_are_views_at_an_offset():
+    p = Packer(BatchSpec(4, (2, 3, 3)))
+    big = block(range(3, 15))
+    out = run(p, [block([0, 1, 2]), big])
+    assert [b["sample_id"].tolist() for b in out] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14]]
+    assert not np.shares_memory(out[0]["image"], big["image"])
+    assert np.shares_memory(out[1]["image"], big["image"]) and np.shares_memory(out[2]["image"], big["image"])
 
 
 def test_batches_do_not_share_buffers():

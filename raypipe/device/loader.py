@@ -33,12 +33,16 @@ The host-side work (fetch, memcpy into the ring) releases the GIL in numpy/torch
 only *issued* by the producer. On a CPU device the same chain runs with no stream, no pinning and no
 events: values are identical to the CUDA path's up to kernel rounding (pixel-mode noise aside).
 
-Randomness: per pass, erasing and mixup parameters come from a ``numpy.random.Generator`` seeded by
-``(seed, rank, epoch)`` on the producer thread, which handles batches in order - so a run is
-reproducible, ranks draw differently (timm seeds each rank with ``seed + rank``), the parameters need
-no device sync, and CPU and CUDA draw the same boxes and lams. Pixel-mode noise comes from the
-loader's own ``torch.Generator`` on the device, reseeded from the same words each pass. Global RNG is
-never touched.
+Randomness: per batch, erasing and mixup parameters come from a ``numpy.random.Generator`` seeded by
+``(seed, rank, epoch, batch)`` on the producer thread - so a run is reproducible, ranks draw
+differently (timm seeds each rank with ``seed + rank``), the parameters need no device sync, CPU and
+CUDA draw the same boxes and lams, and a pass resumed at batch ``k`` (``load_state_dict``) draws what
+an uninterrupted one draws from there. Pixel-mode noise comes from the loader's own ``torch.Generator``
+on the device, reseeded from the same words each batch. Global RNG is never touched.
+
+Position: ``state_dict()`` is the pass's epoch and the batches the trainer has taken, with the source's
+position after them (a source with ``state_dict(batches=…)``: ``EpochSource``, ``FeederSource``), so
+the batches the producer made ahead are made again after a resume, not lost.
 """
 
 from __future__ import annotations
@@ -131,7 +135,7 @@ class DeviceLoader:
     - ``prefetch``: batches ready ahead of the consumer; the host ring has ``prefetch + 1`` slots.
     - ``pin_memory``: pinned host slots on CUDA (truly asynchronous copies); no effect on CPU.
     - ``layout``: "auto" detects NHWC/NCHW from the channel count; declare it for ambiguous shapes.
-    - ``seed``, ``rank``: random draws per pass from ``(seed, rank, epoch)``; ``rank=None`` takes
+    - ``seed``, ``rank``: random draws per batch from ``(seed, rank, epoch, batch)``; ``rank=None`` takes
       ``torch.distributed``'s rank when it is initialised, else 0.
 
     >>> src = [{"image": np.zeros((2, 4, 4, 3), np.uint8), "label": np.array([0, 1])}]
@@ -178,6 +182,8 @@ class DeviceLoader:
         self.last_wait_s = 0.0
         self._mixup_enabled = mixup is not None
         self._next_epoch = 0
+        self._first_batch = 0  # the next pass's first batch number (a resumed pass starts past 0)
+        self._pass: list | None = None  # [epoch, batches taken (resumed ones counted), finished]
         self._staging = Staging(self.device, self.prefetch + 1, pin_memory=pin_memory)
         self._noise = torch.Generator(device=self.device)  # pixel-mode erasing noise, on the device
         self._active: _Epoch | None = None
@@ -202,18 +208,60 @@ class DeviceLoader:
         """Make the next pass epoch ``epoch`` (passes count up from 0 otherwise), e.g. after a resume: its
         draws are seeded with it, and a source that has ``set_epoch`` (``EpochSource``, ``FeederSource``)
         is moved there too, so the batches and the draws belong to the same epoch."""
-        self._next_epoch = check_int("epoch", epoch, 0)
+        epoch = check_int("epoch", epoch, 0)
+        if epoch != self._next_epoch:
+            self._first_batch = 0  # a loaded position belongs to its own epoch
+        self._next_epoch = epoch
         move = getattr(self.source, "set_epoch", None)
         if move is not None:
             move(epoch)
+
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next pass (``iter()``) runs."""
+        return self._next_epoch
+
+    def state_dict(self) -> dict:
+        """The position to resume from (JSON-serialisable): the epoch, the batches the trainer has taken
+        in it, and the source's position after them."""
+        if self._pass is not None and not self._pass[2]:
+            epoch, batches = self._pass[0], self._pass[1]
+            source = _source_state(self.source, batches)
+        else:  # between passes: the next one from its start (or from a loaded position)
+            epoch, batches = self._next_epoch, self._first_batch
+            source = _source_state(self.source, None)
+        return {"format": "raypipe-device-loader", "epoch": epoch, "batches": batches, "source": source}
+
+    def load_state_dict(self, state: dict | list[dict]) -> None:
+        """Make the next pass go on from ``state``: this rank's own, or the list of every rank's (a run
+        resumed on another number of ranks; the source re-splits what is left, ``EpochSource``)."""
+        states = list(state) if isinstance(state, list | tuple) else [state]
+        if not states or any(not isinstance(s, dict) or s.get("format") != "raypipe-device-loader" for s in states):
+            raise ValueError("not a DeviceLoader state (no format 'raypipe-device-loader')")
+        epochs = {int(s["epoch"]) for s in states}
+        if len(epochs) != 1:
+            raise ValueError(f"the saved DeviceLoader states are of different epochs {sorted(epochs)}")
+        sources = [s.get("source") for s in states]
+        if any(src is not None for src in sources):
+            load = getattr(self.source, "load_state_dict", None)
+            if load is None:
+                raise ValueError(f"the state holds a source position, and the source {type(self.source).__name__} "
+                                 "has no load_state_dict")  # fmt: skip
+            load(sources if isinstance(state, list | tuple) else sources[0])
+        self._stop(self._active)
+        self._pass = None
+        self._next_epoch = epochs.pop()
+        self._first_batch = max(int(s["batches"]) for s in states)
 
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise RuntimeError("DeviceLoader is closed")
         self._stop(self._active)  # a new pass ends an unfinished previous one
         epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
+        first, self._first_batch = self._first_batch, 0
+        self._pass = [epoch, first, False]
         self.stats, self.last_wait_s = LoaderStats(epoch=epoch), 0.0
-        return self._consume(epoch)
+        return self._consume(epoch, first)
 
     def close(self) -> None:
         """Stop the producer thread, wait for pending copies, free the ring, and close the source if it
@@ -235,12 +283,13 @@ class DeviceLoader:
 
     # -- consumer side ----------------------------------------------------------------------------
 
-    def _consume(self, epoch: int) -> Iterator[Any]:
+    def _consume(self, epoch: int, first: int) -> Iterator[Any]:
         # The thread starts with the first next(): an iterator never advanced holds no thread.
         self._stop(self._active)
         ep = self._active = _Epoch(self.prefetch)
+        this_pass = self._pass
         ep.thread = threading.Thread(
-            target=self._produce, args=(ep, epoch), name=f"raypipe-device-loader-{id(self):x}", daemon=True
+            target=self._produce, args=(ep, epoch, first), name=f"raypipe-device-loader-{id(self):x}", daemon=True
         )
         ep.thread.start()
         try:
@@ -251,6 +300,7 @@ class DeviceLoader:
                 self.last_wait_s = time.perf_counter() - start
                 self.stats.wait_s += self.last_wait_s
                 if item is _END:
+                    this_pass[2] = True
                     return
                 if isinstance(item, _Failure):
                     raise item.exc  # carries the producer-side traceback (source frames included)
@@ -259,6 +309,7 @@ class DeviceLoader:
                 self._staging.hand_over(event, tensors)
                 self.stats.batches += 1
                 self.stats.samples += n
+                this_pass[1] += 1
                 # 8. hand it to the training step
                 yield out
         finally:
@@ -300,15 +351,12 @@ class DeviceLoader:
 
     # -- producer side ----------------------------------------------------------------------------
 
-    def _produce(self, ep: _Epoch, epoch: int) -> None:
-        words = [self.seed, self.rank, epoch]
-        rng = np.random.default_rng(words)
-        self._noise.manual_seed(int(np.random.SeedSequence([*words, 1]).generate_state(1)[0]))
+    def _produce(self, ep: _Epoch, epoch: int, first: int) -> None:
         source_iter = None
         try:
             source_iter = iter(self.source)
             with self._staging.context():
-                steps = self._transform(self._transfer(self._stage(self._fetch(source_iter, ep))), rng)
+                steps = self._transform(self._transfer(self._stage(self._fetch(source_iter, ep))), epoch, first)
                 for item in steps:
                     if not ep.put(item):
                         return
@@ -357,10 +405,14 @@ class DeviceLoader:
             self._staging.copies_issued(slot)
             yield parts, spec, dev
 
-    def _transform(self, moved: Iterator, rng: np.random.Generator) -> Iterator:
+    def _transform(self, moved: Iterator, epoch: int, first: int) -> Iterator:
         # 4. normalise, erase, mix on the side stream; 5. record the batch's ready event
         channels_last = self.normalize.channels_last
-        for parts, spec, dev in moved:
+        for number, (parts, spec, dev) in enumerate(moved, start=first):
+            words = [self.seed, self.rank, epoch, number]
+            rng = np.random.default_rng(words)
+            if self.erasing is not None:
+                self._noise.manual_seed(int(np.random.SeedSequence([*words, 1]).generate_state(1)[0]))
             img = dev["image"]
             out = self._staging.output(nchw_shape(img.shape, spec.layout), self.img_dtype, channels_last)
             x = self.normalize(img, layout=spec.layout, out=out)
@@ -383,6 +435,15 @@ class DeviceLoader:
                 x = x.contiguous(memory_format=fmt)
             tensors = [t for t in (x, label, sid) if t is not None]
             yield join_batch(parts, x, label, sid), self._staging.ready(), tensors, n
+
+
+def _source_state(source: Any, batches: int | None) -> dict | None:
+    """The source's position after ``batches`` of its current epoch (None: its own count), where it has
+    one."""
+    state_dict = getattr(source, "state_dict", None)
+    if state_dict is None:
+        return None
+    return state_dict() if batches is None else state_dict(batches=batches)
 
 
 def _device(device: str | torch.device) -> torch.device:

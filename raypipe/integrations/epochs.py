@@ -71,9 +71,38 @@ class EqualBatches:
         self.padded_rows = 0
         self.held_back_rows = 0
         self.repeated_batches = 0
+        self._source_batches = 0  # the source's batches this epoch has yielded (repeats not counted)
+        self._resumed: int | None = None  # batches the next epoch yields when it goes on from a saved position
 
     def __len__(self) -> int:
         return self.num_batches
+
+    def state_dict(self, batches: int | None = None) -> dict:
+        """The source's position after ``batches`` of this epoch's (training only: an evaluation runs
+        whole). A batch repeated to even out the ranks is past the source's last: its position is the
+        source's end."""
+        if self.pad_to is not None:
+            raise ValueError("an evaluation loader runs its epochs whole: it has no position to save")
+        if batches is None:
+            return {"batches": 0, "source": self.source.state_dict()}
+        return {"batches": batches, "source": self.source.state_dict(batches=min(batches, self._source_batches))}
+
+    def load_state_dict(self, state) -> None:
+        """Go on from ``state`` (this rank's, or every rank's for another number of ranks): the epoch
+        yields the batches left of ``num_batches``, or, on another number of ranks, the full batches of
+        the shortest new rank's part of what is left."""
+        if self.pad_to is not None:
+            raise ValueError("an evaluation loader runs its epochs whole: it has no position to load")
+        states = list(state) if isinstance(state, list | tuple) else [state]
+        sources = [s["source"] for s in states]
+        self.source.load_state_dict(sources if isinstance(state, list | tuple) else sources[0])
+        taken = max(int(s["batches"]) for s in states)
+        world = getattr(self.source, "world_size", None)
+        if sources[0]["world_size"] == world or not isinstance(state, list | tuple):
+            self._resumed = max(0, self.num_batches - taken)
+        else:
+            left = sum(hi - lo for s in sources for lo, hi in s["remaining"])
+            self._resumed = (left // world) // self.batch_size
 
     def set_epoch(self, epoch: int) -> None:
         move = getattr(self.source, "set_epoch", None)
@@ -91,8 +120,10 @@ class EqualBatches:
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         self.padded_rows = self.held_back_rows = self.repeated_batches = 0
+        self._source_batches = 0
+        count, self._resumed = (self.num_batches if self._resumed is None else self._resumed), None
         inner = iter(self.source)
-        body = self._eval(inner) if self.pad_to is not None else self._train(inner)
+        body = self._eval(inner) if self.pad_to is not None else self._train(inner, count)
         return self._closing(body, inner)
 
     @staticmethod
@@ -105,19 +136,20 @@ class EqualBatches:
             if callable(close):
                 close()
 
-    def _train(self, inner: Iterator) -> Iterator[dict[str, np.ndarray]]:
+    def _train(self, inner: Iterator, count: int) -> Iterator[dict[str, np.ndarray]]:
         out, last = 0, None
         for batch in inner:
-            if out < self.num_batches:
+            if out < count:
                 out += 1
+                self._source_batches = out
                 last = batch
                 yield batch
             else:  # read to the end all the same: the source's accounting and its stream stay in step
                 self.held_back_rows += len(batch["sample_id"])
-        if out < self.num_batches:
+        if out < count:
             if last is None:
                 raise RuntimeError("this rank's epoch produced no batch (every image skipped?)")
-            self.repeated_batches = self.num_batches - out
+            self.repeated_batches = count - out
             log.warning("rank short of %d batch(es) (skipped images): repeating its last batch", self.repeated_batches)
             for _ in range(self.repeated_batches):
                 yield last

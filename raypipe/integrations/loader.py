@@ -141,6 +141,17 @@ class RankLoader:
         self.sampler.epoch = int(epoch)
         self.device_loader.set_epoch(epoch)
 
+    def state_dict(self) -> dict:
+        """This rank's position: the epoch, the batches the trainer took, the source's position after
+        them (JSON-serialisable; ``raypipe.pipeline.position``)."""
+        return self.device_loader.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        """Go on from ``state`` at the next ``iter()``: this rank's own, or the list of every rank's (a
+        run resumed on another number of ranks)."""
+        self.device_loader.load_state_dict(state)
+        self.sampler.epoch = self.device_loader.next_epoch
+
     def __iter__(self) -> Iterator[tuple]:
         for batch in self.device_loader:
             if self.yield_ids:

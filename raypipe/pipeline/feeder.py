@@ -73,6 +73,16 @@ class _Feeder:
             self.it = None
             return ("error", exc)
 
+    def state(self, batches: int | None, next_epoch: int) -> dict:
+        if batches is None:  # between epochs: the trainer's next one
+            self.source.set_epoch(next_epoch)
+        return self.source.state_dict(batches)
+
+    def load(self, state) -> int:
+        self.end_epoch()
+        self.source.load_state_dict(state)
+        return self.source.next_epoch
+
     def end_epoch(self) -> None:
         """Stop the current epoch early (the trainer stopped reading it)."""
         if self.it is not None:
@@ -132,6 +142,7 @@ class FeederSource:
         self.reports: list[EpochReport] = []
         self.timeout_s = timeout_s
         self.zero_copy_batches = 0  # batches read from their chunk's object, with no copy in the feeder
+        self._taken: int | None = None  # batches the trainer took of the epoch it reads (None: between epochs)
         kwargs = dict(rank=rank, world_size=world_size, start_epoch=start_epoch, end_epoch=end_epoch,
                       reserved_cpus=reserved_cpus + FEEDER_CPUS)  # fmt: skip
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -147,6 +158,19 @@ class FeederSource:
     def last_report(self) -> EpochReport | None:
         return self.reports[-1] if self.reports else None
 
+    def state_dict(self, batches: int | None = None) -> dict:
+        """This rank's position (``EpochSource.state_dict``): after the batches the trainer took of the
+        epoch it reads, or after ``batches`` of them; the feeder keeps the positions of those it made
+        ahead."""
+        if batches is None:
+            batches = self._taken
+        return self._get(self._actor.state.remote(batches, self.next_epoch), self.timeout_s)
+
+    def load_state_dict(self, state) -> None:
+        """Go on from ``state`` at the next ``iter()`` (``EpochSource.load_state_dict``)."""
+        self.next_epoch = self._get(self._actor.load.remote(state), self.timeout_s)
+        self._taken = None
+
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         if self._actor is None:
             raise RuntimeError("FeederSource is closed")
@@ -155,6 +179,7 @@ class FeederSource:
         self._get(actor.begin.remote(epoch), self.timeout_s)
         pending = collections.deque(actor.next.remote() for _ in range(self.prefetch))
         done = False
+        self._taken = 0
         try:
             while True:
                 kind, value = self._get(pending.popleft())
@@ -162,12 +187,15 @@ class FeederSource:
                     pending.append(actor.next.remote())
                     ref, (start, stop), label, sample_id = value
                     self.zero_copy_batches += 1
+                    self._taken += 1
                     yield {"image": self._get(ref)["image"][start:stop], "label": label, "sample_id": sample_id}
                 elif kind == "batch":
                     pending.append(actor.next.remote())
+                    self._taken += 1
                     yield value
                 elif kind == "end":
                     done = True
+                    self._taken = None
                     self.reports.append(value)
                     return
                 elif kind == "error":

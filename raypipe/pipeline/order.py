@@ -1,29 +1,34 @@
 """The epoch order: which rows a rank reads in an epoch, in which order, cut into chunks of work.
 
 One pure function of ``(seed, epoch, shuffle, shards, window, rank, world_size)``, so every rank and
-every retry computes the same order without talking to the others.
+every retry computes the same order without talking to the others. It is held as data whose size grows
+with the shards, not the samples (``EpochOrder``): the rows of one window are computed when a chunk of
+it is planned, so a billion samples in 100,000 shards cost a few arrays of 100,000 numbers.
 
-Two shuffles, chosen by the rows' ``shard`` column (see ``raypipe.sources.table``):
+Two shuffles, chosen by the rows' ``shard`` column (see ``raypipe.sources.table``), or by per-shard
+sample counts where an index gives them (``ShardRuns.from_sizes``):
 
 - ``"global"`` (rows without shards, e.g. an image folder, where any row can be read on its own
   cheaply): a seeded permutation of all rows.
 - ``"shard-window"`` (rows that live in shards read as a whole: Parquet row groups, tar shards): the
   shards are permuted, consecutive shards are grouped into windows of about ``window_rows`` rows
-  (a shard starting inside a window's span joins it), and the rows inside each window are permuted.
-  Each shard belongs to exactly one window. Where a shard is read as a whole (a Parquet row group) or
-  fetched in byte ranges (a tar shard in an object store), a window is one chunk of work, so the
-  worker that runs it reads each of its row groups once per epoch, and a remote shard's members in a
-  few large ranged requests (neighbouring members share one) instead of one request each; a window
-  longer than half again ``window_rows`` (one huge shard) is cut, and its shard is then read once per
-  piece. Where a sample is read on its own cheaply (a member of a local tar shard, one ``pread``), the
-  window is cut into ordinary chunks, so its first batch does not wait for the whole window.
-  A larger window mixes more shards into each batch (closer to a global shuffle). On a file
-  sorted by class (4 classes, 100-row groups, 2000-4000 rows), 2048-row windows give batches
-  0.97-1.0x the label entropy of a global shuffle, 1024-row windows 0.91-0.97x
-  (tests/test_order.py checks the 2048 default).
+  (a shard starting inside a window's span joins it), and the rows inside each window are permuted by
+  a generator of their own (seeded by seed, epoch and the window's number), so any window's rows can be
+  computed without the others. Each shard belongs to exactly one window. Where a shard is read as a
+  whole (a Parquet row group) or fetched in byte ranges (a tar shard in an object store), a window is
+  one chunk of work, so the worker that runs it reads each of its row groups once per epoch, and a
+  remote shard's members in a few large ranged requests (neighbouring members share one) instead of
+  one request each; a window longer than half again ``window_rows`` (one huge shard) is cut, and its
+  shard is then read once per piece. Where a sample is read on its own cheaply (a member of a local tar
+  shard, one ``pread``), the window is cut into ordinary chunks, so its first batch does not wait for
+  the whole window. A larger window mixes more shards into each batch (closer to a global shuffle). On
+  a file sorted by class (4 classes, 100-row groups, 2000-4000 rows), 2048-row windows give batches
+  about the label entropy of a global shuffle (tests/test_order.py checks the 2048 default).
 
-Ranks take contiguous, equal (±1 row) slices of the epoch's order, so each sample is in exactly one
-rank's epoch and a shard is read by at most two ranks.
+Positions: the epoch's order is a sequence of ``n`` positions; a rank's part is a list of position
+ranges (``segments``): its contiguous, equal (±1 row) slice of the order for a fresh epoch
+(``rank_slice``), so each sample is in exactly one rank's epoch and a shard is read by at most two
+ranks; what is left of the ranks' slices when an epoch is resumed (``raypipe.pipeline.position``).
 
 A stream's first epoch (``chunks(epoch, ramp=True)``) cuts its first whole window into pieces that
 double from ``chunk_rows`` (128, 256, 512, … rows): nothing runs ahead of a run's start, and its first
@@ -34,9 +39,14 @@ order, and so every batch, is the same either way: only where the work is cut mo
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+
 import numpy as np
 
-__all__ = ["epoch_order", "rank_slice", "chunk_bounds", "doubling_bounds", "RankPlan", "SHARDED_KINDS"]
+__all__ = [
+    "EpochOrder", "EpochChunks", "RankPlan", "SHARDED_KINDS", "ShardRuns", "chunk_bounds", "doubling_bounds",
+    "epoch_order", "rank_slice",
+]  # fmt: skip
 
 # Sources whose rows live in shards (Parquet row groups, tar shards): shuffled by windows of whole
 # shards. A folder or manifest row is a file of its own, read alone, and is shuffled globally.
@@ -45,94 +55,141 @@ SHARDED_KINDS = ("parquet", "webdataset")
 # remote tar shard's window is one chunk too (``RankPlan.for_rows``): its members come in ranges.
 WHOLE_SHARD_KINDS = ("parquet",)
 
+_GLOBAL, _SHARDS, _INNER = 0x5EED, 0x5A4D, 0x1A3E  # the generators' streams: all rows, shards, a window
 
-def _rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
-    return np.random.default_rng([seed, epoch, stream])
+
+def _rng(seed: int, epoch: int, *stream: int) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch, *stream])
+
+
+class ShardRuns:
+    """The listing's rows as the shards an epoch shuffles: ``sizes[u]`` rows in shard ``u`` (shards in
+    ascending shard number; rows without a shard each one of their own), its rows either the run
+    ``start[u] …`` of row indices (``rows`` None: shards that are contiguous runs in listing order, as
+    every source lists them, or counts from an index) or ``rows[start[u] …]``. Empty shards hold no
+    rows and take no place in the order."""
+
+    def __init__(self, sizes: np.ndarray, start: np.ndarray, rows: np.ndarray | None = None):
+        self.sizes, self.start, self.rows = sizes, start, rows
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def total(self) -> int:
+        return int(self.sizes.sum())
+
+    @classmethod
+    def from_sizes(cls, counts) -> ShardRuns:
+        """Shards of ``counts[k]`` rows each, one after another in listing order (e.g. an index's sample
+        counts per shard): nothing per row."""
+        counts = np.asarray(counts, dtype=np.int64)
+        if (counts < 0).any():
+            raise ValueError("a shard's row count is negative")
+        first = np.cumsum(counts) - counts
+        keep = counts > 0
+        return cls(counts[keep], first[keep])
+
+    @classmethod
+    def from_shards(cls, shards: np.ndarray) -> ShardRuns | None:
+        """The shards of a listing's ``shard`` column; None when no row has one (a global shuffle)."""
+        n = len(shards)
+        if n == 0 or not (shards >= 0).any():
+            return None
+        if shards[0] >= 0 and not (shards[1:] < shards[:-1]).any():
+            bounds = np.flatnonzero(shards[1:] != shards[:-1]) + 1
+            first = np.r_[0, bounds].astype(np.int64)
+            return cls(np.diff(np.r_[first, n]).astype(np.int64), first)
+        # Rows without a shard (-1) each form a shard of their own.
+        keys = np.where(shards >= 0, shards, -1 - np.arange(n))
+        _, inverse = np.unique(keys, return_inverse=True)
+        sizes = np.bincount(inverse).astype(np.int64)
+        return cls(sizes, np.cumsum(sizes) - sizes, np.argsort(inverse, kind="stable"))
+
+    def rows_of(self, units: np.ndarray) -> np.ndarray:
+        """The rows of shards ``units``, one shard's after another's, each in listing order."""
+        sizes = self.sizes[units]
+        at = np.cumsum(sizes) - sizes
+        where = np.repeat(self.start[units] - at, sizes) + np.arange(int(sizes.sum()), dtype=np.int64)
+        return where if self.rows is None else self.rows[where]
+
+
+class EpochOrder:
+    """One epoch's order of ``n`` rows as positions ``0 … n``: ``starts`` the positions where windows
+    begin (``[0]`` for a global shuffle), ``take(lo, hi)`` the rows at positions ``lo … hi``. Holds
+    a few numbers per shard; a window's rows are computed when asked (the last one is kept)."""
+
+    def __init__(self, n: int, *, seed: int, epoch: int, shuffle: bool, runs: ShardRuns | None,
+                 window_rows: int = 1):  # fmt: skip
+        self.n, self.seed, self.epoch, self.shuffle = n, seed, epoch, shuffle
+        self._runs = runs
+        self._window: tuple[int, np.ndarray] | None = None
+        if runs is None:
+            self._all = _rng(seed, epoch, _GLOBAL).permutation(n) if shuffle else np.arange(n)
+            self.starts = np.zeros(1, dtype=np.int64)
+            return
+        if runs.total != n:
+            raise ValueError(f"the shards hold {runs.total} rows, the listing {n}")
+        count = len(runs)
+        shard_order = _rng(seed, epoch, _SHARDS).permutation(count) if shuffle else np.arange(count)
+        shuffled = runs.sizes[shard_order]
+        window_of_shard = np.empty(count, dtype=np.int64)
+        window_of_shard[shard_order] = (np.cumsum(shuffled) - shuffled) // max(1, window_rows)
+        self._units = np.argsort(window_of_shard, kind="stable")  # shards by window, then by number
+        windows = window_of_shard[self._units]
+        new_window = np.r_[True, windows[1:] != windows[:-1]]
+        run = runs.sizes[self._units]
+        self.starts = (np.cumsum(run) - run)[new_window]
+        self._first_unit = np.r_[np.flatnonzero(new_window), count]
+
+    @property
+    def windows(self) -> int:
+        return len(self.starts)
+
+    def window(self, w: int) -> np.ndarray:
+        """The rows of window ``w`` in order."""
+        if self._runs is None:
+            return self._all
+        if self._window is not None and self._window[0] == w:
+            return self._window[1]
+        rows = self._runs.rows_of(self._units[self._first_unit[w] : self._first_unit[w + 1]])
+        if self.shuffle:
+            rows = rows[_rng(self.seed, self.epoch, _INNER, w).permutation(len(rows))]
+        self._window = (w, rows)
+        return rows
+
+    def take(self, lo: int, hi: int) -> np.ndarray:
+        """The rows at positions ``lo … hi`` (exclusive), in order."""
+        if not 0 <= lo <= hi <= self.n:
+            raise ValueError(f"positions {lo}…{hi} outside the epoch's {self.n}")
+        if self._runs is None:
+            return self._all[lo:hi]
+        parts, at = [], lo
+        w = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        while at < hi:
+            begin = int(self.starts[w])
+            end = int(self.starts[w + 1]) if w + 1 < len(self.starts) else self.n
+            parts.append(self.window(w)[at - begin : min(hi, end) - begin])
+            at, w = end, w + 1
+        return np.concatenate(parts) if len(parts) != 1 else parts[0]
+
+    def all(self) -> np.ndarray:
+        return self.take(0, self.n)
 
 
 def epoch_order(
     n: int, *, seed: int, epoch: int, shuffle: bool, shards: np.ndarray | None = None, window_rows: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(order, starts)``: all ``n`` row indices in this epoch's order and, for sharded rows, the
-    positions in ``order`` where each window begins (``[0]`` without shards)."""
-    if shards is None or n == 0 or not (shards >= 0).any():
-        order = _rng(seed, epoch, 0x5EED).permutation(n) if shuffle else np.arange(n)
-        return order, np.zeros(1, dtype=np.int64)
-    if shards[0] >= 0 and not (shards[1:] < shards[:-1]).any():
-        return _contiguous_order(n, seed, epoch, shuffle, shards, window_rows)
-    # Rows without a shard (-1) each form a shard of their own.
-    keys = np.where(shards >= 0, shards, -1 - np.arange(n))
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    shard_order = _rng(seed, epoch, 0x5A4D).permutation(len(uniq)) if shuffle else np.arange(len(uniq))
-    sizes = np.bincount(inverse, minlength=len(uniq))[shard_order]
-    first_row = np.cumsum(sizes) - sizes  # where each shard starts in the epoch, in shuffled order
-    window_of_shard = np.empty(len(uniq), dtype=np.int64)
-    window_of_shard[shard_order] = first_row // max(1, window_rows)
-    win = window_of_shard[inverse]  # each row's window number
-    # Rows by window, then by a random key inside the window (stable on ties: listing order).
-    inner = _rng(seed, epoch, 0x1A3E).random(n) if shuffle else np.arange(n, dtype=np.float64)
-    order = np.lexsort((inner, win))
-    sorted_win = win[order]
-    starts = np.flatnonzero(np.r_[True, sorted_win[1:] != sorted_win[:-1]])
-    return order, starts
-
-
-# Rows sorted together by their random keys in one go (whole windows): small enough for the cache,
-# large enough that the per-call cost vanishes.
-_SORT_ROWS = 1 << 16
-_SORT_WINDOWS = 1 << 11  # their numbers in a batch take the 11 bits of a 64-bit key above a draw's 53
-
-
-def _contiguous_order(
-    n: int, seed: int, epoch: int, shuffle: bool, shards: np.ndarray, window_rows: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """``epoch_order`` for shards that are contiguous runs in listing order (non-decreasing ``shard``, as
-    every source lists them): the same values, from per-shard arithmetic instead of sorting every row.
-
-    A window's rows in listing order are its shards' runs, by shard number; sorting each window by its
-    random keys, ties kept in that order, then gives what sorting every row by (window, key, listing
-    index) gives. The draws are multiples of 2**-53, so a draw times 2**53 is an exact integer."""
-    bounds = np.flatnonzero(shards[1:] != shards[:-1]) + 1
-    first = np.r_[0, bounds]  # each shard's first row
-    sizes = np.diff(np.r_[first, n])
-    count = len(sizes)
-    shard_order = _rng(seed, epoch, 0x5A4D).permutation(count) if shuffle else np.arange(count)
-    shuffled = sizes[shard_order]
-    window_of_shard = np.empty(count, dtype=np.int64)
-    window_of_shard[shard_order] = (np.cumsum(shuffled) - shuffled) // max(1, window_rows)
-    by_window = np.argsort(window_of_shard, kind="stable")  # shards by window, then by number
-    run = sizes[by_window]
-    at = np.cumsum(run) - run  # where each shard's run lands in the order
-    windows = window_of_shard[by_window]
-    new_window = np.r_[True, windows[1:] != windows[:-1]]
-    starts = at[new_window]
-    # order[at[k] + j] = first[by_window[k]] + j: a run of consecutive rows per shard
-    order = np.repeat(first[by_window] - at, run)
-    for lo in range(0, n, _SORT_ROWS):
-        hi = min(lo + _SORT_ROWS, n)
-        order[lo:hi] += np.arange(lo, hi)
-    if shuffle:
-        inner = _rng(seed, epoch, 0x1A3E).random(n)
-        ends, count = np.r_[starts[1:], n], len(starts)
-        # batches of whole windows: about _SORT_ROWS rows (a longer window alone), at most 2**11 windows
-        cut = np.r_[True, np.diff(starts // _SORT_ROWS) != 0] | (np.arange(count) % _SORT_WINDOWS == 0)
-        batch = np.flatnonzero(cut)
-        for a, b in zip(batch, np.r_[batch[1:], count], strict=True):
-            lo, hi = int(starts[a]), int(ends[b - 1])
-            rows = order[lo:hi]
-            # one integer key: the window's place in the batch, then the random draw (53 bits, exact)
-            key = (inner[rows] * 2.0**53).astype(np.uint64)
-            key |= np.repeat(np.arange(b - a, dtype=np.uint64) << np.uint64(53), ends[a:b] - starts[a:b])
-            pick = np.argsort(key)
-            ordered = key[pick]
-            if (ordered[1:] == ordered[:-1]).any():  # equal draws in a window: listing order decides
-                pick = np.argsort(key, kind="stable")
-            order[lo:hi] = rows[pick]
-    return order, starts.astype(np.int64)
+    positions in ``order`` where each window begins (``[0]`` without shards). For small listings and
+    tests; a run plans with ``EpochOrder``."""
+    runs = ShardRuns.from_shards(shards) if shards is not None else None
+    order = EpochOrder(n, seed=seed, epoch=epoch, shuffle=shuffle, runs=runs, window_rows=window_rows)
+    return order.all(), order.starts
 
 
 def rank_slice(n: int, rank: int, world_size: int) -> slice:
-    """This rank's contiguous part of an epoch's order of ``n`` rows (sizes differ by at most one)."""
+    """This rank's contiguous part of ``n`` positions (sizes differ by at most one)."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
     base, extra = divmod(n, world_size)
@@ -140,15 +197,17 @@ def rank_slice(n: int, rank: int, world_size: int) -> slice:
     return slice(start, start + base + (1 if rank < extra else 0))
 
 
-def chunk_bounds(lo: int, hi: int, window_starts: np.ndarray, chunk_rows: int) -> list[tuple[int, int]]:
-    """Cut positions ``[lo, hi)`` of an epoch's order into chunks: at every window start, and every
+def chunk_bounds(lo: int, hi: int, window_starts: np.ndarray, chunk_rows: int) -> np.ndarray:
+    """Positions ``[lo, hi)`` cut into chunks, as rows ``(start, stop)``: at every window start, and every
     ``chunk_rows`` rows inside a window that is longer than that."""
-    cuts = [int(s) for s in window_starts if lo < s < hi]
-    edges = [lo, *cuts, hi]
-    out = []
-    for a, b in zip(edges[:-1], edges[1:], strict=True):
-        out.extend((s, min(s + chunk_rows, b)) for s in range(a, b, chunk_rows))
-    return out
+    starts = np.asarray(window_starts, dtype=np.int64)
+    edges = np.r_[lo, starts[(starts > lo) & (starts < hi)], hi].astype(np.int64)
+    seg_lo, seg_hi = edges[:-1], edges[1:]
+    counts = -(-(seg_hi - seg_lo) // chunk_rows)
+    first = np.cumsum(counts) - counts
+    total = int(counts.sum())
+    begin = np.repeat(seg_lo, counts) + (np.arange(total) - np.repeat(first, counts)) * chunk_rows
+    return np.stack([begin, np.minimum(begin + chunk_rows, np.repeat(seg_hi, counts))], axis=1)
 
 
 def doubling_bounds(lo: int, hi: int, first: int) -> list[tuple[int, int]]:
@@ -161,9 +220,28 @@ def doubling_bounds(lo: int, hi: int, first: int) -> list[tuple[int, int]]:
     return out
 
 
+class EpochChunks(Sequence):
+    """A rank's chunks of one epoch: ``bounds[i]`` the positions of chunk ``i``, ``self[i]`` its rows."""
+
+    def __init__(self, order: EpochOrder, bounds: np.ndarray):
+        self.order, self.bounds = order, bounds
+
+    def __len__(self) -> int:
+        return len(self.bounds)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        lo, hi = self.bounds[i]
+        return self.order.take(int(lo), int(hi))
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[i] for i in range(len(self)))
+
+
 class RankPlan:
-    """One rank's epochs: ``rows(epoch)`` its row indices in order, ``chunks(epoch)`` the same cut into
-    the units of work the workers run (each a sorted-by-order index array)."""
+    """One rank's epochs: ``order(epoch)`` the epoch's order, ``chunks(epoch)`` this rank's positions of
+    it cut into the units of work the workers run, ``rows(epoch)`` their rows in order."""
 
     def __init__(
         self,
@@ -175,16 +253,20 @@ class RankPlan:
         rank: int = 0,
         world_size: int = 1,
         shards: np.ndarray | None = None,
+        runs: ShardRuns | None = None,
         window_rows: int = 2048,
         whole_windows: bool = True,
     ):
         self.n, self.seed, self.shuffle = n, seed, shuffle
         self.chunk_rows = chunk_rows
         self.rank, self.world_size = rank, world_size
-        self.shards, self.window_rows = shards, window_rows
+        self.runs = runs if runs is not None else (ShardRuns.from_shards(shards) if shards is not None else None)
+        self.window_rows = window_rows
         self.whole_windows = whole_windows
-        self._span = rank_slice(n, rank, world_size)
-        self.sharded = shards is not None and n > 0 and bool((shards >= 0).any())
+        span = rank_slice(n, rank, world_size)
+        self.segments = [(span.start, span.stop)]  # a fresh epoch's: this rank's slice
+        self.sharded = self.runs is not None
+        self._order: EpochOrder | None = None
 
     @classmethod
     def for_rows(cls, rows, *, seed: int, shuffle: bool, chunk_rows: int, window_rows: int, rank: int = 0,
@@ -210,22 +292,29 @@ class RankPlan:
         return self.chunk_rows
 
     def __len__(self) -> int:
-        """Rows this rank reads per epoch."""
-        return self._span.stop - self._span.start
+        """Rows this rank reads in a fresh epoch."""
+        return sum(hi - lo for lo, hi in self.segments)
 
-    def chunks(self, epoch: int, *, ramp: bool = False) -> list[np.ndarray]:
-        """This rank's chunks of ``epoch``; ``ramp``: the first whole window cut into doubling pieces (a
-        stream's first epoch: see the module's doc)."""
-        order, starts = epoch_order(
-            self.n, seed=self.seed, epoch=epoch, shuffle=self.shuffle, shards=self.shards,
-            window_rows=self.window_rows,
-        )  # fmt: skip
-        limit = self.max_chunk_rows if self.sharded else self.chunk_rows
-        bounds = chunk_bounds(self._span.start, self._span.stop, starts, limit)
-        if ramp and bounds and limit > self.chunk_rows:
-            bounds = doubling_bounds(*bounds[0], self.chunk_rows) + bounds[1:]
-        return [order[a:b] for a, b in bounds]
+    def order(self, epoch: int) -> EpochOrder:
+        """Epoch ``epoch``'s order (the last one asked for is kept)."""
+        if self._order is None or self._order.epoch != epoch:
+            self._order = EpochOrder(self.n, seed=self.seed, epoch=epoch, shuffle=self.shuffle, runs=self.runs,
+                                     window_rows=self.window_rows)  # fmt: skip
+        return self._order
 
-    def rows(self, epoch: int) -> np.ndarray:
-        chunks = self.chunks(epoch)
-        return np.concatenate(chunks) if chunks else np.empty(0, np.int64)
+    def chunks(self, epoch: int, *, ramp: bool = False, segments=None) -> EpochChunks:
+        """This rank's chunks of ``epoch`` over ``segments`` (position ranges; None: its fresh slice);
+        ``ramp``: the first whole window cut into doubling pieces (a stream's first epoch: see the
+        module's doc)."""
+        order = self.order(epoch)
+        limit = self.max_chunk_rows
+        parts = [chunk_bounds(lo, hi, order.starts, limit) for lo, hi in (segments or self.segments) if hi > lo]
+        bounds = np.concatenate(parts) if parts else np.empty((0, 2), np.int64)
+        if ramp and len(bounds) and limit > self.chunk_rows:
+            head = np.array(doubling_bounds(int(bounds[0, 0]), int(bounds[0, 1]), self.chunk_rows), np.int64)
+            bounds = np.concatenate([head.reshape(-1, 2), bounds[1:]])
+        return EpochChunks(order, bounds)
+
+    def rows(self, epoch: int, *, segments=None) -> np.ndarray:
+        chunks = self.chunks(epoch, segments=segments)
+        return np.concatenate(list(chunks)) if len(chunks) else np.empty(0, np.int64)

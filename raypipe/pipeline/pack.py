@@ -1,12 +1,13 @@
 """Pack augmented blocks into exact-size training batches.
 
-Blocks arrive from Ray with any number of rows, some of them skip records. The packer keeps the
-good rows and emits batches of exactly ``batch_size`` (the last one partial unless ``drop_last``):
-``image`` uint8 (N, H, W, C) C-contiguous, ``label`` int64, ``sample_id`` int64. The whole batches
-at the start of a clean block (every row good) are passed on as views of it, without a copy, also
-while rows of earlier blocks wait in the pending batch; other rows are copied into the pending batch.
-So one short or partly bad block costs one partial copy, not a copy of every block after it (blocks
-arrive in Ray's completion order, so the rows' order across blocks was never fixed anyway).
+Blocks arrive in the rank's order with any number of rows, some of them skip records. Batch ``i`` is
+the good rows ``i * batch_size`` … ``(i + 1) * batch_size - 1`` of the rank's order (the last one
+partial unless ``drop_last``): ``image`` uint8 (N, H, W, C) C-contiguous, ``label`` int64,
+``sample_id`` int64. That is a function of the order and of which rows are bad, never of where the
+work was cut into chunks, so a run resumed at any batch (``raypipe.pipeline.position``) goes on with
+the batches an uninterrupted one makes. A batch that is consecutive good rows of one block is passed
+on as a view of it, without a copy; one that spans a block's end or a bad row is copied. So a short or
+partly bad block costs one copied batch, and the blocks after it are views again.
 """
 
 from __future__ import annotations
@@ -29,9 +30,7 @@ class BatchSpec:
     def check(self, block: dict[str, np.ndarray]) -> None:
         img = block["image"]
         if img.dtype != np.uint8 or tuple(img.shape[1:]) != self.image_shape:
-            raise ValueError(
-                f"block image is {img.dtype}{tuple(img.shape[1:])}, expected uint8{self.image_shape}"
-            )
+            raise ValueError(f"block image is {img.dtype}{tuple(img.shape[1:])}, expected uint8{self.image_shape}")
 
 
 class Packer:
@@ -42,6 +41,7 @@ class Packer:
         self.drop_last = drop_last
         self._new_buffers()
         self.dropped_ids: list[np.ndarray] = []  # ids of a final partial batch dropped by drop_last
+        self.last_row = -1  # the block row of the last sample of the batch that is out
 
     def _new_buffers(self) -> None:
         b = self.spec.batch_size
@@ -57,39 +57,36 @@ class Packer:
         return out
 
     def add(self, block: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
-        """Add one block of rows (with an ``ok`` mask); yield every batch that became full."""
+        """Add one block of rows (with an ``ok`` mask); yield every batch that became full. While a batch
+        is out, ``last_row`` is the block row of its last sample."""
         self.spec.check(block)
-        ok = block["ok"]
-        b = self.spec.batch_size
-        start_row = 0
-        if ok.all() and block["image"].flags.c_contiguous:
-            # Whole clean batches at the start of a block are views of it: no copy in this process.
-            # Pending rows stay pending: copying this block behind them would copy every block after.
-            full = len(ok) // b
-            for j in range(full):
-                rows = slice(j * b, (j + 1) * b)
+        image = block["image"]
+        good = np.flatnonzero(block["ok"])
+        views = image.flags.c_contiguous
+        b, g = self.spec.batch_size, 0
+        while g < len(good):
+            first = int(good[g])
+            if self._fill == 0 and views and g + b <= len(good) and int(good[g + b - 1]) - first == b - 1:
+                rows = slice(first, first + b)  # b consecutive good rows: a view
+                self.last_row = first + b - 1
                 yield {
-                    "image": block["image"][rows],
+                    "image": image[rows],
                     "label": np.ascontiguousarray(block["label"][rows], dtype=np.int64),
                     "sample_id": np.ascontiguousarray(block["sample_id"][rows], dtype=np.int64),
                 }
-            start_row = full * b
-            if start_row == len(ok):
-                return
-        idx = np.flatnonzero(ok[start_row:]) + start_row
-        start = 0
-        while start < len(idx):
-            take = idx[start : start + b - self._fill]
-            k = len(take)
-            f = self._fill
+                g += b
+                continue
+            take = good[g : g + b - self._fill]
+            k, f = len(take), self._fill
             # mode="clip": indices are in range by construction, and the default ("raise") copies through a
             # temporary buffer, about 3x the time (``python bench/pipeline_profile.py --take`` times both)
-            np.take(block["image"], take, axis=0, out=self._image[f : f + k], mode="clip")
+            np.take(image, take, axis=0, out=self._image[f : f + k], mode="clip")
             self._label[f : f + k] = block["label"][take]
             self._sid[f : f + k] = block["sample_id"][take]
             self._fill += k
-            start += k
+            g += k
             if self._fill == b:
+                self.last_row = int(take[-1])
                 yield self._emit(b)
 
     def flush(self) -> Iterator[dict[str, np.ndarray]]:

@@ -10,6 +10,7 @@ that spans the run, so an epoch starts as soon as the previous one's last batch 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -32,6 +33,7 @@ from raypipe.pipeline.budget import (
 from raypipe.pipeline.local_workers import LocalWorkers, local_cpus, shared_memory_dir
 from raypipe.pipeline.order import RankPlan
 from raypipe.pipeline.pack import BatchSpec, Packer
+from raypipe.pipeline.position import EpochState, PlanIdentity, remaining_after, resume_segments, shard_layout_digest
 from raypipe.pipeline.slabs import slab_room
 from raypipe.pipeline.stream import Chunk, ChunkStream, RayTasks
 from raypipe.sources import SourceRows, open_source
@@ -72,6 +74,7 @@ class Pipeline:
         h, w = augment.input_size
         self.batch_spec = BatchSpec(self.config.batch_size, (h, w, 3))
         self._columns: TableColumns | None = None
+        self._identity: PlanIdentity | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -88,6 +91,19 @@ class Pipeline:
             self.rows, seed=cfg.seed, shuffle=cfg.shuffle, rank=rank, world_size=world_size,
             chunk_rows=self.execution.chunk_rows_for(cfg.batch_size), window_rows=cfg.shuffle_window,
         )  # fmt: skip
+
+    def identity(self) -> PlanIdentity:
+        """What this pipeline's orders and batches depend on besides epoch and ranks (made once: it hashes
+        the listing), which a saved position must match (``raypipe.pipeline.position``)."""
+        if self._identity is None:
+            cfg, runs = self.config, self.plan().runs
+            self._identity = PlanIdentity(
+                rows=len(self.rows), listing=self.rows.digest(),
+                shards=shard_layout_digest(runs.sizes if runs is not None else None), seed=cfg.seed,
+                shuffle=cfg.shuffle, shuffle_window=cfg.shuffle_window, batch_size=cfg.batch_size,
+                drop_last=cfg.drop_last,
+            )  # fmt: skip
+        return self._identity
 
     def stage_spec(self, epoch: int) -> StageSpec:
         ex = self.execution
@@ -157,9 +173,10 @@ class Pipeline:
 
     def stream(
         self, *, rank: int = 0, world_size: int = 1, start_epoch: int = 0, end_epoch: int | None = None,
-        reserved_cpus: float = 0.0,
+        reserved_cpus: float = 0.0, segments=None,
     ) -> ChunkStream:  # fmt: skip
-        """This rank's chunks of epochs ``start_epoch`` … ``end_epoch`` (exclusive; None: no end)."""
+        """This rank's chunks of epochs ``start_epoch`` … ``end_epoch`` (exclusive; None: no end);
+        ``segments``: the positions of ``start_epoch``'s order to run (None: the rank's slice)."""
         ex = self.execution
         if self.uses_ray():
             options: dict = {"num_cpus": ex.cpus_per_task}
@@ -180,7 +197,7 @@ class Pipeline:
 
         return ChunkStream(
             self.columns(), self.plan(rank, world_size), self.stage_spec, budget, workers,
-            start_epoch=start_epoch, end_epoch=end_epoch,
+            start_epoch=start_epoch, end_epoch=end_epoch, segments=segments,
         )  # fmt: skip
 
     def epoch(self, epoch: int, *, rank: int = 0, world_size: int = 1) -> EpochRun:
@@ -212,6 +229,25 @@ def check_task_fits(execution: ExecutionConfig) -> None:
     log.warning("%s: the epoch waits until such a node joins (an autoscaler may add one)", message)
 
 
+class _Cursor:
+    """Where a rank is in the epoch it reads: its position ranges (``segments``) and, for the last batches
+    out, the position after each one's last row (``after[k]``: after batch ``k``)."""
+
+    KEPT = 256  # batches remembered: a consumer that runs ahead (prefetch) asks for one it holds
+
+    def __init__(self, epoch: int, segments):
+        self.epoch, self.segments = epoch, [tuple(s) for s in segments]
+        self.batches, self.done = 0, False
+        self.after: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self.after[0] = self.segments[0][0] if self.segments else 0
+
+    def out(self, position: int) -> None:
+        self.batches += 1
+        self.after[self.batches] = position
+        if len(self.after) > self.KEPT:
+            self.after.popitem(last=False)
+
+
 class EpochSource:
     """A re-iterable view of a pipeline for one rank: each ``iter()`` runs the next epoch.
 
@@ -221,6 +257,10 @@ class EpochSource:
     drops the stream, and the next ``iter()`` starts a new one at the next epoch. ``end_epoch`` (None:
     open-ended) keeps the workers from starting epochs that will not be read. ``reserved_cpus``: CPUs
     of the cluster this rank's trainer (and feeder) hold, left out of its share (``budget``).
+
+    ``state_dict()`` is the rank's position (after the batches it yielded, or after ``batches`` of them
+    in the epoch it reads); ``load_state_dict(state)`` makes the next ``iter()`` go on from there, on
+    the same or, given every rank's state, another number of ranks (``raypipe.pipeline.position``).
     """
 
     def __init__(
@@ -243,17 +283,47 @@ class EpochSource:
         self.epoch_rows = len(pipeline.plan(rank, world_size))
         self._stream: ChunkStream | None = None
         self._stream_epoch: int | None = None  # the epoch the stream's next chunk belongs to
+        self._resume: tuple[int, list] | None = None  # (epoch, segments) the next iter() starts from
+        self._cursor: _Cursor | None = None
         self.chunk: Chunk | None = None  # the chunk whose rows are being packed (a batch may be a view of it)
 
     def __len__(self) -> int:
         return self.pipeline.num_batches(self.world_size, self.rank)
 
     def set_epoch(self, epoch: int) -> None:
+        if self._resume is not None and self._resume[0] != epoch:
+            self._resume = None  # a resumed position belongs to its own epoch
         self.next_epoch = epoch
 
     @property
     def last_report(self) -> EpochReport | None:
         return self.reports[-1] if self.reports else None
+
+    def state_dict(self, batches: int | None = None) -> dict:
+        """This rank's position as a JSON-serialisable dict: after the batches it has yielded in the epoch
+        it reads, or after ``batches`` of them (a consumer that reads ahead gives the count it used)."""
+        identity, cursor = self.pipeline.identity(), self._cursor
+        fresh = self.pipeline.plan(self.rank, self.world_size).segments
+        if self._resume is not None:
+            epoch, remaining, done = self._resume[0], self._resume[1], 0
+        elif cursor is None or (cursor.done and batches in (None, cursor.batches)):
+            epoch, remaining, done = self.next_epoch, fresh, 0
+        else:
+            done = cursor.batches if batches is None else batches
+            if done not in cursor.after:
+                raise ValueError(f"the position after batch {done} of epoch {cursor.epoch} is not known (batches "
+                                 f"{min(cursor.after)} … {max(cursor.after)} are)")  # fmt: skip
+            epoch, remaining = cursor.epoch, remaining_after(cursor.segments, cursor.after[done])
+        return EpochState(identity, epoch, self.rank, self.world_size, done, tuple(remaining)).as_dict()
+
+    def load_state_dict(self, state) -> None:
+        """Go on from ``state`` at the next ``iter()``: this rank's own state, or the list of every rank's
+        states (any number of ranks); a state of another plan is refused (``StateMismatchError``)."""
+        epoch, segments = resume_segments(state, self.pipeline.identity(), rank=self.rank, world_size=self.world_size)
+        self.close()
+        self._cursor = None
+        self.next_epoch = epoch
+        self._resume = (epoch, segments)
 
     def close(self) -> None:
         """Cancel the chunks in flight (epochs started ahead that will not be read). Idempotent."""
@@ -261,12 +331,12 @@ class EpochSource:
             self._stream.close()
         self._stream, self._stream_epoch = None, None
 
-    def _stream_at(self, epoch: int) -> ChunkStream:
-        if self._stream is None or self._stream_epoch != epoch:
+    def _stream_at(self, epoch: int, segments) -> ChunkStream:
+        if self._stream is None or self._stream_epoch != epoch or segments is not None:
             self.close()
             self._stream = self.pipeline.stream(
                 rank=self.rank, world_size=self.world_size, start_epoch=epoch, end_epoch=self.end_epoch,
-                reserved_cpus=self.reserved_cpus,
+                reserved_cpus=self.reserved_cpus, segments=segments,
             )  # fmt: skip
             self._stream_epoch = epoch
         return self._stream
@@ -276,21 +346,27 @@ class EpochSource:
         if self.end_epoch is not None and epoch >= self.end_epoch:
             raise ValueError(f"epoch {epoch} is past end_epoch={self.end_epoch}")
         self.next_epoch += 1
-        return self._epoch(epoch)
+        resume, self._resume = self._resume, None
+        resumed = resume is not None and resume[0] == epoch
+        segments = resume[1] if resumed else self.pipeline.plan(self.rank, self.world_size).segments
+        self._cursor = _Cursor(epoch, segments)  # the position is this epoch's from now on
+        return self._epoch(self._cursor, resumed)
 
-    def _epoch(self, epoch: int) -> Iterator[dict[str, np.ndarray]]:
-        p, cfg = self.pipeline, self.pipeline.config
+    def _epoch(self, cursor: _Cursor, resumed: bool) -> Iterator[dict[str, np.ndarray]]:
+        p, cfg, epoch = self.pipeline, self.pipeline.config, cursor.epoch
         t0 = time.perf_counter()
-        stream = self._stream_at(epoch)
+        # a resumed epoch's stream starts at its segments; else the one running (or a fresh slice's)
+        stream = self._stream_at(epoch, cursor.segments if resumed else None)
         ledger = EpochLedger(
-            epoch=epoch, expected=self.epoch_rows, with_content=p.content_digest,
+            epoch=epoch, expected=sum(hi - lo for lo, hi in cursor.segments), with_content=p.content_digest,
             max_skip_ratio=cfg.max_skip_ratio, max_skips=cfg.max_skips,
         )  # fmt: skip
         packer = Packer(p.batch_spec, drop_last=cfg.drop_last)
         first = None
         finished = False
         try:
-            # 1. Chunks arrive in order; 2. skips are recorded; 3. good rows are packed into batches.
+            # 1. Chunks arrive in order; 2. skips are recorded; 3. good rows are packed into batches,
+            # each batch's end noted as a position of the order (the rank's position, ``state_dict``).
             for chunk in stream:
                 if chunk.epoch != epoch:
                     raise RuntimeError(f"chunk of epoch {chunk.epoch} while reading epoch {epoch} (stream out of step)")
@@ -299,12 +375,15 @@ class EpochSource:
                     ledger.record_block(chunk.block)
                     for batch in packer.add(chunk.block):
                         ledger.record_batch(batch)
+                        cursor.out(chunk.start + packer.last_row + 1)
                         first = first if first is not None else time.perf_counter() - t0
                         yield batch
                 if chunk.last:
                     break
+            end = cursor.segments[-1][1] if cursor.segments else 0
             for batch in packer.flush():
                 ledger.record_batch(batch)
+                cursor.out(end)
                 first = first if first is not None else time.perf_counter() - t0
                 yield batch
             for ids in packer.dropped_ids:
@@ -312,6 +391,7 @@ class EpochSource:
             elapsed = time.perf_counter() - t0
             self.reports.append(ledger.finish(elapsed, first if first is not None else elapsed))
             self._stream_epoch = epoch + 1
+            cursor.done = True
             finished = True
         finally:
             self.chunk = None

@@ -131,7 +131,8 @@ class RayTasks:
 
 @dataclass(frozen=True)
 class Chunk:
-    """One finished chunk: ``block`` is its rows (images and skip records), ``last`` ends its epoch.
+    """One finished chunk: ``block`` is its rows (images and skip records), ``last`` ends its epoch,
+    ``start`` the position of its first row in the epoch's order (row ``j`` is at ``start + j``).
     ``ref``: the Ray object ``block`` was read from (zero-copy), for another process on the node to
     read too; None where the chunk is no Ray object (local workers, made in this process)."""
 
@@ -141,6 +142,7 @@ class Chunk:
     rows: int
     block: dict[str, np.ndarray]
     ref: ray.ObjectRef | None = None
+    start: int = 0
 
 
 class ChunkStream:
@@ -157,6 +159,7 @@ class ChunkStream:
         *,
         start_epoch: int = 0,
         end_epoch: int | None = None,
+        segments=None,
     ):
         self._columns = columns
         self._plan = plan
@@ -168,18 +171,21 @@ class ChunkStream:
         self._setting_up: list | None = None  # the workers' set-up tasks, once they are up
         self.workers_set_up = False
         self.local_chunks = 0  # chunks this process made itself (cluster starting, workers setting up)
-        self._pending: collections.deque = collections.deque()  # (epoch, index, last, rows, ref)
-        self._todo = self._chunks(start_epoch, end_epoch)
+        self._pending: collections.deque = collections.deque()  # (epoch, index, last, start, rows, ref)
+        self._todo = self._chunks(start_epoch, end_epoch, segments)
         self._closed = False
 
-    def _chunks(self, start: int, end: int | None) -> Iterator[tuple[int, int, bool, np.ndarray]]:
+    def _chunks(self, start: int, end: int | None, segments) -> Iterator[tuple[int, int, bool, int, np.ndarray]]:
+        """(epoch, index, last, first position, rows) of each chunk: ``segments`` (positions of the order;
+        None: the rank's slice) for the first epoch, the rank's slice for the others."""
         epoch = start
         while end is None or epoch < end:
-            chunks = self._plan.chunks(epoch, ramp=epoch == start)  # nothing runs ahead of the first
-            for i, idx in enumerate(chunks):
-                yield epoch, i, i == len(chunks) - 1, idx
-            if not chunks:
-                yield epoch, 0, True, np.empty(0, np.int64)
+            # the first epoch's first window ramps: nothing runs ahead of the first
+            chunks = self._plan.chunks(epoch, ramp=epoch == start, segments=segments if epoch == start else None)
+            for i in range(len(chunks)):
+                yield epoch, i, i == len(chunks) - 1, int(chunks.bounds[i, 0]), chunks[i]
+            if not len(chunks):
+                yield epoch, 0, True, 0, np.empty(0, np.int64)
             epoch += 1
 
     def _rows(self, idx: np.ndarray) -> dict[str, np.ndarray]:
@@ -196,12 +202,12 @@ class ChunkStream:
             item = next(self._todo, None)
             if item is None:
                 return
-            epoch, index, last, idx = item
+            epoch, index, last, start, idx = item
             if len(idx):
                 ref = self._workers.submit(self._rows(idx), self._spec_for_epoch(epoch))
             else:
                 ref = None  # an empty epoch (a rank with no rows): nothing to run
-            self._pending.append((epoch, index, last, len(idx), ref))
+            self._pending.append((epoch, index, last, start, len(idx), ref))
 
     def __iter__(self) -> Iterator[Chunk]:
         return self
@@ -214,10 +220,10 @@ class ChunkStream:
         self._submit()
         if not self._pending:
             raise StopIteration
-        epoch, index, last, n, ref = self._pending.popleft()
+        epoch, index, last, start, n, ref = self._pending.popleft()
         block = self._wait(ref, epoch, index) if ref is not None else None
         self._submit()  # refill the window before the consumer starts on this chunk
-        return Chunk(epoch, index, last, n, block, ref if isinstance(ref, ray.ObjectRef) else None)
+        return Chunk(epoch, index, last, n, block, ref if isinstance(ref, ray.ObjectRef) else None, start)
 
     def _make_here(self) -> bool:
         """Whether the consumer makes the next chunk itself: while the workers start and then, for a
@@ -248,7 +254,7 @@ class ChunkStream:
         item = next(self._todo, None)
         if item is None:
             raise StopIteration
-        epoch, index, last, idx = item
+        epoch, index, last, start, idx = item
         if len(idx) > self._plan.chunk_rows and self.local_chunks and \
                 (self._workers.queues_while_starting or not self._workers.starting()):  # fmt: skip
             # A piece longer than a chunk (a whole-window stream's first pieces) while the workers
@@ -261,7 +267,7 @@ class ChunkStream:
             spec = dataclasses.replace(self._spec_for_epoch(epoch), nice=0, sched_idle=False)
             block = augment_block(self._rows(idx), spec)
             self.local_chunks += 1
-        return Chunk(epoch, index, last, len(idx), block)
+        return Chunk(epoch, index, last, len(idx), block, start=start)
 
     def _wait(self, ref, epoch: int, index: int) -> dict[str, np.ndarray]:
         waited = 0.0
