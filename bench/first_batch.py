@@ -5,6 +5,7 @@ a fresh process (run it once per loader: a second loader in the same process wou
     python bench/first_batch.py /tmp/photo4k --loader dropin        # raypipe.timm.create_loader
     python bench/first_batch.py /tmp/photo4k --loader timm          # timm's create_loader
     python bench/first_batch.py /tmp/photo4k --loader timm --device cuda
+    python bench/first_batch.py /tmp/photo4k --resume-at 20         # the same, resumed after 20 batches
 
 ``feeder`` is the path that waits for Ray: Ray's start (``raypipe.connect()``), the listing
 (``Pipeline``), the feeder (``FeederSource``) and the first batch out of a ``DeviceLoader`` (a fresh
@@ -13,6 +14,9 @@ script that never called ``ray.init`` runs it: local worker processes, its first
 process while they start. ``timm`` is timm's loader with one worker per core, persistent workers, and
 pinned memory on CUDA. On CUDA the device is initialised before the clock starts (a training script
 has its model there before its first batch), and the first batch is timed once it is on the device.
+``--resume-at K`` (raypipe's loaders) loads the position after batch K of epoch 0 before the first
+batch, as a run restarted from a mid-epoch checkpoint does (the data must have no bad image: the
+position is K batches of rows into the rank's part).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ def feeder_marks(a, aug, device, marks: list) -> None:
     source = FeederSource(pipe, end_epoch=1)
     marks.append(("FeederSource", time.perf_counter()))
     with from_timm_args(source, device=device, img_dtype=_dtype(device)) as loader:
+        _resume(loader, a.resume_at, a.batch_size)
         _first(loader, device)
         marks.append(("first batch", time.perf_counter()))
 
@@ -56,6 +61,7 @@ def dropin_marks(a, aug, device, marks: list) -> None:
                            **timm_args(aug))  # fmt: skip
     marks.append(("loader (listing)", time.perf_counter()))
     try:
+        _resume(loader, a.resume_at, a.batch_size)
         _first(loader, device)
         marks.append(("first batch", time.perf_counter()))
     finally:
@@ -80,6 +86,23 @@ def _dtype(device):
     return torch.float16 if device.type == "cuda" else torch.float32
 
 
+def _resume(loader, batches: int, batch_size: int) -> None:
+    """Load the position after ``batches`` batches of epoch 0 (a clean dataset: ``batches`` x
+    ``batch_size`` rows into the rank's part), as a restarted run loads its checkpoint's."""
+    if not batches:
+        return
+    state = loader.state_dict()  # epoch 0 from its start: its plan's identity and the rank's part
+    inner = state
+    while True:  # DeviceLoader -> (a RankLoader's EqualBatches) -> the rank's position
+        inner["batches"] = batches
+        if inner.get("format") == "raypipe-position":
+            break
+        inner = inner["source"]
+    ((lo, hi),) = inner["remaining"]
+    inner["remaining"] = [[lo + batches * batch_size, hi]]
+    loader.load_state_dict(state)
+
+
 def _first(loader, device) -> None:
     import torch
 
@@ -95,7 +118,10 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("-b", "--batch-size", type=int, default=128)
     p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--resume-at", type=int, default=0, help="resume after this many batches of epoch 0")
     a = p.parse_args()
+    if a.resume_at and a.loader == "timm":
+        p.error("--resume-at: timm's loader has no position to resume from")
 
     import torch  # a training script has imported it, and built its model, before its loader starts
 
@@ -116,7 +142,8 @@ def main() -> None:
 
     marks = [("start", time.perf_counter())]
     {"feeder": feeder_marks, "dropin": dropin_marks, "timm": timm_marks}[a.loader](a, aug, device, marks)
-    print(f"{a.loader} on {device}, batch {a.batch_size}, {os.cpu_count()} cores:")
+    resumed = f", resumed after batch {a.resume_at}" if a.resume_at else ""
+    print(f"{a.loader} on {device}, batch {a.batch_size}, {os.cpu_count()} cores{resumed}:")
     for (_, before), (what, at) in zip(marks[:-1], marks[1:], strict=True):
         print(f"  {what:<20} {at - before:6.2f} s")
     print(f"  {'total':<20} {marks[-1][1] - marks[0][1]:6.2f} s")

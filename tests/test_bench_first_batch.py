@@ -40,3 +40,15 @@ def test_each_loader_reports_its_first_batch(tiny_folder, loader, steps):
     assert list(times) == [*steps, "first batch", "total"]
     assert times["first batch"] > 0
     assert times["total"] == pytest.approx(sum(v for k, v in times.items() if k != "total"), abs=0.03)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("loader", ["dropin", "feeder"])
+def test_a_resumed_loader_reports_its_first_batch(tiny_folder, loader):
+    cmd = [sys.executable, str(SCRIPT), str(tiny_folder), "--loader", loader, "-b", "2", "--img-size", "32",
+           "--resume-at", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "resumed after batch 2" in proc.stdout and "first batch" in proc.stdout
+    refused = subprocess.run([*cmd[:4], "timm", *cmd[5:]], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "no position" in refused.stderr

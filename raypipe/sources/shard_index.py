@@ -7,8 +7,9 @@ every indexed shard as the listing makes them (``shard``: the position in the in
 ``raypipe.index`` is JSON: ``{"format": "raypipe-webdataset-index", "version": 1, "root": …, "shards":
 [{"path", "size", "mtime_ns", "keys", "stopped_at", "reason"}, …]}``, ``path`` relative to ``root``
 (the shards' folder as the indexer saw it), ``size`` and ``mtime_ns`` the shard's when it was indexed,
-``keys`` the sample keys its headers held (samples or not) and ``stopped_at``/``reason`` where a
-truncated shard's listing stopped (null and "" for a complete one).
+``keys`` the sample keys its headers held (samples or not), ``rows`` its rows in the file (so the
+samples per shard are read from the footer alone: ``raypipe.sources.shard_counts``) and
+``stopped_at``/``reason`` where a truncated shard's listing stopped (null and "" for a complete one).
 
 A shard is taken from the index only while its size and modification time are the ones indexed
 (:func:`stamp_matches`); otherwise the listing scans it again. The file is written in one piece:
@@ -31,7 +32,7 @@ import pyarrow.parquet as pq
 from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.table import column_array, int64_array, string_array
 
-__all__ = ["INDEX_NAME", "ShardRecord", "read_index", "stamp_matches", "write_index"]
+__all__ = ["INDEX_NAME", "ShardRecord", "index_meta", "read_index", "stamp_matches", "write_index"]
 
 INDEX_NAME = "raypipe-index.parquet"
 _FORMAT = "raypipe-webdataset-index"
@@ -92,7 +93,7 @@ def write_index(records: list[ShardRecord], out: str, *, root: DatasetRoot,
         "member": string_array([v for r in records for v in r.members]),
     }, schema=_SCHEMA)  # fmt: skip
     meta = {"format": _FORMAT, "version": _VERSION, "root": root.root,
-            "shards": [{"path": r.path, "size": r.size, "mtime_ns": r.mtime_ns, "keys": r.keys,
+            "shards": [{"path": r.path, "size": r.size, "mtime_ns": r.mtime_ns, "keys": r.keys, "rows": len(r),
                         "stopped_at": r.stopped_at, "reason": r.reason} for r in records]}  # fmt: skip
     table = table.replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
     if filesystem is None:
@@ -114,15 +115,10 @@ def write_index(records: list[ShardRecord], out: str, *, root: DatasetRoot,
     return out
 
 
-def read_index(path: str, filesystem: pafs.FileSystem | None = None) -> tuple[str, dict[str, ShardRecord]]:
-    """(the root the index was made under, its shards by path relative to that root); ``ValueError`` for
-    a file that is not a raypipe index, ``FileNotFoundError`` for none."""
-    if filesystem is None:
-        table = pq.read_table(path)
-    else:
-        with filesystem.open_input_file(path) as f:
-            table = pq.read_table(f)
-    raw = (table.schema.metadata or {}).get(_META_KEY)
+def index_meta(metadata: dict | None, path: str) -> dict:
+    """The ``raypipe.index`` JSON of an index file's footer metadata; ``ValueError`` for a file that is
+    not a raypipe index of this version."""
+    raw = (metadata or {}).get(_META_KEY)
     try:
         meta = json.loads(raw) if raw else {}
     except ValueError:
@@ -132,6 +128,18 @@ def read_index(path: str, filesystem: pafs.FileSystem | None = None) -> tuple[st
     if meta.get("version") != _VERSION:
         raise ValueError(f"{path}: raypipe shard index version {meta.get('version')}, this raypipe reads "
                          f"{_VERSION}: write it again with `raypipe index`")  # fmt: skip
+    return meta
+
+
+def read_index(path: str, filesystem: pafs.FileSystem | None = None) -> tuple[str, dict[str, ShardRecord]]:
+    """(the root the index was made under, its shards by path relative to that root); ``ValueError`` for
+    a file that is not a raypipe index, ``FileNotFoundError`` for none."""
+    if filesystem is None:
+        table = pq.read_table(path)
+    else:
+        with filesystem.open_input_file(path) as f:
+            table = pq.read_table(f)
+    meta = index_meta(table.schema.metadata, path)
     shard = column_array(table.column("shard"))
     bounds = np.searchsorted(shard, np.arange(len(meta["shards"]) + 1))
     cols = {name: column_array(table.column(name)) for name in ("label", "error", "offset", "size", "member")}
