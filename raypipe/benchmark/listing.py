@@ -120,80 +120,102 @@ def _plan_child(n: int, world_size: int, chunk_rows: int, shard_rows: int) -> di
     }  # fmt: skip
 
 
-def write_shard_index(path: Path, shards: int, per_shard: int) -> Path:
-    """A synthetic index of ``shards`` tar shards of ``per_shard`` samples each, no shard behind it: a
-    ``wids`` shard list (``.json``) or raypipe's index (``.parquet``: its footer, as a real index's
-    holds it, over no sample rows; planning reads the footer alone)."""
-    entries = [(f"shard-{k:06d}.tar", per_shard) for k in range(shards)]
-    if path.suffix == ".json":
-        desc = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "synthetic",
-                "shardlist": [{"url": u, "nsamples": n, "filesize": n * 110_000} for u, n in entries]}  # fmt: skip
-        path.write_text(json.dumps(desc))
-        return path
+def write_shard_dataset(folder: Path, shards: int, per_shard: int, *, member_rows: bool) -> Path:
+    """A synthetic indexed WebDataset under ``folder``: ``shards`` empty ``.tar`` files and raypipe's index
+    of ``per_shard`` samples each (no image data). ``member_rows``: the index holds every sample's row
+    (offsets, sizes, labels), as a real one does; else its footer alone, which is all a listing by shard
+    and the plan read. Kept and reused when there already."""
+    import numpy as np
+
+    from raypipe.sources.paths import open_root
+    from raypipe.sources.shard_index import INDEX_NAME, ShardRecord, write_index
+
+    folder.mkdir(parents=True, exist_ok=True)
+    index = folder / INDEX_NAME
+    if index.exists():
+        return folder
+    names = [f"shard-{k:06d}.tar" for k in range(shards)]
+    for name in names:
+        (folder / name).touch()
+    if member_rows:
+        offsets = (np.arange(per_shard, dtype=np.int64) * 110_000 + 1024).tolist()
+        records = [ShardRecord(path=name, size=0, mtime_ns=-1, labels=[k % 1000] * per_shard,
+                               errors=[None] * per_shard, offsets=offsets, sizes=[110_000] * per_shard,
+                               members=[None] * per_shard, keys=per_shard) for k, name in enumerate(names)]  # fmt: skip
+        write_index(records, str(index), root=open_root(str(folder)))
+        return folder
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    meta = {"format": "raypipe-webdataset-index", "version": 1, "root": str(path.parent),
-            "shards": [{"path": u, "size": n * 110_000, "mtime_ns": -1, "keys": n, "rows": n, "stopped_at": None,
-                        "reason": ""} for u, n in entries]}  # fmt: skip
-    table = pa.table({"shard": pa.array([], pa.int64())}).replace_schema_metadata(
-        {b"raypipe.index": json.dumps(meta).encode()}
-    )
-    pq.write_table(table, path)
-    return path
+    meta = {"format": "raypipe-webdataset-index", "version": 1, "root": str(folder),
+            "shards": [{"path": n, "size": 0, "mtime_ns": -1, "keys": per_shard, "rows": per_shard,
+                        "stopped_at": None, "reason": ""} for n in names]}  # fmt: skip
+    table = pa.table({"shard": pa.array([], pa.int64())})
+    pq.write_table(table.replace_schema_metadata({b"raypipe.index": json.dumps(meta).encode()}), index)
+    return folder
 
 
-def _shard_plan_child(index: str, world_size: int, chunk_rows: int, window_rows: int, sample_chunks: int) -> dict:
+def _shard_listing_child(folder: str, world_size: int, chunk_rows: int, window_rows: int, sample_chunks: int,
+                         read_rows: bool) -> dict:  # fmt: skip
     import numpy as np
 
     from raypipe.pipeline.order import RankPlan
-    from raypipe.sources.shard_counts import shard_counts
+    from raypipe.sources import open_source
 
     base = _reset_peak()
     t0 = time.perf_counter()
-    counts = shard_counts(index)
-    out = {"shards": len(counts.paths), "samples": counts.total, "counts_seconds": time.perf_counter() - t0}
+    listing = open_source(folder, by_shard=True)
+    out = {"shards": listing.num_shards, "samples": len(listing), "listing_seconds": time.perf_counter() - t0,
+           "listing_peak_bytes": _status()["VmHWM"] - base}  # fmt: skip
     t0 = time.perf_counter()
-    plan = RankPlan(counts.total, seed=0, shuffle=True, chunk_rows=chunk_rows, window_rows=window_rows, rank=0,
-                    world_size=world_size, runs=counts.runs(), whole_windows=True)  # fmt: skip
+    plan = RankPlan.for_rows(listing, seed=0, shuffle=True, chunk_rows=chunk_rows, window_rows=window_rows,
+                             rank=0, world_size=world_size)  # fmt: skip
     chunks = plan.chunks(0)
     out.update(plan_seconds=time.perf_counter() - t0, chunks=len(chunks), rank_rows=len(plan))
     out["peak_bytes"], out["held_bytes"] = _status()["VmHWM"] - base, _status()["VmRSS"] - base
     picks = np.linspace(0, len(chunks) - 1, num=min(sample_chunks, len(chunks))).astype(int)
+    columns = listing.columns()
     t0 = time.perf_counter()
-    rows = sum(len(chunks[int(i)]) for i in picks)  # each chunk of another window: its rows computed afresh
+    rows = 0
+    for i in picks:  # each chunk of another window: its rows computed afresh, as a stream plans them
+        idx = chunks[int(i)]
+        rows += len(idx)
+        if read_rows:
+            columns.take(idx)
     out.update(sampled_chunks=len(picks), sampled_rows=rows, sampled_seconds=time.perf_counter() - t0)
     out["peak_after_chunks_bytes"] = _status()["VmHWM"] - base
     return out
 
 
-def shard_plan(shards: int = 100_000, per_shard: int = 10_000, workdir: str = "/tmp/raypipe-listing",
-               world_size: int = 1, chunk_rows: int = 128, window_rows: int = 2048, sample_chunks: int = 2000
-               ) -> None:  # fmt: skip
-    """An epoch's plan at a billion samples: counts from a synthetic shard index, then one rank's plan.
+def shard_listing(shards: int = 100_000, per_shard: int = 10_000, read_shards: int = 1_000,
+                  workdir: str = "/tmp/raypipe-listing", world_size: int = 1, chunk_rows: int = 128,
+                  window_rows: int = 2048, sample_chunks: int = 2000) -> None:  # fmt: skip
+    """An indexed WebDataset of a billion samples listed by shard, and one epoch's plan of it.
 
-    Writes (under --workdir) a synthetic index of --shards shards of --per-shard samples, as a wids shard
-    list and as raypipe's index footer (no image data, no shard behind it), and in a fresh process per
-    index: reads the samples per shard (``raypipe.sources.shard_counts``), plans epoch 0 for rank 0 of
-    --world-size (``RankPlan`` from the counts: order, rank slice, chunk bounds of a remote shard source,
-    whole windows), and prints seconds and peak memory over the process's baseline; then computes the
-    rows of --sample-chunks chunks spread over the epoch (each computed when its chunk is planned, as a
-    stream does) and prints the time per chunk.
+    Writes (under --workdir, kept) --shards empty tar shards with raypipe's index of --per-shard samples
+    each (its footer: no image data), and in a fresh process: lists it by shard (``open_source(…,
+    by_shard=True)``: the folder, each shard's size, the index footer), plans epoch 0 for rank 0 of
+    --world-size (``RankPlan``: order, rank slice, chunk bounds of whole windows), prints seconds and peak
+    memory over the process's baseline, then computes the rows of --sample-chunks chunks spread over the
+    epoch (as a stream plans them). Then the same over --read-shards shards whose index holds every
+    sample's row, reading each sampled chunk's rows from it (``ShardColumns.take``): time per chunk.
     """
-    os.makedirs(workdir, exist_ok=True)
-    for suffix in (".json", ".parquet"):
-        path = write_shard_index(Path(workdir) / f"index-{shards}x{per_shard}{suffix}", shards, per_shard)
-        got = _in_child("_shard_plan_child", str(path), world_size, chunk_rows, window_rows, sample_chunks)
-        kind = "wids shard list" if suffix == ".json" else "raypipe index footer"
+    for count, member_rows in ((shards, False), (read_shards, True)):
+        kind = "rows" if member_rows else "footer"
+        folder = write_shard_dataset(Path(workdir) / f"wds-{count}x{per_shard}-{kind}", count, per_shard,
+                                     member_rows=member_rows)  # fmt: skip
+        got = _in_child("_shard_listing_child", str(folder), world_size, chunk_rows, window_rows, sample_chunks,
+                        member_rows)  # fmt: skip
         per_chunk = got["sampled_seconds"] / max(1, got["sampled_chunks"])
-        print(f"== {got['shards']:,} shards x {per_shard:,} = {got['samples']:,} samples, {kind} "
-              f"({_mb(os.path.getsize(path))})")
-        print(f"counts: {got['counts_seconds']:.2f} s; plan (rank 0 of {world_size}): {got['plan_seconds']:.2f} s, "
-              f"{got['chunks']:,} chunks of {got['rank_rows']:,} rows; peak +{_mb(got['peak_bytes'])}, "
-              f"held +{_mb(got['held_bytes'])}")
-        print(f"rows of a chunk, computed when planned: {1e3 * per_chunk:.2f} ms per chunk "
-              f"({got['sampled_chunks']} chunks, {got['sampled_rows'] / max(1, got['sampled_chunks']):,.0f} rows "
-              f"each); peak then +{_mb(got['peak_after_chunks_bytes'])}")
+        what = "its rows read from the index" if member_rows else "positions to sample ids"
+        print(f"== {got['shards']:,} shards x {per_shard:,} = {got['samples']:,} samples (index with {kind}: "
+              f"{_mb(os.path.getsize(folder / 'raypipe-index.parquet'))})")
+        print(f"listing by shard: {got['listing_seconds']:.2f} s, peak +{_mb(got['listing_peak_bytes'])}; plan (rank "
+              f"0 of {world_size}): {got['plan_seconds']:.2f} s, {got['chunks']:,} chunks of {got['rank_rows']:,} "
+              f"rows; peak +{_mb(got['peak_bytes'])}, held +{_mb(got['held_bytes'])}")
+        print(f"a chunk, {what}: {1e3 * per_chunk:.2f} ms ({got['sampled_chunks']} chunks, "
+              f"{got['sampled_rows'] / max(1, got['sampled_chunks']):,.0f} rows each); peak then "
+              f"+{_mb(got['peak_after_chunks_bytes'])}")
 
 
 def _in_child(fn: str, *args) -> dict:
@@ -259,10 +281,11 @@ def register(add) -> None:
     p.add_argument("--chunk-rows", type=int, default=128)
     p.add_argument("--shard-rows", type=int, default=0, help="plan rows in shards of this many rows (default: none)")
     p.add_argument("--skip-listing", action="store_true", help="the plan only")
-    p = add("shard-plan", shard_plan)
+    p = add("shard-listing", shard_listing)
     p.add_argument("--shards", type=int, default=100_000)
     p.add_argument("--per-shard", type=int, default=10_000)
-    p.add_argument("--workdir", default="/tmp/raypipe-listing", help="where the synthetic indexes are written")
+    p.add_argument("--read-shards", type=int, default=1_000, help="shards of the index that holds every row")
+    p.add_argument("--workdir", default="/tmp/raypipe-listing", help="where the synthetic datasets are kept")
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--chunk-rows", type=int, default=128)
     p.add_argument("--window-rows", type=int, default=2048)

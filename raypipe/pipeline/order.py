@@ -271,15 +271,21 @@ class RankPlan:
     @classmethod
     def for_rows(cls, rows, *, seed: int, shuffle: bool, chunk_rows: int, window_rows: int, rank: int = 0,
                  world_size: int = 1) -> RankPlan:  # fmt: skip
-        """The plan for a listing (``raypipe.sources.SourceRows``): shard windows for sharded kinds, each
-        one chunk where its shards are read whole or from an object store."""
+        """The plan for a listing (``raypipe.sources.SourceRows``, or a ``ShardListing``'s samples per
+        shard): shard windows for sharded kinds, each one chunk where its shards are read whole or from an
+        object store."""
         from raypipe.sources.table import column_array  # the order itself needs numpy only
 
-        table = rows.table
-        sharded = rows.kind in SHARDED_KINDS and "shard" in table.column_names
+        counts = getattr(rows, "shard_counts", None)  # a listing by shard
+        if counts is not None:
+            runs = ShardRuns.from_sizes(counts)
+        elif rows.kind in SHARDED_KINDS and "shard" in rows.table.column_names:
+            runs = ShardRuns.from_shards(column_array(rows.table.column("shard")))
+        else:
+            runs = None
         return cls(
             len(rows), seed=seed, shuffle=shuffle, chunk_rows=chunk_rows, rank=rank, world_size=world_size,
-            shards=column_array(table.column("shard")) if sharded else None, window_rows=window_rows,
+            runs=runs, window_rows=window_rows,
             whole_windows=rows.kind in WHOLE_SHARD_KINDS or not rows.root.is_local,
         )  # fmt: skip
 

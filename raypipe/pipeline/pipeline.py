@@ -36,7 +36,7 @@ from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.pipeline.position import EpochState, PlanIdentity, remaining_after, resume_segments, shard_layout_digest
 from raypipe.pipeline.slabs import slab_room
 from raypipe.pipeline.stream import Chunk, ChunkStream, RayTasks
-from raypipe.sources import SourceRows, open_source
+from raypipe.sources import ShardListing, SourceRows, open_source
 from raypipe.sources.remote import reads_store_objects
 from raypipe.sources.table import TableColumns
 from raypipe.stages.augment import StageSpec
@@ -53,7 +53,7 @@ class Pipeline:
 
     def __init__(
         self,
-        source: str | SourceRows,
+        source: str | SourceRows | ShardListing,
         augment: TrainAugment | EvalAugment,
         *,
         config: PipelineConfig | None = None,
@@ -61,7 +61,7 @@ class Pipeline:
         decode: DecodeConfig | None = None,
         content_digest: bool = False,
     ):
-        self.rows = source if isinstance(source, SourceRows) else open_source(source)
+        self.rows = open_source(source)  # a listing is taken as it is
         self.augment = augment
         self.config = config or PipelineConfig()
         ex = execution or ExecutionConfig()
@@ -168,7 +168,7 @@ class Pipeline:
         """The listing's columns as each chunk's rows are taken from them (``take(idx)``), made once:
         about the table's own bytes (``raypipe.sources.table.TableColumns``)."""
         if self._columns is None:
-            self._columns = TableColumns(self.rows.table)
+            self._columns = self.rows.columns()
         return self._columns
 
     def stream(

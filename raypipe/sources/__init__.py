@@ -16,6 +16,7 @@ from raypipe.sources.paths import DatasetRoot, _is_uri, open_root
 from raypipe.sources.reader import BlockReader
 from raypipe.sources.remote import ReadOptions
 from raypipe.sources.shard_index import INDEX_NAME
+from raypipe.sources.shard_listing import ShardListing
 from raypipe.sources.table import ROW_SCHEMA, SourceRows
 from raypipe.sources.webdataset import has_braces, list_webdataset
 
@@ -27,6 +28,7 @@ __all__ = [
     "CacheConfig",
     "DatasetRoot",
     "ReadOptions",
+    "ShardListing",
     "SourceRows",
     "detect_kind",
     "list_image_folder",
@@ -92,7 +94,8 @@ def open_source(
     class_order: str = "natural",
     class_map=None,
     index=None,
-) -> SourceRows:
+    by_shard: bool | None = None,
+) -> SourceRows | ShardListing:
     """List any supported dataset (local path or pyarrow filesystem URI) into SourceRows.
 
     ``filesystem`` (e.g. ``pyarrow.fs.S3FileSystem(endpoint_override=…)``) is used instead of the one
@@ -100,13 +103,17 @@ def open_source(
     ``class_order`` ("natural", timm's, or "sorted", torchvision's) and ``class_map`` (a dict or a
     .txt/.json/.csv file) number class folders and class-name labels (``sources.classes``).
     ``index`` names a WebDataset shard index (``list_webdataset``); raypipe's own beside the shards is
-    found without it.
+    found without it. ``by_shard``: an indexed WebDataset listed by shard (``ShardListing``: True, or
+    None above ``BY_SHARD_ROWS`` samples), its sample rows read from the index as chunks need them.
+    A listing given as ``data`` is returned as it is.
     """
-    if isinstance(data, SourceRows):
+    if isinstance(data, SourceRows | ShardListing):
         return data
+    if by_shard and (kind or detect_kind(data, filesystem=filesystem)) != "webdataset":
+        raise ValueError(f"by_shard=True: only an indexed WebDataset is listed by shard, {data!r} is not one")
     args = dict(kind=kind, image_column=image_column, label_column=label_column, path_column=path_column,
                 root=root, filesystem=filesystem, class_order=class_order, class_map=class_map,
-                index=index)  # fmt: skip
+                index=index, by_shard=by_shard)  # fmt: skip
     if filesystem is None and not _is_uri(data):
         return _list(data, **args)
     # Remote: a missing credential or a silent endpoint must end in seconds (raypipe.timeouts)
@@ -163,7 +170,8 @@ def _list(
     class_order: str,
     class_map,
     index,
-) -> SourceRows:
+    by_shard,
+) -> SourceRows | ShardListing:
     kind = kind or detect_kind(data, filesystem=filesystem)
     if index is not None and kind != "webdataset":
         raise ValueError(f"index={index!r}: shard indexes are for WebDataset shards, {data!r} is a {kind} dataset")
@@ -178,5 +186,5 @@ def _list(
             class_order=class_order, class_map=class_map,
         )  # fmt: skip
     if kind == "webdataset":
-        return list_webdataset(data, filesystem=filesystem, index=index)
+        return list_webdataset(data, filesystem=filesystem, index=index, by_shard=by_shard)
     raise ValueError(f"kind={kind!r}: expected one of {KINDS}")

@@ -8,7 +8,7 @@ every indexed shard as the listing makes them (``shard``: the position in the in
 [{"path", "size", "mtime_ns", "keys", "stopped_at", "reason"}, …]}``, ``path`` relative to ``root``
 (the shards' folder as the indexer saw it), ``size`` and ``mtime_ns`` the shard's when it was indexed,
 ``keys`` the sample keys its headers held (samples or not), ``rows`` its rows in the file (so the
-samples per shard are read from the footer alone: ``raypipe.sources.shard_counts``) and
+samples per shard are read from the footer alone: ``raypipe.sources.shard_listing``) and
 ``stopped_at``/``reason`` where a truncated shard's listing stopped (null and "" for a complete one).
 
 A shard is taken from the index only while its size and modification time are the ones indexed
@@ -38,6 +38,9 @@ INDEX_NAME = "raypipe-index.parquet"
 _FORMAT = "raypipe-webdataset-index"
 _VERSION = 1
 _META_KEY = b"raypipe.index"
+# Rows per row group: a listing by shard reads one shard's rows from the groups that hold them
+# (``shard_listing``), a few hundred kilobytes rather than a million rows' worth.
+_GROUP_ROWS = 65_536
 _SCHEMA = pa.schema([("shard", pa.int64()), ("label", pa.int64()), ("error", pa.string()),
                      ("offset", pa.int64()), ("size", pa.int64()), ("member", pa.string())])  # fmt: skip
 
@@ -101,7 +104,7 @@ def write_index(records: list[ShardRecord], out: str, *, root: DatasetRoot,
         os.makedirs(folder, exist_ok=True)
         tmp = os.path.join(folder, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
         try:
-            pq.write_table(table, tmp, compression="zstd")
+            pq.write_table(table, tmp, compression="zstd", row_group_size=_GROUP_ROWS)
             os.replace(tmp, out)
         except BaseException:
             if os.path.exists(tmp):
@@ -111,7 +114,7 @@ def write_index(records: list[ShardRecord], out: str, *, root: DatasetRoot,
     # One upload: the store shows the object only once it is complete (a single PUT, or a multipart
     # upload that is completed as its last step), so no reader sees half an index.
     with filesystem.open_output_stream(out) as sink:
-        pq.write_table(table, sink, compression="zstd")
+        pq.write_table(table, sink, compression="zstd", row_group_size=_GROUP_ROWS)
     return out
 
 

@@ -109,6 +109,10 @@ class SourceRows:
     def __len__(self) -> int:
         return self.table.num_rows
 
+    def columns(self) -> TableColumns:
+        """The columns a chunk's rows are taken from (``TableColumns``)."""
+        return TableColumns(self.table)
+
     def numbered_like(self, classes: tuple[str, ...]) -> SourceRows:
         """These rows with their labels renumbered to ``classes`` (another split's class names), so the
         same name has the same label in both; a name ``classes`` lacks is a ``ValueError``. Rows

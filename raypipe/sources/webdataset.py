@@ -51,6 +51,7 @@ from raypipe.sources.foreign_index import DaliMember, dali_index_for, parse_dali
 from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.remote import ReadOptions, with_retries
 from raypipe.sources.shard_index import INDEX_NAME, ShardRecord, read_index, stamp_matches
+from raypipe.sources.shard_listing import BY_SHARD_ROWS, ShardListing, footer_rows, listing_by_shard, read_footer
 from raypipe.sources.table import SourceRows, listed_stamp, make_rows
 
 __all__ = ["expand_braces", "has_braces", "list_webdataset", "scan_shards", "shard_paths"]
@@ -479,6 +480,21 @@ def _given_index(root: DatasetRoot, index, rels: list[str], filesystem: pafs.Fil
     return {}, dali, ", ".join(paths[:2]) + (" …" if len(paths) > 2 else "")
 
 
+def _raypipe_index(root: DatasetRoot, index, filesystem: pafs.FileSystem | None
+                   ) -> tuple[pafs.FileSystem | None, str, str] | None:  # fmt: skip
+    """(filesystem, path, as shown) of the raypipe index ``index`` names (None: the one beside the shards,
+    when there is one), or None where there is none."""
+    if index is None:
+        where = os.path.join(root.root, INDEX_NAME) if root.is_local else posixpath.join(root.root, INDEX_NAME)
+        exists = os.path.isfile(where) if root.is_local else \
+            root.filesystem.get_file_info(where).type == pafs.FileType.File  # fmt: skip
+        return (root.filesystem, where, root.display(INDEX_NAME)) if exists else None
+    if isinstance(index, str) and index.endswith(".parquet"):
+        fs, where = _index_location(index, root, filesystem)
+        return fs, where, index
+    return None
+
+
 def _index_location(path: str, root: DatasetRoot, filesystem: pafs.FileSystem | None
                     ) -> tuple[pafs.FileSystem | None, str]:  # fmt: skip
     """(filesystem, path) of an index file: a URI is read through the dataset's filesystem (or the one it
@@ -492,8 +508,9 @@ def _index_location(path: str, root: DatasetRoot, filesystem: pafs.FileSystem | 
 
 
 def list_webdataset(
-    data: str, *, filesystem: pafs.FileSystem | None = None, options: ReadOptions | None = None, index=None
-) -> SourceRows:
+    data: str, *, filesystem: pafs.FileSystem | None = None, options: ReadOptions | None = None, index=None,
+    by_shard: bool | None = None,
+) -> SourceRows | ShardListing:  # fmt: skip
     """List WebDataset tar shards (a folder, a prefix, a ``.tar`` file, a brace pattern or a wids shard-list
     ``.json``) into SourceRows.
 
@@ -501,10 +518,24 @@ def list_webdataset(
     a ``.parquet`` path (or URI) names one elsewhere; ``.idx`` paths (a list or a brace pattern) are DALI
     index files (``SHARD.idx`` for ``SHARD.tar``), and ``"dali"`` takes each shard's from beside it.
     A shard the index lacks, or that changed since it was indexed, is listed from its tar headers.
+    ``by_shard``: listed by shard from raypipe's index (``shard_listing``): True, or None when the index
+    holds more than ``BY_SHARD_ROWS`` samples; every shard must then be indexed and unchanged.
     """
     options = options or ReadOptions()
     root, stamps, expected = find_shards(data, filesystem)
     rels = list(stamps)
+    if by_shard is not False:
+        located = _raypipe_index(root, index, filesystem)
+        if located is not None:
+            fs, where, shown = located
+            meta = read_footer(fs, where)
+            total = footer_rows(meta)
+            if by_shard or (total is not None and total > BY_SHARD_ROWS):
+                current = {rel: _local_stamp(root, rel) for rel in rels} if root.is_local else stamps
+                return listing_by_shard(root, rels, current, (fs, where), meta, shown)
+        if by_shard:
+            raise ValueError(f"{data!r}: by_shard=True needs raypipe's shard index (`raypipe index {data}` writes "
+                             f"{INDEX_NAME} beside the shards, or give index=PATH.parquet)")  # fmt: skip
     indexed, dali, source = _given_index(root, index, rels, filesystem, options)
     current = {rel: _local_stamp(root, rel) for rel in rels} if root.is_local else stamps
     records: dict[str, ShardRecord] = {}
