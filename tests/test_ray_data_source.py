@@ -139,7 +139,7 @@ def test_a_dataset_of_paths_and_class_names_runs_exactly_once_on_two_ranks(ray_l
         np.testing.assert_array_equal(images[sid], want[sid], err_msg=f"sample {sid}")
 
 
-def test_pipeline_takes_a_dataset_and_bad_inputs_are_one_line_errors(ray_local, data):
+def test_pipeline_takes_a_dataset_and_bad_inputs_are_one_line_errors(ray_local, data, tmp_path):
     import ray.data
 
     ds = ray.data.read_parquet(data["parquet"])
@@ -151,9 +151,13 @@ def test_pipeline_takes_a_dataset_and_bad_inputs_are_one_line_errors(ray_local, 
 
         Pipeline(pipe.rows, AUG, execution=ExecutionConfig(backend="local"))
     assert "\n" not in str(err.value)
-    with pytest.raises(ValueError, match="raypipe convert") as err:
+    with pytest.raises(ValueError, match=r"ds.write_parquet\(DST\)") as err:
         list_ray_dataset(ds, block_rows=4, max_bytes=50_000)
     assert "\n" not in str(err.value)
+    ds.write_parquet(str(tmp_path / "written"))  # what the message says to do: a source raypipe reads
+    written = open_source(str(tmp_path / "written"))
+    assert written.kind == "parquet" and sorted(written.table.column("label").to_pylist()) == sorted(
+        pipe.rows.table.column("label").to_pylist())  # fmt: skip
     with pytest.raises(ValueError, match="no column 'target'"):
         open_source(ds, label_column="target")
     with pytest.raises(ValueError, match="neither an image column 'pixels' nor a path column 'path'"):

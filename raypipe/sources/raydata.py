@@ -21,7 +21,9 @@ Labels are integers or class names (strings), numbered as a manifest's are (``cl
 negative or unknown label: the row stays, with its skip reason (``null_image``, ``empty``,
 ``bad_label``), so each epoch counts it. The bytes a listing may put are bounded (``max_bytes``, by
 default half the object store of this node: the other half is the room the chunks in flight take);
-past it, the listing stops with one line that says what to do instead (shards, ``raypipe convert``).
+past it, the listing stops with one line that says what to do instead: write the Dataset out
+(``ds.write_parquet``, which Ray Data streams), then read that, or shards made of it (``raypipe
+convert``).
 """
 
 from __future__ import annotations
@@ -159,9 +161,10 @@ class _Listing:
         if self.put_bytes > self.limit:
             raise ValueError(
                 f"the Ray Dataset's image bytes pass {_gb(self.limit)} after {self.rows + len(images)} rows (the "
-                "listing puts them in the object store: max_bytes, by default half of this node's): write it as "
-                "shards instead, raypipe.sources.convert.convert(ds, DST, format='webdataset') (`raypipe "
-                "convert`), and train from DST, or give max_bytes= to let Ray spill the rest to disk"
+                "listing puts them in the object store: max_bytes, by default half of this node's): write them "
+                "out instead, ds.write_parquet(DST) (streamed by Ray Data, nothing held), and train from DST, "
+                "or make tar shards of it (`raypipe convert DST SHARDS --format webdataset`); or give max_bytes= "
+                "to let Ray spill the rest to its disk"
             )
         self.refs.append(ray.put(pa.table({"image": images})))
         self.block_sizes.append(len(images))
