@@ -158,6 +158,10 @@ def test_pipeline_takes_a_dataset_and_bad_inputs_are_one_line_errors(ray_local, 
     written = open_source(str(tmp_path / "written"))
     assert written.kind == "parquet" and sorted(written.table.column("label").to_pylist()) == sorted(
         pipe.rows.table.column("label").to_pylist())  # fmt: skip
+    from raypipe.timm import create_loader
+
+    with pytest.raises(ValueError, match=r"Ray Dataset: list it once, rows = raypipe.open_source\(ds\)"):
+        create_loader(ds, 32, 4)
     with pytest.raises(ValueError, match="no column 'target'"):
         open_source(ds, label_column="target")
     with pytest.raises(ValueError, match="neither an image column 'pixels' nor a path column 'path'"):
