@@ -30,6 +30,7 @@ _EXPORTS = {
     "FeederSource": "raypipe.pipeline",
     "Pipeline": "raypipe.pipeline",
     "RankLoader": "raypipe.integrations",
+    "RayDataAugment": "raypipe.integrations.ray_data",
     "RaypipeIterableDataset": "raypipe.integrations",
     "SkipLimitError": "raypipe.pipeline",
     "SourceRows": "raypipe.sources",

@@ -140,8 +140,10 @@ def test_every_loader_that_feeds_a_trainer_gives_normalised_fp32_nchw(ray_local,
     contenders.raypipe_pipeline(str(sample_dir), aug, batch_size=8, epochs=1)
     contenders.timm_loader(str(sample_dir), aug, batch_size=8, epochs=1, workers=1)
     contenders.naive_ray_data(str(sample_dir), aug, batch_size=8, epochs=1)
+    contenders.raypipe_on_ray_data(str(sample_dir), aug, batch_size=8, epochs=1)
     images = {"raypipe": got["raypipe"][0], "timm": got["timm (1 workers)"][0],
-              "naive": got["naive Ray Data"]["image"]}  # fmt: skip
+              "naive": got["naive Ray Data"]["image"],
+              "raypipe on Ray Data": got["raypipe on Ray Data"]["image"]}  # fmt: skip
     for name, x in images.items():
         assert str(x.dtype) == "torch.float32", name
         assert tuple(x.shape) == (8, 3, 32, 32), name

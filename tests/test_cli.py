@@ -114,6 +114,17 @@ def test_bench_naive_contender_reads_only_the_images(sample_dir, tmp_path):
     assert suite["results"][0]["images_per_s"] > 0
 
 
+def test_bench_raypipe_on_ray_data_contender(sample_dir, tmp_path):
+    """The contender runs in its own bench process (its own Ray) and gives a figure beside the others'."""
+    out = tmp_path / "b.json"
+    args = ["bench", str(sample_dir), "--only", "raydata", "--suites", "plain", "--epochs", "2", "--img-size", "32",
+            "-b", "8", "--json", str(out)]  # fmt: skip
+    assert cli(args) == 0
+    (suite,) = json.loads(out.read_text())["suites"].values()
+    assert [r["name"] for r in suite["results"]] == ["raypipe on Ray Data"]
+    assert suite["results"][0]["images_per_s"] > 0
+
+
 def test_ctrl_c_is_one_line_and_exit_130(sample_dir, monkeypatch, capsys):
     from raypipe.cli import run
 

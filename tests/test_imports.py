@@ -21,6 +21,12 @@ def test_stage_imports_neither_torch_nor_timm():
     assert not {"torch", "timm", "ray.train"} & loaded
 
 
+def test_the_ray_data_transform_imports_neither_torch_nor_timm():
+    """Ray Data's actors import the transform's module (and so ``raypipe.integrations``) only."""
+    loaded = _loaded_after("raypipe.integrations.ray_data")
+    assert not {"torch", "timm", "ray.train"} & loaded
+
+
 def test_package_exports_resolve_lazily():
     import raypipe
 

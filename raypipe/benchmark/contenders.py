@@ -12,7 +12,10 @@ all their worker processes run at the same priority (niceness 0, the default):
 5. timm — ``create_loader(is_training=True, use_prefetcher=True, num_workers=N, persistent_workers=True)``
    for each N asked (``raypipe bench`` tries 1x and 2x the cores);
 6. naive Ray Data — ``read_binary_files`` + timm's transform in ``map_batches`` + ``iter_torch_batches``,
-   normalised to fp32 in the loop as a user would.
+   normalised to fp32 in the loop as a user would;
+7. raypipe on Ray Data — the same folder as a Dataset of its listing's rows (path, label, sample id),
+   raypipe's augmentation as the transform (``RayDataAugment`` on an actor per core), the same
+   ``iter_torch_batches`` and normalisation.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ import numpy as np
 from raypipe.benchmark.measure import Result, measure_epochs
 from raypipe.config import IMAGENET_MEAN, IMAGENET_STD, PipelineConfig, TrainAugment
 
-__all__ = ["decode_limit", "kernel_per_core", "raypipe_pipeline", "timm_dataloader", "timm_loader", "naive_ray_data"]
+__all__ = [
+    "decode_limit", "kernel_per_core", "raypipe_pipeline", "timm_dataloader", "timm_loader", "naive_ray_data",
+    "raypipe_on_ray_data",
+]  # fmt: skip
 
 
 def _timed_pass(name: str, files: list[bytes], fn: Callable[[bytes, int], object], scale: float, note: str) -> Result:
@@ -222,5 +228,46 @@ def naive_ray_data(data: str, aug: TrainAugment, *, batch_size: int, epochs: int
         count=lambda b: int(b["image"].shape[0]),
         object_store=True,
         note="read_binary_files + PIL map_batches (default tasks) + iter_torch_batches, fp32 in the loop",
+        started=started,
+    )
+
+
+def raypipe_on_ray_data(folder: str, aug: TrainAugment, *, batch_size: int, epochs: int,
+                        started: float | None = None) -> Result:  # fmt: skip
+    """raypipe's transform inside Ray Data: the folder's rows as a Dataset of blocks of 32 rows (as the
+    naive contender's ``map_batches``), ``RayDataAugment`` on ``cores`` actors of one CPU (the naive
+    contender's tasks take as many), read by path; each epoch a new execution, as Ray Data runs one."""
+    import os
+
+    import ray
+    import torch
+
+    from raypipe.integrations.ray_data import RayDataAugment
+    from raypipe.sources import open_source
+
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255
+    rows = open_source(folder)
+    table = rows.table.select(["sample_id", "label", "path"])
+    blocks = [table.take(np.arange(lo, min(lo + 32, len(rows)))) for lo in range(0, len(rows), 32)]
+    cores = os.cpu_count() or 1
+
+    def make_epoch(epoch: int) -> Iterator:
+        ds = ray.data.from_arrow(blocks).map_batches(
+            RayDataAugment, batch_size=32, concurrency=cores, batch_format="numpy",
+            fn_constructor_kwargs=dict(augment=aug, seed=0, epoch=epoch, image_column="path", root=rows.root.root),
+        )  # fmt: skip
+        ds.context.enable_progress_bars = False
+        for batch in ds.iter_torch_batches(batch_size=batch_size):
+            yield {"image": batch["image"].permute(0, 3, 1, 2).float().sub_(mean).div_(std)}
+
+    return measure_epochs(
+        "raypipe on Ray Data",
+        make_epoch,
+        epochs=epochs,
+        count=lambda b: int(b["image"].shape[0]),
+        object_store=True,
+        note=f"listing as a Dataset + RayDataAugment (map_batches, {cores} actors) + iter_torch_batches, fp32 in "
+        "the loop",
         started=started,
     )

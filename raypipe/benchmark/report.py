@@ -14,10 +14,11 @@ def best_timm(results: dict[str, Result]) -> Result | None:
 
 
 def ratios(results: dict[str, Result]) -> dict[str, float | None]:
-    """raypipe over timm's fastest setting, naive Ray Data and the decode limit (trainer view), the same
-    with steady-state rates, and raypipe's cold first batch over timm's."""
+    """raypipe over timm's fastest setting, naive Ray Data, raypipe on Ray Data and the decode limit
+    (trainer view), the same with steady-state rates, and raypipe's cold first batch over timm's."""
     ours, timm = results.get("raypipe"), best_timm(results)
     others = {"timm": timm, "naive_ray_data": results.get("naive Ray Data"),
+              "raypipe_on_ray_data": results.get("raypipe on Ray Data"),
               "decode_limit": results.get("decode limit")}  # fmt: skip
 
     def r(a: float | None, b: float | None) -> float | None:

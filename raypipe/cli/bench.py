@@ -1,4 +1,5 @@
-"""``raypipe bench``: raypipe vs the decode limit, timm's loader and naive Ray Data, in one run.
+"""``raypipe bench``: raypipe vs the decode limit, timm's loader, naive Ray Data and raypipe's own
+augmentation inside Ray Data, in one run.
 
 The loaders that feed a trainer deliver the same batches (normalised fp32 on the CPU) with their workers
 at the same priority; timm runs at each ``--timm-workers`` setting (1x and 2x the cores by default) and
@@ -23,17 +24,20 @@ SUITES = {
     "RRC224 + hflip": dict(color_jitter=None),
     "RRC224 + hflip + rand-m9-mstd0.5-inc1": dict(color_jitter=None, auto_augment="rand-m9-mstd0.5-inc1"),
 }
-LOADERS = ("decode", "kernel", "raypipe", "packed", "timm", "naive")
+LOADERS = ("decode", "kernel", "raypipe", "packed", "timm", "naive", "raydata")
+# Loaders that read a local image folder (a copy of any other source)
+FOLDER_LOADERS = ("timm", "naive", "raydata")
 # Loaders that start processes (Ray, DataLoader workers) each run in a fresh process: measured in one
 # process, one loader's leftovers (a Ray Data execution's objects, a persistent worker pool) skew the
 # next one's figures.
-ISOLATED = ("raypipe", "packed", "timm", "naive")
+ISOLATED = ("raypipe", "packed", "timm", "naive", "raydata")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="compare raypipe with timm's loader and naive Ray Data on the same images")
     p.add_argument("data", help="any source raypipe reads (an image folder, Parquet, WebDataset shards, a URI); "
-                                "timm and naive Ray Data read a local folder copy of a non-folder source")  # fmt: skip
+                                "timm and the Ray Data contenders read a local folder copy of a non-folder "
+                                "source")  # fmt: skip
     p.add_argument("--epochs", type=int, default=3, help="epochs per loader; the first is a warm-up")
     p.add_argument("-b", "--batch-size", type=int, default=128,
                    help="images per batch; the data must hold at least one batch")  # fmt: skip
@@ -68,7 +72,7 @@ def check_args(args: argparse.Namespace):
     data = open_bench_data(args.data)
     if data.images == 0:
         raise ValueError(f"{args.data}: no images found")
-    batched = {"raypipe", "packed", "timm", "naive"} & set(args.only)
+    batched = {"raypipe", "packed", "timm", "naive", "raydata"} & set(args.only)
     if batched and data.images < args.batch_size:
         # timm's training loader drops the last partial batch: with fewer images than one batch it
         # delivers none and would be shown at 0 img/s.
@@ -98,6 +102,8 @@ def _run_one(name: str, aug: TrainAugment, args: argparse.Namespace, files: list
                                            backend=backend)  # fmt: skip
     if name == "timm":
         return contenders.timm_loader(args.folder, aug, batch_size=b, epochs=e, workers=args.workers, started=started)
+    if name == "raydata":
+        return contenders.raypipe_on_ray_data(args.folder, aug, batch_size=b, epochs=e, started=started)
     return contenders.naive_ray_data(args.folder, aug, batch_size=b, epochs=e, started=started)
 
 
@@ -114,7 +120,7 @@ def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
 
     if name in ("timm", "naive"):
         import timm.data  # noqa: F401
-    if name == "naive":
+    if name in ("naive", "raydata"):
         import ray.data  # noqa: F401
 
     # This process was spawned, and spawn's set-up makes spawn its start method too: give it back the
@@ -122,14 +128,14 @@ def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
     multiprocessing.set_start_method(None, force=True)
     # The first batch is timed from here: what a run pays after its imports, Ray's start included.
     started = time.perf_counter()
-    if name == "naive" or (name in ("raypipe", "packed") and settings.get("backend") == "ray"):
+    if name in ("naive", "raydata") or (name in ("raypipe", "packed") and settings.get("backend") == "ray"):
         from raypipe.runtime import connect
 
         # raypipe's own rows start Ray in the background and make their first chunks here meanwhile, as
         # the timm drop-in does by itself; Ray Data needs its cluster before anything else. Otherwise
         # raypipe runs as a training script that has not connected to Ray: on local worker processes.
         with quiet_ray_startup(settings.get("verbose", False)):
-            connect(quiet=not settings.get("verbose", False), wait=name == "naive")
+            connect(quiet=not settings.get("verbose", False), wait=name in ("naive", "raydata"))
     try:
         return _run_one(name, aug, argparse.Namespace(**settings), [], cores, started=started)
     except Exception as e:  # Ray's exception classes do not pickle back to the parent: send the text
@@ -160,8 +166,8 @@ def main(args: argparse.Namespace) -> int:
 
     cores = os.cpu_count() or 1
     timm_workers = args.timm_workers or sorted({cores, 2 * cores})
-    if {"timm", "naive"} & set(args.only) and data.folder is None:
-        print(f"making a local folder copy of {args.data} for timm and naive Ray Data", flush=True)
+    if set(FOLDER_LOADERS) & set(args.only) and data.folder is None:
+        print(f"making a local folder copy of {args.data} for timm and the Ray Data contenders", flush=True)
         data = data.with_folder()
     try:
         files = data.sample_bytes() if {"decode", "kernel"} & set(args.only) else []

@@ -5,17 +5,30 @@
 - ``ray_loader``: this rank's loader inside a Ray Train ``train_loop_per_worker`` (docs/integrations.md).
 - ``RaypipeIterableDataset``: a ``torch.utils.data.IterableDataset`` view for code that needs a
   ``DataLoader``.
+- ``RayDataAugment``: raypipe's decode + augment as a Ray Data ``map_batches`` transform.
 
-All of them build a :class:`RankLoader`: one rank's ``EpochSource`` (or ``FeederSource``), cut or
+All but the last build a :class:`RankLoader`: one rank's ``EpochSource`` (or ``FeederSource``), cut or
 padded to the same number of batches on every rank (:class:`EqualBatches`), through a
 ``DeviceLoader``. Under torchrun the ranks of a node share one Ray (``connect_node``).
+
+Names are imported lazily (PEP 562), as the package's own: a Ray Data actor that runs
+``RayDataAugment`` imports ``raypipe.integrations.ray_data`` without torch and the device side.
 """
 
-from raypipe.integrations.epochs import EqualBatches
-from raypipe.integrations.loader import RankLoader
-from raypipe.integrations.node_ray import connect_node
-from raypipe.integrations.ray_train import ray_loader
-from raypipe.integrations.timm import create_loader
-from raypipe.integrations.torch_data import RaypipeIterableDataset
+from __future__ import annotations
 
-__all__ = ["EqualBatches", "RankLoader", "RaypipeIterableDataset", "connect_node", "create_loader", "ray_loader"]
+from raypipe._lazy import lazy_exports
+
+_EXPORTS = {
+    "EqualBatches": "raypipe.integrations.epochs",
+    "RankLoader": "raypipe.integrations.loader",
+    "RayDataAugment": "raypipe.integrations.ray_data",
+    "RaypipeIterableDataset": "raypipe.integrations.torch_data",
+    "connect_node": "raypipe.integrations.node_ray",
+    "create_loader": "raypipe.integrations.timm",
+    "ray_loader": "raypipe.integrations.ray_train",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports("raypipe.integrations", _EXPORTS, globals())

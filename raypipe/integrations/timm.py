@@ -41,6 +41,7 @@ from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineC
 from raypipe.device import Mixup
 from raypipe.integrations.loader import RankLoader
 from raypipe.sources import SourceRows, open_source
+from raypipe.sources.raydata import is_ray_dataset
 
 __all__ = ["create_loader", "rows_of", "mixup_of", "augment_of", "execution_for"]
 
@@ -229,6 +230,9 @@ def rows_of(dataset: Any, *, class_map: Any = None) -> tuple[SourceRows, Any]:
     if isinstance(dataset, (str, os.PathLike)):
         rows = open_source(os.fspath(dataset), class_map=class_map)
         return rows, rows
+    if is_ray_dataset(dataset):  # each rank's listing would put its own copy of the bytes in the store
+        raise ValueError("dataset is a Ray Dataset: list it once, rows = raypipe.open_source(ds) (on the driver), "
+                         "and give the rows; every rank's loader reads them")  # fmt: skip
     reader = getattr(dataset, "reader", None)
     root, class_to_idx = getattr(reader, "root", None), getattr(reader, "class_to_idx", None)
     samples = getattr(reader, "samples", None)

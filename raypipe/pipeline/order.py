@@ -48,11 +48,15 @@ __all__ = [
     "epoch_order", "rank_slice",
 ]  # fmt: skip
 
-# Sources whose rows live in shards (Parquet row groups, tar shards): shuffled by windows of whole
-# shards. A folder or manifest row is a file of its own, read alone, and is shuffled globally.
-SHARDED_KINDS = ("parquet", "webdataset")
+# Sources whose rows live in shards (Parquet row groups, tar shards, a Ray Dataset's blocks in the object
+# store): shuffled by windows of whole shards. A folder or manifest row is a file of its own, read alone,
+# and is shuffled globally. A Ray Dataset's chunk gets each block it touches (zero-copy on the node that
+# holds it): a window keeps those to a few, where a global shuffle would touch every block per chunk.
+SHARDED_KINDS = ("parquet", "webdataset", "raydata")
 # Of those, the ones whose shard is read as a whole (a Parquet row group): one chunk per window. A
-# remote tar shard's window is one chunk too (``RankPlan.for_rows``): its members come in ranges.
+# remote tar shard's window is one chunk too (``RankPlan.for_rows``): its members come in ranges. A
+# block in the object store is not: any of its rows is a slice of it where it lies, so a window of
+# blocks is cut into ordinary chunks, whose first batch does not wait for the whole window.
 WHOLE_SHARD_KINDS = ("parquet",)
 
 _GLOBAL, _SHARDS, _INNER = 0x5EED, 0x5A4D, 0x1A3E  # the generators' streams: all rows, shards, a window

@@ -36,7 +36,7 @@ from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.pipeline.position import EpochState, PlanIdentity, remaining_after, resume_segments, shard_layout_digest
 from raypipe.pipeline.slabs import slab_room
 from raypipe.pipeline.stream import Chunk, ChunkStream, RayTasks
-from raypipe.sources import ShardListing, SourceRows, open_source
+from raypipe.sources import open_source
 from raypipe.sources.remote import reads_store_objects
 from raypipe.sources.table import TableColumns
 from raypipe.stages.augment import StageSpec
@@ -48,12 +48,12 @@ log = logging.getLogger(__name__)
 
 class Pipeline:
     """A dataset plus its transform, ready to run epochs on the connected Ray cluster (or, not connected,
-    on local worker processes: ``ExecutionConfig.backend``). Constructing it lists the dataset (unless
-    given ``SourceRows``) and nothing else."""
+    on local worker processes: ``ExecutionConfig.backend``). Constructing it lists the dataset (a path or
+    URI, or a ``ray.data.Dataset``; unless given ``SourceRows``) and nothing else."""
 
     def __init__(
         self,
-        source: str | SourceRows | ShardListing,
+        source,  # a path or URI, a listing (SourceRows, ShardListing) or a ray.data.Dataset
         augment: TrainAugment | EvalAugment,
         *,
         config: PipelineConfig | None = None,
@@ -69,6 +69,11 @@ class Pipeline:
         # tasks reads it from this config
         cpus = ex.cpus_per_task_for(store_objects=reads_store_objects(self.rows))
         self.execution = dataclasses.replace(ex, cpus_per_task=cpus)
+        if self.rows.kind == "raydata" and not self.uses_ray():
+            raise ValueError(
+                f"backend={ex.backend!r}: a Ray Dataset's image bytes are in Ray's object store, which only Ray "
+                "tasks can read; run with backend='ray' (or 'auto' in a process connected to Ray)"
+            )
         self.decode = decode or DecodeConfig()
         self.content_digest = content_digest
         h, w = augment.input_size

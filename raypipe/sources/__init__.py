@@ -1,5 +1,5 @@
-"""Sources: turn a dataset description into rows ``(sample_id, label, path, …)``, nothing decoded, and
-read the bytes of blocks of those rows (``BlockReader``)."""
+"""Sources: turn a dataset description (a path or URI, or a Ray Dataset) into rows ``(sample_id, label,
+path, …)``, nothing decoded, and read the bytes of blocks of those rows (``BlockReader``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from raypipe.sources.folder import IMG_EXTENSIONS, list_image_folder
 from raypipe.sources.manifest import list_manifest
 from raypipe.sources.parquet import list_parquet
 from raypipe.sources.paths import DatasetRoot, _is_uri, open_root
+from raypipe.sources.raydata import is_ray_dataset, list_ray_dataset
 from raypipe.sources.reader import BlockReader
 from raypipe.sources.remote import ReadOptions
 from raypipe.sources.shard_index import INDEX_NAME
@@ -34,6 +35,7 @@ __all__ = [
     "list_image_folder",
     "list_manifest",
     "list_parquet",
+    "list_ray_dataset",
     "list_webdataset",
     "open_root",
     "open_source",
@@ -83,7 +85,7 @@ def detect_kind(data: str, *, filesystem: pafs.FileSystem | None = None) -> str:
 
 
 def open_source(
-    data: str,
+    data,
     *,
     kind: str | None = None,
     image_column: str = "image",
@@ -96,7 +98,8 @@ def open_source(
     index=None,
     by_shard: bool | None = None,
 ) -> SourceRows | ShardListing:
-    """List any supported dataset (local path or pyarrow filesystem URI) into SourceRows.
+    """List any supported dataset (local path or pyarrow filesystem URI, or a ``ray.data.Dataset``) into
+    SourceRows.
 
     ``filesystem`` (e.g. ``pyarrow.fs.S3FileSystem(endpoint_override=…)``) is used instead of the one
     the URI implies; it travels to the Ray workers with the rows, so its options must be picklable.
@@ -106,9 +109,18 @@ def open_source(
     found without it. ``by_shard``: an indexed WebDataset listed by shard (``ShardListing``: True, or
     None above ``BY_SHARD_ROWS`` samples), its sample rows read from the index as chunks need them.
     A listing given as ``data`` is returned as it is.
+    A Ray Dataset is listed by ``list_ray_dataset`` (its image column, ``image_column``
+    or else ``path_column``, holds bytes, or paths under ``root``): the pass that numbers its rows.
     """
     if isinstance(data, SourceRows | ShardListing):
         return data
+    if is_ray_dataset(data):
+        if kind is not None or index is not None:
+            raise ValueError("kind= and index= are for datasets named by a path; a Ray Dataset's kind is its rows'")
+        return list_ray_dataset(
+            data, image_column=image_column, label_column=label_column, path_column=path_column, root=root,
+            filesystem=filesystem, class_order=class_order, class_map=class_map,
+        )  # fmt: skip
     if by_shard and (kind or detect_kind(data, filesystem=filesystem)) != "webdataset":
         raise ValueError(f"by_shard=True: only an indexed WebDataset is listed by shard, {data!r} is not one")
     args = dict(kind=kind, image_column=image_column, label_column=label_column, path_column=path_column,

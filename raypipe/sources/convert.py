@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from raypipe.kernels.errors import BAD_LABEL, SkipImage
 from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.reader import BlockReader
-from raypipe.sources.table import SourceRows, int64_array, listed_stamp, table_columns
+from raypipe.sources.table import SourceRows, listed_stamp
 
 __all__ = ["FORMATS", "ConvertReport", "convert", "parse_size", "plan_shards"]
 
@@ -179,10 +179,9 @@ def _write_shard(job: _ShardJob) -> dict:
         writer = pq.ParquetWriter(sink, _PARQUET_SCHEMA, compression="none") if tar is None else None
         images: list[bytes] = []
         labels: list[int | None] = []
-        table = rows.table
-        for start in range(0, table.num_rows, _CHUNK):
-            chunk = table.slice(start, _CHUNK)
-            batch = _with_errors(table_columns(chunk))
+        columns = rows.columns()
+        for start in range(0, len(rows), _CHUNK):
+            batch = _with_errors(columns.take(np.arange(start, min(start + _CHUNK, len(rows)))))
             for i, data in enumerate(reader.read_block({**batch, "error": _unless_label(batch["error"])})):
                 sid, err = int(batch["sample_id"][i]), batch["error"][i]
                 if isinstance(data, SkipImage):
@@ -272,7 +271,7 @@ def _mean_bytes(rows: SourceRows, max_side: int | None) -> float:
     """Mean stored size of up to ``_PROBE`` evenly spaced samples (the same ones on every run)."""
     n = len(rows)
     picks = np.unique(np.linspace(0, n - 1, min(n, _PROBE)).astype(np.int64))
-    batch = _with_errors(table_columns(rows.table.take(int64_array(picks))))
+    batch = _with_errors(rows.columns().take(picks))
     reader = BlockReader(rows.root, rows.kind, rows.image_column)
     sizes = []
     for data in reader.read_block({**batch, "error": _unless_label(batch["error"])}):
@@ -322,7 +321,7 @@ def _gather(pending: dict, progress: Callable[[dict[str, dict]], None] | None) -
 
 
 def convert(
-    src: str | SourceRows,
+    src,
     dst: str,
     *,
     format: str = "webdataset",
@@ -335,7 +334,8 @@ def convert(
     progress: Callable[[int, int, int], None] | None = None,
     **source_options,
 ) -> ConvertReport:
-    """Convert ``src`` (any source ``open_source`` reads, or its rows) into shards under ``dst``.
+    """Convert ``src`` (any source ``open_source`` reads: a path or URI, a ``ray.data.Dataset``, or its
+    rows) into shards under ``dst``.
 
     ``progress(shards_done, shards_total, samples_done)`` is called as shards complete. Connects to
     Ray (``ray.init()``) when it is not yet. ``source_options`` go to ``open_source``.
@@ -370,9 +370,7 @@ def convert(
     task = ray.remote(_write_shard).options(num_cpus=1, max_retries=2)
     pending = {}
     for name, span in zip(names, plan, strict=True):
-        # take, not slice: a pickled slice would carry the whole table's buffers to every task
-        part = SourceRows(kind=rows.kind, root=rows.root, table=rows.table.take(int64_array(span)),
-                          classes=rows.classes, image_column=rows.image_column)  # fmt: skip
+        part = rows.take(np.asarray(span, dtype=np.int64))  # with the refs of its blocks, for a Ray Dataset's
         job = _ShardJob(part, out_root, name, format, max_side, key_width, row_group_rows)
         pending[task.remote(job)] = name
 

@@ -38,7 +38,7 @@ from raypipe.sources.classes import classes_by_index, load_class_map, order_clas
 from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.table import SourceRows, int64_array, make_file_rows, string_array
 
-__all__ = ["list_manifest"]
+__all__ = ["class_labeller", "list_manifest", "number_labels"]
 
 
 def _open(uri: str, filesystem):
@@ -255,10 +255,36 @@ def _rows_by_arrow(uri: str, fmt: str, filesystem, columns: tuple[str, str], lab
     n = len(paths)
     if n == 0:
         raise ValueError(f"manifest {uri!r} has no rows")
+    if (labels is None or labels.null_count == n) and fmt == "jsonl":
+        raise ValueError(f"{uri}: no record has a {columns[1]!r} key")
+    out, errors, names = number_labels(labels, n, labelled)
+    # paths stay in the reader's chunks: joining them would copy every path once more at the peak
+    return paths, out, errors, names
+
+
+def class_labeller(class_order: str = "natural", class_map=None, root: DatasetRoot | None = None):
+    """The manifest's label rules as ``labelled(values) -> (label or None per value, class names or
+    None)``; ``root``: where a relative ``class_map`` file is looked up (a local root only)."""
+    order_classes([], class_order)  # validates class_order
+    droot = root if root is not None else DatasetRoot(root="", filesystem=None)
+
+    def labelled(values: list) -> tuple[list, list[str] | None]:
+        return _label_values(values, class_order, class_map, droot)
+
+    return labelled
+
+
+def number_labels(
+    labels: pa.ChunkedArray | pa.Array | None, n: int, labelled
+) -> tuple[np.ndarray, pa.ChunkedArray | None, list[str] | None]:
+    """Each of ``n`` rows' label (-1 where bad), its error (a chunked string column, null where good; None
+    when no row is bad) and the class names when the labels are names, from a label column of integers
+    or strings (None or all null: every label bad). ``labelled``: :func:`class_labeller`'s rules, run once
+    per distinct value, never per row."""
     if labels is None or labels.null_count == n:
-        if fmt == "jsonl":
-            raise ValueError(f"{uri}: no record has a {columns[1]!r} key")
         labels = pa.chunked_array([pa.nulls(n, pa.string())])
+    if isinstance(labels, pa.Array):
+        labels = pa.chunked_array([labels])
     if not pa.types.is_dictionary(labels.type):
         labels = pc.dictionary_encode(labels)
     distinct = _distinct(labels)
@@ -272,9 +298,8 @@ def _rows_by_arrow(uri: str, fmt: str, filesystem, columns: tuple[str, str], lab
         out[start : start + len(codes)] = label_of[codes]
         error_chunks.append(messages.take(int64_array(codes)) if messages.null_count < len(messages) else None)
         start += len(codes)
-    errors = pa.chunked_array(error_chunks, pa.string()) if error_chunks[0] is not None else None
-    # paths stay in the reader's chunks: joining them would copy every path once more at the peak
-    return paths, out, errors, names
+    errors = pa.chunked_array(error_chunks, pa.string()) if error_chunks and error_chunks[0] is not None else None
+    return out, errors, names
 
 
 def list_manifest(
@@ -289,16 +314,12 @@ def list_manifest(
 ) -> SourceRows:
     """List a ``.csv`` (with a header) or ``.jsonl`` manifest into SourceRows (class names: see the
     module doc)."""
-    order_classes([], class_order)  # validates class_order
     lower = uri.lower()
     fmt = "csv" if lower.endswith(".csv") else "jsonl"
     if root is None:
         root = posixpath.dirname(uri) if "://" in uri else os.path.dirname(os.path.abspath(uri))
     droot: DatasetRoot = open_root(root, filesystem=filesystem)
-
-    def labelled(values: list) -> tuple[list, list[str] | None]:
-        return _label_values(values, class_order, class_map, droot)
-
+    labelled = class_labeller(class_order, class_map, droot)
     columns = (path_column, label_column)
     try:
         paths, labels, errors, names = _rows_by_arrow(uri, fmt, filesystem, columns, labelled)

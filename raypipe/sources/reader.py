@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypipe.kernels.errors import TRUNCATED, UNREADABLE, SkipImage
+from raypipe.sources import ray_blocks
 from raypipe.sources.cache import LocalCache, SizeMismatch, local_cache
 from raypipe.sources.parquet import ParquetGroups
 from raypipe.sources.paths import DatasetRoot
@@ -66,8 +67,8 @@ class BlockReader:
     """Reads the image bytes of blocks of rows of one listed dataset (picklable; threads made lazily)."""
 
     def __init__(self, root: DatasetRoot, kind: str, image_column: str = "", *, options: ReadOptions | None = None):
-        if kind not in ("folder", "manifest", "parquet", "webdataset"):
-            raise ValueError(f"kind={kind!r}: expected folder, manifest, parquet or webdataset")
+        if kind not in ("folder", "manifest", "parquet", "webdataset", "raydata"):
+            raise ValueError(f"kind={kind!r}: expected folder, manifest, parquet, webdataset or raydata")
         self.root, self.kind, self.image_column = root, kind, image_column
         self.options = options or ReadOptions()
         cached = self.options.cache is not None and not root.is_local
@@ -78,7 +79,7 @@ class BlockReader:
         self._pool: ThreadPoolExecutor | None = None
         self._handles: dict[str, object] = {}
         # Whole image objects of an s3:// root with one GET each instead of pyarrow's HEAD + GET
-        self._single_get = single_get_for(root.filesystem) if kind != "parquet" else None
+        self._single_get = single_get_for(root.filesystem) if kind not in ("parquet", "raydata") else None
         # Listed cache keys of objects found changed since the listing: read through the HEAD path
         # directly, rather than fetched in full again only to find the size wrong once more.
         self._changed: set[str] = set()
@@ -209,7 +210,8 @@ class BlockReader:
     def read_block(self, rows: Mapping[str, np.ndarray], *, wait: bool = True) -> list[Result | Future]:
         """Bytes (or the skip) of each row of a block: ``rows`` has the block's ``path`` column, and
         ``row`` (Parquet), ``offset``/``size`` (tar shards) and ``error`` columns where the kind has them;
-        ``object_size``/``object_mtime_ns`` key the cache where present (without them, as for -1).
+        ``object_size``/``object_mtime_ns`` key the cache where present (without them, as for -1). A Ray
+        Dataset's rows have ``shard``, ``row`` and ``block``, or their ``bytes`` (``sources.ray_blocks``).
 
         ``wait=False`` returns once the requests are sent where the rows come from a store (a remote
         root, not read through the cache): those rows are then ``Future``s, the requests sent in the
@@ -217,7 +219,7 @@ class BlockReader:
         per run of tar members, a row group per group of Parquet rows), so a caller decodes the first
         rows while the later ones are still in flight, and one task keeps its core busy through the
         store's latency. Other rows are read before it returns, as with ``wait=True``."""
-        paths = rows["path"]
+        paths = rows["path"] if "path" in rows else rows["sample_id"]  # rows with their bytes may have no path
         out: list[Result | None] = [None] * len(paths)
         todo = []
         errors = rows.get("error")
@@ -233,7 +235,9 @@ class BlockReader:
         def listed(i: int) -> tuple[int, int]:
             return _UNLISTED if sizes is None or mtimes is None else (int(sizes[i]), int(mtimes[i]))
 
-        if self.kind == "parquet":
+        if self.kind == "raydata":
+            ray_blocks.read_rows(rows, todo, out)
+        elif self.kind == "parquet":
             self._read_parquet(paths, rows["row"], todo, out, listed, wait)
         elif self.kind == "webdataset":
             self._read_members(paths, rows["offset"], rows["size"], todo, out, listed, wait)
@@ -263,6 +267,8 @@ class BlockReader:
 
     def describe(self, rows: Mapping[str, np.ndarray], i: int) -> str:
         """Where row ``i``'s image is, as reports show it."""
+        if self.kind == "raydata":
+            return ray_blocks.describe_row(rows, i)
         shown = self.root.display(str(rows["path"][i]))
         if self.kind == "parquet":
             return f"{shown}#row={int(rows['row'][i])}"

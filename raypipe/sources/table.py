@@ -99,7 +99,7 @@ def column_or_default(table: pa.Table, name: str) -> pa.ChunkedArray | pa.Array:
 class SourceRows:
     """A listed dataset: the rows plus what a worker needs to read them."""
 
-    kind: str  # "folder" | "parquet" | "manifest" | "webdataset"
+    kind: str  # "folder" | "parquet" | "manifest" | "webdataset" | "raydata" (bytes in Ray's object store)
     root: DatasetRoot
     table: pa.Table
     classes: tuple[str, ...] = ()
@@ -110,8 +110,25 @@ class SourceRows:
         return self.table.num_rows
 
     def columns(self) -> TableColumns:
-        """The columns a chunk's rows are taken from (``TableColumns``)."""
+        """The columns a chunk's rows are taken from (``TableColumns``); a Ray Dataset's rows with their
+        blocks' object refs, by which the workers read them (``ray_blocks.BlockColumns``)."""
+        if self.kind == "raydata":
+            from raypipe.sources.ray_blocks import BlockColumns  # Ray's object refs: a Ray Dataset's rows only
+
+            return BlockColumns(self.table, self.extra["blocks"])
         return TableColumns(self.table)
+
+    def take(self, idx) -> SourceRows:
+        """Rows ``idx`` (positions in the table) as a listing of their own, with what reading them needs:
+        their rows, copied (a pickled slice would carry the whole table's buffers), and where the rows'
+        bytes lie in objects by shard (``extra["blocks"]``: a Ray Dataset's), their own shards' only."""
+        table = self.table.take(int64_array(idx))
+        extra = dict(self.extra)
+        blocks = extra.get("blocks")
+        if blocks is not None:
+            needed = set(column_array(table.column("shard")).tolist())
+            extra["blocks"] = tuple(ref if k in needed else None for k, ref in enumerate(blocks))
+        return replace(self, table=table, extra=extra)
 
     def numbered_like(self, classes: tuple[str, ...]) -> SourceRows:
         """These rows with their labels renumbered to ``classes`` (another split's class names), so the

@@ -1,0 +1,169 @@
+"""raypipe's decode + augment as a Ray Data transform.
+
+::
+
+    ds = ray.data.read_parquet("s3://bucket/train")          # columns: image (bytes), label, sample_id
+    train = ds.map_batches(
+        raypipe.RayDataAugment,
+        fn_constructor_kwargs=dict(augment=raypipe.TrainAugment(input_size=224), seed=0, epoch=epoch),
+        concurrency=8, batch_size=64,
+    )
+    for batch in train.iter_torch_batches(batch_size=128):   # image uint8 NHWC, label, sample_id
+        ...
+
+Each row goes through the stage raypipe's own tasks run (``raypipe.stages.augment``), seeded by
+``(seed, epoch, sample id)``: a row's pixels are those raypipe's stream gives the same sample id at the
+same seed and epoch, whatever the batch it lands in, the actor that runs it, or the run. The image
+column holds bytes (binary, or Hugging Face's ``{bytes, path}`` struct) or paths (strings, read under
+``root``); labels are integers (or class names, with ``classes``); the id column holds each row's
+sample id (integers: a column of the data, or the ``sample_id`` of ``raypipe.open_source(ds)``).
+
+Out: ``image`` (uint8, N x H x W x 3), ``label`` (int64) and ``sample_id`` (int64). A row that cannot
+become an image (null or empty bytes, a corrupt file, a missing path, a null or negative label) is
+dropped (``bad_rows="drop"``, for training); ``bad_rows="keep"`` keeps it with a black image and adds
+``ok`` (bool) and ``reason`` and ``detail`` (strings: the skip reasons of ``raypipe.kernels.errors``),
+so the skips can be counted (``ds.groupby("reason").count()``, ``ds.filter(lambda row: not row["ok"])``). What Ray
+Data gives and does not (the split across ranks, the order, one epoch per Dataset) is in
+docs/integrations.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
+from raypipe.kernels.errors import BAD_LABEL
+from raypipe.sources.paths import open_root
+from raypipe.sources.raydata import DATASET_ROOT
+from raypipe.stages.augment import AugmentStage, StageSpec
+
+__all__ = ["BAD_ROWS", "RayDataAugment"]
+
+BAD_ROWS = ("drop", "keep")
+
+
+class RayDataAugment:
+    """A callable class for ``Dataset.map_batches`` (any ``batch_format``: numpy, pyarrow or pandas):
+    decodes and augments each row with raypipe's stage, seeded by ``(seed, epoch, row[id_column])``
+    (see the module doc). ``root`` (a folder or URI, with ``filesystem``): where a path column's files
+    lie. ``classes``: class names in label order, for a label column of names."""
+
+    def __init__(
+        self,
+        augment: TrainAugment | EvalAugment,
+        *,
+        seed: int,
+        epoch: int,
+        image_column: str = "image",
+        label_column: str = "label",
+        id_column: str = "sample_id",
+        decode: DecodeConfig | None = None,
+        root: str | None = None,
+        filesystem=None,
+        classes: Sequence[str] | None = None,
+        bad_rows: str = "drop",
+    ):
+        if not isinstance(augment, (TrainAugment, EvalAugment)):
+            raise TypeError(f"augment: expected a TrainAugment or EvalAugment, got {type(augment).__name__}")
+        if bad_rows not in BAD_ROWS:
+            raise ValueError(f"bad_rows={bad_rows!r}: expected one of {BAD_ROWS}")
+        self.columns = (image_column, label_column, id_column)
+        self.bad_rows = bad_rows
+        self._class_index = {name: i for i, name in enumerate(classes)} if classes is not None else None
+        base = StageSpec(kind="raydata", root=DATASET_ROOT, augment=augment, decode=decode or DecodeConfig(),
+                         seed=int(seed), epoch=int(epoch))  # fmt: skip
+        self._specs = {"bytes": base}
+        if root is not None:
+            self._specs["paths"] = StageSpec(kind="manifest", root=open_root(root, filesystem=filesystem),
+                                             augment=base.augment, decode=base.decode, seed=base.seed,
+                                             epoch=base.epoch)  # fmt: skip
+        self._stages: dict[str, AugmentStage] = {}
+
+    def __call__(self, batch) -> dict[str, np.ndarray]:
+        image_column, label_column, id_column = self.columns
+        cells = _column(batch, image_column)
+        ids = _column(batch, id_column)
+        if ids.dtype.kind not in "iu":
+            raise ValueError(f"id column {id_column!r} holds {ids.dtype} values: every row needs an integer sample "
+                             "id (a null one makes the column float)")  # fmt: skip
+        labels, errors = _labels(_column(batch, label_column), label_column, self._class_index)
+        rows = {"sample_id": ids.astype(np.int64), "label": labels, "error": errors}
+        if any(isinstance(c, str) for c in cells):
+            if "paths" not in self._specs:
+                raise ValueError(f"column {image_column!r} holds paths: pass root=, the folder or URI they lie in")
+            kind, rows["path"] = "paths", np.array(["" if c is None else c for c in cells], dtype=object)
+        else:
+            kind, rows["bytes"] = "bytes", np.empty(len(cells), dtype=object)
+            rows["bytes"][:] = [_bytes(c) for c in cells]
+        out = self._stage(kind)(rows)
+        ok = out["ok"]
+        if self.bad_rows == "keep":
+            return {"image": out["image"], "label": out["label"], "sample_id": out["sample_id"], "ok": ok,
+                    "reason": out["reason"].astype(str), "detail": out["detail"].astype(str)}  # fmt: skip
+        if ok.all():
+            return {"image": out["image"], "label": out["label"], "sample_id": out["sample_id"]}
+        return {"image": out["image"][ok], "label": out["label"][ok], "sample_id": out["sample_id"][ok]}
+
+    def _stage(self, kind: str) -> AugmentStage:
+        stage = self._stages.get(kind)
+        if stage is None:  # made on first use: once per actor, which runs many batches
+            stage = self._stages[kind] = AugmentStage(self._specs[kind])
+        return stage
+
+
+def _column(batch, name: str) -> np.ndarray:
+    """Column ``name`` of a numpy (dict), pandas or pyarrow batch as numpy (strings and bytes as objects)."""
+    if hasattr(batch, "column_names"):  # a pyarrow Table
+        if name not in batch.column_names:
+            raise ValueError(f"the batch has no column {name!r} (columns: {batch.column_names})")
+        return batch.column(name).to_numpy(zero_copy_only=False)
+    if isinstance(batch, Mapping) or hasattr(batch, "columns"):
+        names = list(batch.keys()) if isinstance(batch, Mapping) else list(batch.columns)
+        if name not in names:
+            raise ValueError(f"the batch has no column {name!r} (columns: {names})")
+        return np.asarray(batch[name])
+    raise TypeError(f"expected a numpy, pandas or pyarrow batch, got {type(batch).__name__}")
+
+
+def _bytes(cell):
+    """An image cell as bytes, or None (a null cell: the reader's ``null_image`` skip)."""
+    if isinstance(cell, Mapping):  # Hugging Face's image struct {bytes, path}
+        cell = cell.get("bytes")
+    return None if cell is None else bytes(cell)
+
+
+def _labels(values: np.ndarray, name: str, class_index: dict[str, int] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Labels as int64 (-1 where bad) and each row's error (None, or ``bad_label: …``)."""
+    n = len(values)
+    labels = np.full(n, -1, dtype=np.int64)
+    errors = np.full(n, None, dtype=object)
+    if values.dtype.kind in "iu":
+        good = values >= 0 if values.dtype.kind == "i" else values <= np.iinfo(np.int64).max
+        labels[good] = values[good]
+    elif values.dtype.kind == "f":  # integers with nulls, as numpy gives them: NaN where null
+        good = np.isfinite(values) & (values >= 0) & (np.floor(values) == values)
+        labels[good] = values[good].astype(np.int64)
+    elif values.dtype.kind == "O":
+        good = np.zeros(n, dtype=bool)
+        for i, v in enumerate(values):
+            label = _one_label(v, name, class_index)
+            if label is not None:
+                labels[i], good[i] = label, True
+    else:
+        raise ValueError(f"label column {name!r} holds {values.dtype}: expected integers or class names")
+    for i in np.flatnonzero(~good):
+        value = values[i].item() if isinstance(values[i], np.generic) else values[i]
+        errors[i] = f"{BAD_LABEL}: label {value!r}"
+    return labels, errors
+
+
+def _one_label(value, name: str, class_index: dict[str, int] | None) -> int | None:
+    if isinstance(value, str):
+        if class_index is None:
+            raise ValueError(f"label column {name!r} holds class names: pass classes=, the names in label order")
+        return class_index.get(value.strip())
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value) if 0 <= value < 2**63 else None
+    return None
