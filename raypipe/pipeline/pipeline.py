@@ -354,7 +354,7 @@ class EpochSource:
         resume, self._resume = self._resume, None
         resumed = resume is not None and resume[0] == epoch
         segments = resume[1] if resumed else self.pipeline.plan(self.rank, self.world_size).segments
-        self._cursor = _Cursor(epoch, segments)  # the position is this epoch's from now on
+        self._cursor = _Cursor(epoch, segments)  # state_dict() speaks of this epoch from here
         return self._epoch(self._cursor, resumed)
 
     def _epoch(self, cursor: _Cursor, resumed: bool) -> Iterator[dict[str, np.ndarray]]:

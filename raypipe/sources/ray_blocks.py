@@ -3,11 +3,11 @@
 Two ways a row carries them:
 
 - ``block`` (an object ref) and ``row``: the listing put the row's block in the object store
-  (``raypipe.sources.raydata``). ``BlockColumns`` adds each row's ref to the rows a chunk takes from
-  the listing, so a task carries the refs of its own blocks only (a chunk of a shard window touches a
-  few), and Ray keeps them alive while the task runs. The reader gets each block once per chunk
-  (``ray.get`` of all of them at once: zero-copy from this node's object store, pulled first when
-  another node holds it) and takes its rows' cells.
+  (``raypipe.sources.raydata``). The listing's columns (``SourceRows.columns()``) add each row's ref
+  to the rows a chunk takes from the listing, so a task carries the refs of its own blocks only (a
+  chunk of a shard window touches a few), and Ray keeps them alive while the task runs. The reader
+  gets each block once per chunk (``ray.get`` of all of them at once: zero-copy from this node's object
+  store, pulled first when another node holds it) and takes its rows' cells.
 - ``bytes``: the cells themselves, as ``raypipe.integrations.ray_data.RayDataAugment`` has them inside
   a Ray Data ``map_batches``.
 """
@@ -17,28 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-import pyarrow as pa
 
 from raypipe.kernels.errors import NULL_IMAGE, SkipImage
-from raypipe.sources.table import TableColumns, int64_array
+from raypipe.sources.table import int64_array
 
-__all__ = ["BlockColumns", "describe_row", "read_rows"]
-
-
-class BlockColumns(TableColumns):
-    """A ``raydata`` listing's columns (``TableColumns``) whose ``take(idx)`` also gives each row's block
-    as ``block``: its object ref, from ``blocks`` (``SourceRows.extra["blocks"]``, by shard)."""
-
-    def __init__(self, table: pa.Table, blocks):
-        super().__init__(table)
-        self._refs = np.empty(len(blocks), dtype=object)
-        for k, ref in enumerate(blocks):
-            self._refs[k] = ref
-
-    def take(self, idx: np.ndarray) -> dict[str, np.ndarray]:
-        out = super().take(idx)
-        out["block"] = self._refs[out["shard"]]
-        return out
+__all__ = ["describe_row", "read_rows"]
 
 
 def read_rows(rows: Mapping[str, np.ndarray], todo: list[int], out: list) -> None:

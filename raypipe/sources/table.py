@@ -111,12 +111,8 @@ class SourceRows:
 
     def columns(self) -> TableColumns:
         """The columns a chunk's rows are taken from (``TableColumns``); a Ray Dataset's rows with their
-        blocks' object refs, by which the workers read them (``ray_blocks.BlockColumns``)."""
-        if self.kind == "raydata":
-            from raypipe.sources.ray_blocks import BlockColumns  # Ray's object refs: a Ray Dataset's rows only
-
-            return BlockColumns(self.table, self.extra["blocks"])
-        return TableColumns(self.table)
+        blocks' object refs, by which the workers read them (``raypipe.sources.ray_blocks``)."""
+        return TableColumns(self.table, blocks=self.extra["blocks"] if self.kind == "raydata" else None)
 
     def take(self, idx) -> SourceRows:
         """Rows ``idx`` (positions in the table) as a listing of their own, with what reading them needs:
@@ -305,8 +301,13 @@ class TableColumns:
     values, where ``table_columns`` would hold every path of the listing as a Python string (about 140
     bytes a row at ImageNet's paths: more than the table itself)."""
 
-    def __init__(self, table: pa.Table):
+    def __init__(self, table: pa.Table, *, blocks=None):
         self.names = tuple(table.column_names)
+        self._blocks = None  # a Ray Dataset's block refs by shard: ``take`` gives each row's as ``block``
+        if blocks is not None:
+            self._blocks = np.empty(len(blocks), dtype=object)
+            for k, ref in enumerate(blocks):  # element by element: numpy would look inside sequences
+                self._blocks[k] = ref
         self.num_rows = table.num_rows
         self._arrays: dict[str, np.ndarray] = {}
         self._strings: dict[str, tuple[list[pa.Array], np.ndarray]] = {}
@@ -331,6 +332,8 @@ class TableColumns:
                 out[name] = self._arrays[name][idx]
             else:
                 out[name] = _take_strings(*self._strings[name], idx)
+        if self._blocks is not None:
+            out["block"] = self._blocks[out["shard"]]
         return out
 
 
