@@ -28,6 +28,7 @@ _EXPORTS = {
     "EpochRun": "raypipe.pipeline",
     "EpochSource": "raypipe.pipeline",
     "FeederSource": "raypipe.pipeline",
+    "StateMismatchError": "raypipe.pipeline",
     "Pipeline": "raypipe.pipeline",
     "RankLoader": "raypipe.integrations",
     "RayDataAugment": "raypipe.integrations.ray_data",

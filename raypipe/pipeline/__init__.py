@@ -22,6 +22,7 @@ _EXPORTS = {
     "EpochRun": "raypipe.pipeline.pipeline",
     "EpochSource": "raypipe.pipeline.pipeline",
     "Pipeline": "raypipe.pipeline.pipeline",
+    "StateMismatchError": "raypipe.pipeline.position",
 }
 
 __all__ = sorted(_EXPORTS)
