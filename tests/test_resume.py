@@ -67,6 +67,29 @@ def test_a_source_resumed_after_k_batches_goes_on_as_an_uninterrupted_one(data):
         assert report.emitted + report.num_skipped == report.expected  # the resumed part, all accounted
 
 
+def test_a_position_saved_after_a_resume_resumes_again(data):
+    whole = EpochSource(pipeline(data), end_epoch=1)
+    want = epochs(whole, 1)[0]
+    whole.close()
+    first = EpochSource(pipeline(data), end_epoch=1)
+    it = iter(first)
+    seen = [digest(next(it)) for _ in range(2)]
+    state = first.state_dict()
+    first.close()
+    again = EpochSource(pipeline(data), end_epoch=1)
+    again.load_state_dict(state)
+    assert again.state_dict()["batches"] == 2  # loaded, not yet read: the same position
+    it = iter(again)
+    seen += [digest(next(it)) for _ in range(3)]
+    later = again.state_dict()
+    assert later["batches"] == 5 and again.state_dict(batches=4)["batches"] == 4  # counted on from the state's
+    again.close()
+    third = EpochSource(pipeline(data), end_epoch=1)
+    third.load_state_dict(later)
+    assert seen + [digest(b) for b in third] == want
+    third.close()
+
+
 def test_a_consumer_that_read_ahead_saves_the_position_of_what_it_used(data):
     whole = EpochSource(pipeline(data), end_epoch=1)
     want = epochs(whole, 1)[0]
@@ -82,6 +105,31 @@ def test_a_consumer_that_read_ahead_saves_the_position_of_what_it_used(data):
     again.load_state_dict(state)
     assert want[:2] + [digest(b) for b in again] == want
     again.close()
+
+
+def test_the_position_after_an_epochs_last_batch_is_its_end(data):
+    """A consumer that took the epoch's last batch but has not seen the epoch end (a checkpoint at a
+    rank's last step) resumes in that epoch, with nothing left of it, then the next epoch."""
+    whole = EpochSource(pipeline(data), end_epoch=2)
+    want = epochs(whole, 2)
+    whole.close()
+    n = len(want[0])
+    first = EpochSource(pipeline(data), end_epoch=2)
+    it = iter(first)
+    seen = [digest(next(it)) for _ in range(n)]
+    assert seen == want[0]
+    before_end = first.state_dict()
+    assert list(it) == []  # the source ends its epoch (a producer that ran ahead)
+    after_end = first.state_dict(batches=n)
+    first.close()
+    for state in (before_end, after_end):
+        assert (state["epoch"], state["batches"], state["remaining"]) == (0, n, [])
+        again = EpochSource(pipeline(data), end_epoch=2)
+        again.load_state_dict(state)
+        assert [digest(b) for b in again] == []
+        assert again.last_report.expected == again.last_report.emitted == 0
+        assert [digest(b) for b in again] == want[1]
+        again.close()
 
 
 def test_a_finished_epoch_resumes_at_the_next_one(data):
@@ -188,6 +236,16 @@ def test_a_device_loader_resumes_its_batches_and_its_draws(data):
             again.load_state_dict(state)
             assert seen + [out_digest(b) for b in again] == want[0], k
             assert [out_digest(b) for b in again] == want[1]
+    # saved again after a resume (a second checkpoint in the epoch): the batches and draws go on as before
+    with device_loader(data) as first:
+        first.load_state_dict(state)
+        it = iter(first)
+        seen = [out_digest(next(it)) for _ in range(2)]
+        later = json.loads(json.dumps(first.state_dict()))
+    assert later["batches"] == later["source"]["batches"] == 3 + 2
+    with device_loader(data) as again:
+        again.load_state_dict(later)
+        assert want[0][:3] + seen + [out_digest(b) for b in again] == want[0]
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
@@ -270,5 +328,13 @@ def test_a_feeder_source_resumes_mid_epoch(data, ray_local):
     assert state["batches"] == 3
     again = FeederSource(pipe(), end_epoch=1)
     again.load_state_dict(state)
-    assert seen + [digest(b) for b in again] == want
+    it = iter(again)
+    seen += [digest(next(it)) for _ in range(2)]
+    later = again.state_dict()  # counted on from the loaded state's batches
+    assert later["batches"] == 5
+    it.close()
     again.close()
+    third = FeederSource(pipe(), end_epoch=1)
+    third.load_state_dict(later)
+    assert seen + [digest(b) for b in third] == want
+    third.close()

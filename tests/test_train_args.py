@@ -121,6 +121,28 @@ def test_feeder_and_pipeline_speed_knobs(tmp_path):
         TrainJobConfig(feeder="actor")
 
 
+def test_checkpoint_steps_from_the_flag_and_the_yaml(tmp_path, capsys):
+    assert parse_job([]).checkpoint_steps is None  # epoch-end checkpoints only
+    assert parse_job(["--checkpoint-steps", "5"]).checkpoint_steps == 5
+    cfg = _yaml(tmp_path, "train: {checkpoint_steps: 200}\n")
+    assert parse_job(["-c", cfg]).checkpoint_steps == 200
+    assert parse_job(["-c", cfg, "--checkpoint-steps", "7"]).checkpoint_steps == 7  # the flag over the file
+    assert parse_job(["-c", _yaml(tmp_path, "train: {checkpoint_steps: null}\n")]).checkpoint_steps is None
+    for bad in ("0", "-3"):
+        with pytest.raises(SystemExit):
+            parse_job(["--checkpoint-steps", bad])
+        assert f"checkpoint_steps={bad}: expected a positive int" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_job(["--checkpoint-steps", "2.5"])
+    assert "--checkpoint-steps: invalid int value" in capsys.readouterr().err
+    for bad in (1.5, True, "5"):
+        with pytest.raises(ValueError, match="checkpoint_steps"):
+            TrainJobConfig(checkpoint_steps=bad)
+    with pytest.raises(SystemExit):
+        parse_job(["-c", _yaml(tmp_path, "train: {checkpoint_steps: 0}\n")])
+    assert "checkpoint_steps=0" in capsys.readouterr().err
+
+
 def test_what_the_trainers_and_feeders_leave_to_augmentation():
     from raypipe.train.run import augmentation_cpus
 

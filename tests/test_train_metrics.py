@@ -28,3 +28,14 @@ def test_an_epoch_without_eval_samples(tmp_path):
     back = json.loads(text, parse_constant=_refuse)  # no NaN / Infinity tokens
     assert back[0]["eval_top1"] is None and back[0]["train_loss"] == 0.5
     assert run.read_json("metrics.json") == back
+
+
+def test_an_epoch_resumed_inside_says_after_which_step():
+    ranks = [RankEpoch(rank=0, steps=4, samples=32, loss_sum=8.0, train_s=1.0, emitted=32, expected=32)]
+    m = combine(2, ranks, lr=0.1, resumed_from_epoch=2, resumed_from_step=10, repeated_batches=3)
+    assert (m["resumed_from_epoch"], m["resumed_from_step"], m["repeated_batches"]) == (2, 10, 3)
+    assert format_line(m, epochs=3).endswith("  resumed after step 10, 3 batch(es) trained again")
+    later = combine(3, ranks, lr=0.1, resumed_from_epoch=2, resumed_from_step=10, repeated_batches=0)
+    assert "resumed" not in format_line(later, epochs=4)  # the note is on the epoch it resumed inside
+    fresh = combine(0, ranks, lr=0.1, resumed_from_epoch=None)
+    assert fresh["resumed_from_step"] is None and fresh["repeated_batches"] is None

@@ -52,10 +52,12 @@ class _Feeder:
         self.it: Iterator | None = None
 
     def begin(self, epoch: int) -> int:
+        """Start ``epoch``; return the batches of it taken before (a resumed epoch's), which the
+        trainer's count starts from."""
         self.end_epoch()
         self.source.set_epoch(epoch)
         self.it = iter(self.source)
-        return epoch
+        return self.source.state_dict()["batches"]
 
     def next(self) -> tuple[str, object]:
         if self.it is None:  # a call queued behind the epoch's end (the consumer prefetches)
@@ -142,7 +144,8 @@ class FeederSource:
         self.reports: list[EpochReport] = []
         self.timeout_s = timeout_s
         self.zero_copy_batches = 0  # batches read from their chunk's object, with no copy in the feeder
-        self._taken: int | None = None  # batches the trainer took of the epoch it reads (None: between epochs)
+        # batches the trainer took of the epoch it reads, those before a resume included (None: between epochs)
+        self._taken: int | None = None
         kwargs = dict(rank=rank, world_size=world_size, start_epoch=start_epoch, end_epoch=end_epoch,
                       reserved_cpus=reserved_cpus + FEEDER_CPUS)  # fmt: skip
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -176,10 +179,10 @@ class FeederSource:
             raise RuntimeError("FeederSource is closed")
         actor, epoch = self._actor, self.next_epoch
         self.next_epoch += 1
-        self._get(actor.begin.remote(epoch), self.timeout_s)
+        taken = self._get(actor.begin.remote(epoch), self.timeout_s)
         pending = collections.deque(actor.next.remote() for _ in range(self.prefetch))
         done = False
-        self._taken = 0
+        self._taken = taken
         try:
             while True:
                 kind, value = self._get(pending.popleft())

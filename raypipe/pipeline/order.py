@@ -318,7 +318,9 @@ class RankPlan:
         module's doc)."""
         order = self.order(epoch)
         limit = self.max_chunk_rows
-        parts = [chunk_bounds(lo, hi, order.starts, limit) for lo, hi in (segments or self.segments) if hi > lo]
+        # an empty ``segments`` is a resumed epoch with nothing left, not a fresh one
+        ranges = self.segments if segments is None else segments
+        parts = [chunk_bounds(lo, hi, order.starts, limit) for lo, hi in ranges if hi > lo]
         bounds = np.concatenate(parts) if parts else np.empty((0, 2), np.int64)
         if ramp and len(bounds) and limit > self.chunk_rows:
             head = np.array(doubling_bounds(int(bounds[0, 0]), int(bounds[0, 1]), self.chunk_rows), np.int64)

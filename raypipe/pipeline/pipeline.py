@@ -33,7 +33,14 @@ from raypipe.pipeline.budget import (
 from raypipe.pipeline.local_workers import LocalWorkers, local_cpus, shared_memory_dir
 from raypipe.pipeline.order import RankPlan
 from raypipe.pipeline.pack import BatchSpec, Packer
-from raypipe.pipeline.position import EpochState, PlanIdentity, remaining_after, resume_segments, shard_layout_digest
+from raypipe.pipeline.position import (
+    EpochState,
+    PlanIdentity,
+    remaining_after,
+    resume_segments,
+    resumed_batches,
+    shard_layout_digest,
+)
 from raypipe.pipeline.slabs import slab_room
 from raypipe.pipeline.stream import Chunk, ChunkStream, RayTasks
 from raypipe.sources import open_source
@@ -236,15 +243,16 @@ def check_task_fits(execution: ExecutionConfig) -> None:
 
 class _Cursor:
     """Where a rank is in the epoch it reads: its position ranges (``segments``) and, for the last batches
-    out, the position after each one's last row (``after[k]``: after batch ``k``)."""
+    out, the position after each one's last row (``after[k]``: after batch ``k``). A resumed epoch's
+    batches are numbered after the ``batches`` taken before the resume, as the trainer counts them."""
 
     KEPT = 256  # batches remembered: a consumer that runs ahead (prefetch) asks for one it holds
 
-    def __init__(self, epoch: int, segments):
+    def __init__(self, epoch: int, segments, batches: int = 0):
         self.epoch, self.segments = epoch, [tuple(s) for s in segments]
-        self.batches, self.done = 0, False
+        self.batches, self.done = batches, False
         self.after: collections.OrderedDict[int, int] = collections.OrderedDict()
-        self.after[0] = self.segments[0][0] if self.segments else 0
+        self.after[batches] = self.segments[0][0] if self.segments else 0
 
     def out(self, position: int) -> None:
         self.batches += 1
@@ -266,6 +274,8 @@ class EpochSource:
     ``state_dict()`` is the rank's position (after the batches it yielded, or after ``batches`` of them
     in the epoch it reads); ``load_state_dict(state)`` makes the next ``iter()`` go on from there, on
     the same or, given every rank's state, another number of ranks (``raypipe.pipeline.position``).
+    A resumed epoch counts its batches on from the state's, so a position saved after a resume is
+    saved and resumed the same way.
     """
 
     def __init__(
@@ -288,7 +298,8 @@ class EpochSource:
         self.epoch_rows = len(pipeline.plan(rank, world_size))
         self._stream: ChunkStream | None = None
         self._stream_epoch: int | None = None  # the epoch the stream's next chunk belongs to
-        self._resume: tuple[int, list] | None = None  # (epoch, segments) the next iter() starts from
+        # (epoch, segments, batches before them) the next iter() starts from
+        self._resume: tuple[int, list, int] | None = None
         self._cursor: _Cursor | None = None
         self.chunk: Chunk | None = None  # the chunk whose rows are being packed (a batch may be a view of it)
 
@@ -306,12 +317,14 @@ class EpochSource:
 
     def state_dict(self, batches: int | None = None) -> dict:
         """This rank's position as a JSON-serialisable dict: after the batches it has yielded in the epoch
-        it reads, or after ``batches`` of them (a consumer that reads ahead gives the count it used)."""
+        it reads, or after ``batches`` of them (a consumer that reads ahead gives the count it used).
+        Once the epoch has ended, no ``batches`` is the next epoch's start, and its last batch's count is
+        that epoch with nothing left: a consumer that has not seen the end yet resumes in it, at its end."""
         identity, cursor = self.pipeline.identity(), self._cursor
         fresh = self.pipeline.plan(self.rank, self.world_size).segments
         if self._resume is not None:
-            epoch, remaining, done = self._resume[0], self._resume[1], 0
-        elif cursor is None or (cursor.done and batches in (None, cursor.batches)):
+            epoch, remaining, done = self._resume
+        elif cursor is None or (cursor.done and batches is None):
             epoch, remaining, done = self.next_epoch, fresh, 0
         else:
             done = cursor.batches if batches is None else batches
@@ -328,7 +341,7 @@ class EpochSource:
         self.close()
         self._cursor = None
         self.next_epoch = epoch
-        self._resume = (epoch, segments)
+        self._resume = (epoch, segments, resumed_batches(state))
 
     def close(self) -> None:
         """Cancel the chunks in flight (epochs started ahead that will not be read). Idempotent."""
@@ -354,7 +367,8 @@ class EpochSource:
         resume, self._resume = self._resume, None
         resumed = resume is not None and resume[0] == epoch
         segments = resume[1] if resumed else self.pipeline.plan(self.rank, self.world_size).segments
-        self._cursor = _Cursor(epoch, segments)  # state_dict() speaks of this epoch from here
+        # state_dict() speaks of this epoch from here; a resumed one numbers its batches after those before it
+        self._cursor = _Cursor(epoch, segments, resume[2] if resumed else 0)
         return self._epoch(self._cursor, resumed)
 
     def _epoch(self, cursor: _Cursor, resumed: bool) -> Iterator[dict[str, np.ndarray]]:

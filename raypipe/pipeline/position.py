@@ -29,7 +29,14 @@ import numpy as np
 
 from raypipe.pipeline.order import rank_slice
 
-__all__ = ["EpochState", "PlanIdentity", "StateMismatchError", "resume_segments", "shard_layout_digest"]
+__all__ = [
+    "EpochState",
+    "PlanIdentity",
+    "StateMismatchError",
+    "resume_segments",
+    "resumed_batches",
+    "shard_layout_digest",
+]
 
 FORMAT = "raypipe-position"
 VERSION = 1
@@ -139,6 +146,14 @@ def resume_segments(states, identity: PlanIdentity, *, rank: int, world_size: in
         return epoch, [tuple(r) for r in saved[rank]["remaining"]]
     ranges = [tuple(r) for s in saved for r in s["remaining"] if r[1] > r[0]]
     return epoch, _split(ranges, rank, world_size)
+
+
+def resumed_batches(states) -> int:
+    """The number of the batches a resumed epoch counts as taken before it (``resume_segments``'s
+    states, checked there): the state's own, or the most of every rank's, which is the count a
+    ``DeviceLoader`` goes on from. A position saved later in the epoch counts them too."""
+    saved = states if isinstance(states, list | tuple) else [states]
+    return max(int(s["batches"]) for s in saved)
 
 
 def _split(ranges: list[tuple[int, int]], rank: int, world_size: int) -> list[tuple[int, int]]:

@@ -78,6 +78,8 @@ class TrainJobConfig:
     storage_path: str = "runs"
     name: str | None = None
     max_failures: int = 0
+    # a checkpoint after every N optimizer steps of an epoch as well as at its end (None: at its end only)
+    checkpoint_steps: int | None = None
     preprocess_resource: str | None = None
     record_ids: bool = False  # each rank writes the sample ids it trained on (tests, audits)
     # "process": each rank's epochs run in a feeder process beside it (FeederSource), so the consumer's
@@ -106,6 +108,8 @@ class TrainJobConfig:
             fail("warmup_epochs", "expected an int >= 0")
         if not is_int(self.max_failures) or self.max_failures < -1:
             fail("max_failures", "expected an int >= 0, or -1 to retry forever")
+        if self.checkpoint_steps is not None and (not is_int(self.checkpoint_steps) or self.checkpoint_steps < 1):
+            fail("checkpoint_steps", "expected a positive int, or None for epoch-end checkpoints only")
         for name in ("lr", "warmup_lr", "min_lr", "weight_decay", "momentum", "mixup", "cutmix"):
             if not is_num(getattr(self, name)) or getattr(self, name) < 0:
                 fail(name, "expected a number >= 0")
@@ -150,7 +154,7 @@ _JOB_FIELDS = (
     "data", "val_data", "val_split", "kind", "sample_dir", "sample_per_class", "model", "num_classes", "epochs",
     "lr", "opt", "momentum", "sched", "warmup_epochs", "warmup_lr", "min_lr", "weight_decay", "reprob", "remode",
     "recount", "mixup", "cutmix", "smoothing", "amp", "channels_last", "num_workers", "use_gpu", "cpus_per_worker",
-    "storage_path", "name", "max_failures", "preprocess_resource", "record_ids", "feeder",
+    "storage_path", "name", "max_failures", "checkpoint_steps", "preprocess_resource", "record_ids", "feeder",
 )  # fmt: skip
 
 
@@ -195,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--storage-path", help="run storage (local path, or s3://… shared by all nodes)")
     g.add_argument("--name", help="run name; re-running with the same name resumes from its last checkpoint")
     g.add_argument("--max-failures", type=int, help="restarts from the last checkpoint after a worker dies")
+    g.add_argument("--checkpoint-steps", type=int, metavar="N",
+                   help="also checkpoint inside an epoch, after every N optimizer steps (default: at epoch "
+                        "ends only)")  # fmt: skip
     g.add_argument("--preprocess-resource", help="Ray resource augmentation workers ask 0.001 of (cluster.yaml)")
     g.add_argument("--record-ids", action="store_true", default=None, help="write the sample ids each rank trained on")
     g.add_argument("--feeder", choices=("process", "thread"),

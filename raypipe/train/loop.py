@@ -5,12 +5,16 @@ contiguous, equal (±1) slices of the epoch's seeded order), so each sample is t
 per epoch across ranks (docs/training.md). Slices differ by at most one row and by their skipped
 images, so ranks may take different numbers of steps: DDP's ``Join`` lets a rank that ran out shadow
 the others' all-reduces instead of hanging, and nothing is padded or dropped.
+
+Rank 0 checkpoints at every epoch's end and, with ``--checkpoint-steps``, inside it at steps every rank
+reaches; a restarted attempt goes on from the latest one, inside its epoch too (``raypipe.train.resume``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import sys
 import tempfile
@@ -28,10 +32,21 @@ from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 from raypipe.pipeline.identity import check_same_listing
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.metrics import RankEpoch, RunDir, combine, format_line
+from raypipe.train.resume import (
+    ResumePoint,
+    checkpoint_due,
+    ids_after_resume,
+    last_safe_step,
+    repeated_batches,
+    resume_point,
+    rows_left,
+    stale_ids_files,
+)
 
 __all__ = ["train_loop_per_worker", "STATE_FILE"]
 
 STATE_FILE = "state.pt"
+PROGRESS_DIR = "progress"  # with --record-ids: per rank, the last step it trained (``repeated_batches``)
 
 
 def _say(line: str) -> None:
@@ -88,18 +103,85 @@ def _loader(source, job: TrainJobConfig, device, num_classes: int, *, train: boo
     return from_timm_args(source, **kwargs)
 
 
-def _load_state(model, optimizer, scheduler) -> int:
-    """Restore from Ray Train's latest checkpoint; return the epoch to start at (0 when none)."""
+@dataclasses.dataclass
+class _Trained:
+    """What a checkpoint saves of the training itself (the model without its DDP wrapper)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    scaler: torch.amp.GradScaler | None
+
+    def state(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+        }
+
+
+def _load_state(trained: _Trained) -> ResumePoint:
+    """Restore from Ray Train's latest checkpoint; return where to start (the run's start when none)."""
     ckpt = ray.train.get_checkpoint()
     if ckpt is None:
-        return 0
+        return resume_point(None)
     with ckpt.as_directory() as d:
         # Our own file, written by rank 0 of this run; weights_only refuses anything but tensors/containers.
         state = torch.load(os.path.join(d, STATE_FILE), map_location="cpu", weights_only=True)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    return int(state["epoch"]) + 1
+    trained.model.load_state_dict(state["model"])
+    trained.optimizer.load_state_dict(state["optimizer"])
+    trained.scheduler.load_state_dict(state["scheduler"])
+    if trained.scaler is not None and state.get("scaler") is not None:
+        trained.scaler.load_state_dict(state["scaler"])
+    return resume_point(state)
+
+
+def _save_and_report(trained: _Trained, metrics: dict, *, epoch: int, step: int | None, loader: DeviceLoader,
+                     ids: list | None, rank: int) -> None:  # fmt: skip
+    """Every rank: rank 0 writes the checkpoint, every rank reports it (a barrier for all ranks). One
+    inside an epoch (``step``) also holds every rank's train-loader position and, with ``ids``, the
+    ids each rank trained on so far in the epoch, as JSON strings (``raypipe.train.resume``)."""
+    extra = {}
+    if step is not None:
+        mine = {"loader": loader.state_dict(), "ids": _ids_list(ids) if ids is not None else None}
+        every = _gather(mine)
+        extra["loaders"] = json.dumps([m["loader"] for m in every])
+        extra["ids"] = json.dumps([m["ids"] for m in every]) if ids is not None else None
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = None
+        if rank == 0:
+            torch.save({**trained.state(), "epoch": epoch, "step": step, **extra}, os.path.join(tmp, STATE_FILE))
+            checkpoint = ray.train.Checkpoint.from_directory(tmp)
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+
+def _ids_list(ids: list) -> list[int]:
+    return np.concatenate(ids).tolist() if ids else []
+
+
+def _previous_attempt(run_dir: RunDir, start: ResumePoint) -> dict[int, int]:
+    """Rank 0, with ``--record-ids``, before any rank trains: per epoch, the batches the previous
+    attempt trained after ``start`` (from its ranks' progress files, removed then for this attempt's
+    own; none: no attempt ran before, or it trained nothing past ``start``). Its ids files of
+    ``start``'s epoch and later are removed too: this attempt writes them again, on a number of ranks
+    that may differ."""
+    names = run_dir.names(PROGRESS_DIR)
+    progress = [run_dir.read_json(f"{PROGRESS_DIR}/{n}") for n in names if n.endswith(".json")]
+    for n in names:
+        run_dir.delete(f"{PROGRESS_DIR}/{n}")
+    for n in stale_ids_files(run_dir.names("ids"), epoch=start.epoch):
+        run_dir.delete(f"ids/{n}")
+    return repeated_batches([p for p in progress if p], start)
+
+
+def _last_safe_step(job: TrainJobConfig, loader: DeviceLoader, first_step: int) -> int | None:
+    """Every rank: the last step of the epoch about to run at which a mid-epoch checkpoint may be, from
+    each rank's rows left in it (``last_safe_step``); call between passes."""
+    rows = _gather(rows_left(loader.state_dict()["source"]))
+    cfg = job.pipeline
+    return last_safe_step(first_step, rows, batch_size=cfg.batch_size, max_skip_ratio=cfg.max_skip_ratio,
+                          max_skips=cfg.max_skips)  # fmt: skip
 
 
 def _bar(total: int, desc: str):
@@ -126,7 +208,10 @@ def _frozen_batchnorm(model: torch.nn.Module, active: bool):
                 m.train()
 
 
-def _train_epoch(model, loader, optimizer, loss_fn, autocast, scaler, rec: RankEpoch, ids: list | None) -> None:
+def _train_epoch(model, loader, optimizer, loss_fn, autocast, scaler, rec: RankEpoch, ids: list | None, *,
+                 first_step: int = 0, after_step=None) -> None:  # fmt: skip
+    """One pass of ``loader``, whose first batch is step ``first_step + 1`` of the epoch (a resumed epoch
+    counts its earlier steps); ``after_step(step)`` runs after each optimizer step."""
     model.train()
     join = _distributed()
     ctx = contextlib.nullcontext()
@@ -157,7 +242,9 @@ def _train_epoch(model, loader, optimizer, loss_fn, autocast, scaler, rec: RankE
                 ids.append(batch["sample_id"].cpu().numpy())
             if bar is not None:
                 bar.update(n)
-    rec.train_s = time.perf_counter() - t0
+            if after_step is not None:
+                after_step(first_step + rec.steps)
+    rec.train_s = time.perf_counter() - t0 - rec.checkpoint_s
     rec.wait_s = loader.stats.wait_s
     if bar is not None:
         bar.close()
@@ -224,16 +311,22 @@ def train_loop_per_worker(config: dict) -> None:
         optimizer, sched=job.sched, num_epochs=job.epochs, warmup_epochs=job.warmup_epochs,
         warmup_lr=job.warmup_lr, min_lr=job.min_lr,
     )  # fmt: skip
-    start_epoch = _load_state(model, optimizer, scheduler)
-    resumed_from = start_epoch if start_epoch > 0 else None
-    scheduler.step(start_epoch)
+    autocast, scaler = _amp(job, device)
+    trained = _Trained(model, optimizer, scheduler, scaler)
+    start = _load_state(trained)
+    resumed_from = start.epoch if start.from_checkpoint else None
+    resumed_step = start.step if start.mid_epoch else None
+    # The previous attempt's progress is read (and cleared) before any rank of this one trains a step.
+    repeated = _previous_attempt(run_dir, start) if job.record_ids and rank == 0 else None
+    if job.record_ids and _distributed():
+        dist.barrier()
+    scheduler.step(start.epoch)
     raw_model = model
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
     loss_fn = _losses(job)
-    autocast, scaler = _amp(job, device)
 
     execution = job.execution.resolved_for(gpu_trainer=device.type == "cuda")  # SCHED_IDLE workers on GPUs
     train_pipe = Pipeline(train_rows, job.augment, config=job.pipeline, execution=execution, decode=job.decode)
@@ -243,53 +336,74 @@ def train_loop_per_worker(config: dict) -> None:
     # out of every rank's share of the cluster.
     source_cls = FeederSource if job.feeder == "process" else EpochSource
     reserved = job.num_workers * job.cpus_per_worker
-    train_src = source_cls(train_pipe, rank=rank, world_size=world, start_epoch=start_epoch, end_epoch=job.epochs,
+    train_src = source_cls(train_pipe, rank=rank, world_size=world, start_epoch=start.epoch, end_epoch=job.epochs,
                            reserved_cpus=reserved)  # fmt: skip
-    eval_src = source_cls(eval_pipe, rank=rank, world_size=world, start_epoch=start_epoch, end_epoch=job.epochs,
+    eval_src = source_cls(eval_pipe, rank=rank, world_size=world, start_epoch=start.epoch, end_epoch=job.epochs,
                           reserved_cpus=reserved)  # fmt: skip
     # One loader per split for the whole run: one side stream and one pinned ring, reused by every epoch.
     train_loader = _loader(train_src, job, device, num_classes, train=True, rank=rank)
     eval_loader = _loader(eval_src, job, device, num_classes, train=False, rank=rank)
-    train_loader.set_epoch(start_epoch)
-    eval_loader.set_epoch(start_epoch)
+    if start.mid_epoch:  # every rank's position: what no rank consumed is split over this attempt's ranks
+        train_loader.load_state_dict(start.loaders)
+    else:
+        train_loader.set_epoch(start.epoch)
+    eval_loader.set_epoch(start.epoch)
     history = run_dir.read_json("metrics.json", []) if rank == 0 else []
     # Entries past the checkpoint were written by an attempt that died before checkpointing: they run again.
-    ran_before = {h["epoch"] for h in history if h["epoch"] >= start_epoch}
-    history = [h for h in history if h["epoch"] < start_epoch]
-    if rank == 0 and resumed_from is not None:
-        _say(f"resuming {config['run_name']} at epoch {start_epoch + 1}/{job.epochs} from its checkpoint")
+    ran_before = {h["epoch"] for h in history if h["epoch"] >= start.epoch}
+    history = [h for h in history if h["epoch"] < start.epoch]
+    if rank == 0 and start.from_checkpoint:
+        after = f", after step {start.step}" if start.mid_epoch else ""
+        _say(f"resuming {config['run_name']} at epoch {start.epoch + 1}/{job.epochs}{after} from its checkpoint")
+    ended: dict[str, int] = {}  # this attempt's finished epochs and their steps, for its progress file
     try:
-        for epoch in range(start_epoch, job.epochs):
+        for epoch in range(start.epoch, job.epochs):
+            resumed_here = epoch == start.epoch and start.mid_epoch
+            first_step = start.step if resumed_here else 0
             rec = RankEpoch(rank=rank)
-            ids: list | None = [] if job.record_ids else None
+            ids: list | None = None
+            if job.record_ids:
+                saved = ids_after_resume(start.ids, rank=rank, world_size=world) if resumed_here else []
+                ids = [np.asarray(saved, dtype=np.int64)] if saved else []
+            last_safe = _last_safe_step(job, train_loader, first_step) if job.checkpoint_steps else None
+            if job.checkpoint_steps and last_safe is None and rank == 0 and epoch == start.epoch:
+                _say(f"checkpoint_steps={job.checkpoint_steps}: no checkpoint inside an epoch, since neither "
+                     "max_skip_ratio nor max_skips limits its skips, so no step is sure to be reached by every "
+                     "rank; checkpoints at epoch ends only")  # fmt: skip
+
+            def after_step(step: int, epoch=epoch, rec=rec, ids=ids, last_safe=last_safe) -> None:
+                if job.record_ids:
+                    run_dir.write_json(f"{PROGRESS_DIR}/rank{rank:03d}.json",
+                                       {"epoch": epoch, "step": step, "ended": ended})  # fmt: skip
+                if checkpoint_due(step, every=job.checkpoint_steps, last_safe=last_safe):
+                    t0 = time.perf_counter()
+                    _save_and_report(trained, {"epoch": epoch, "step": step}, epoch=epoch, step=step,
+                                     loader=train_loader, ids=ids, rank=rank)  # fmt: skip
+                    rec.checkpoint_s += time.perf_counter() - t0
+
             lr = optimizer.param_groups[0]["lr"]
-            _train_epoch(model, train_loader, optimizer, loss_fn, autocast, scaler, rec, ids)
+            _train_epoch(model, train_loader, optimizer, loss_fn, autocast, scaler, rec, ids,
+                         first_step=first_step, after_step=after_step)  # fmt: skip
+            ended[str(epoch)] = first_step + rec.steps
             _account(rec, train_src)
             _sync_buffers(raw_model)
             _evaluate(raw_model, eval_loader, autocast, num_classes, rec)
             scheduler.step(epoch + 1)
             if ids is not None:
-                trained = np.concatenate(ids).tolist() if ids else []
-                run_dir.write_json(f"ids/epoch{epoch:04d}_rank{rank:03d}.json", trained)
+                run_dir.write_json(f"ids/epoch{epoch:04d}_rank{rank:03d}.json", _ids_list(ids))
             records = _gather(rec)
-            metrics = combine(epoch, records, lr=lr, resumed_from_epoch=resumed_from) if rank == 0 else {}
-            with tempfile.TemporaryDirectory() as tmp:
-                checkpoint = None
-                if rank == 0:
-                    _say(format_line(metrics, job.epochs))
-                    metrics["repeated"] = epoch in ran_before
-                    history.append(metrics)
-                    run_dir.write_json("metrics.json", history)
-                    state = {
-                        "model": raw_model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "epoch": epoch,
-                    }
-                    torch.save(state, os.path.join(tmp, STATE_FILE))
-                    checkpoint = ray.train.Checkpoint.from_directory(tmp)
-                flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and v is not None}
-                ray.train.report(flat, checkpoint=checkpoint)  # a barrier for all ranks
+            metrics = {}
+            if rank == 0:
+                metrics = combine(
+                    epoch, records, lr=lr, resumed_from_epoch=resumed_from, resumed_from_step=resumed_step,
+                    repeated_batches=repeated.get(epoch, 0) if repeated is not None else None,
+                )  # fmt: skip
+                _say(format_line(metrics, job.epochs))
+                metrics["repeated"] = epoch in ran_before
+                history.append(metrics)
+                run_dir.write_json("metrics.json", history)
+            flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and v is not None}
+            _save_and_report(trained, flat, epoch=epoch, step=None, loader=train_loader, ids=None, rank=rank)
     finally:
         train_loader.close()
         eval_loader.close()

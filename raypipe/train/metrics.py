@@ -27,6 +27,7 @@ class RankEpoch:
     loss_sum: float = 0.0  # sum over samples of the training loss
     train_s: float = 0.0  # wall time of the training pass, data waits included
     wait_s: float = 0.0  # time blocked on the DeviceLoader (data stall)
+    checkpoint_s: float = 0.0  # time in checkpoints inside the epoch (not part of train_s)
     emitted: int = 0  # from the pipeline's accounting
     expected: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
@@ -38,8 +39,15 @@ class RankEpoch:
     eval_s: float = 0.0
 
 
-def combine(epoch: int, ranks: list[RankEpoch], *, lr: float, resumed_from_epoch: int | None) -> dict:
-    """One epoch's metrics from all ranks' records."""
+def combine(
+    epoch: int, ranks: list[RankEpoch], *, lr: float, resumed_from_epoch: int | None,
+    resumed_from_step: int | None = None, repeated_batches: int | None = None,
+) -> dict:  # fmt: skip
+    """One epoch's metrics from all ranks' records. ``resumed_from_epoch``/``resumed_from_step``: where
+    the attempt that ran it started (None: the run's start; a step: inside that epoch, after that step
+    of it, which an earlier attempt trained: the counts of that epoch are then this attempt's part).
+    ``repeated_batches``: batches of the epoch a dead attempt trained after the checkpoint this one
+    resumed from, trained again (None: not known, ``--record-ids`` off)."""
     samples = sum(r.samples for r in ranks)
     train_s = max((r.train_s for r in ranks), default=0.0)
     skipped = Counter()
@@ -51,6 +59,8 @@ def combine(epoch: int, ranks: list[RankEpoch], *, lr: float, resumed_from_epoch
         "epoch": epoch,
         "lr": lr,
         "resumed_from_epoch": resumed_from_epoch,
+        "resumed_from_step": resumed_from_step,
+        "repeated_batches": repeated_batches,
         "train_loss": sum(r.loss_sum for r in ranks) / samples if samples else float("nan"),
         "eval_top1": 100.0 * sum(r.eval_correct1 for r in ranks) / n_eval if n_eval else float("nan"),
         "eval_top5": 100.0 * sum(r.eval_correct5 for r in ranks) / n_eval if n_eval else float("nan"),
@@ -68,6 +78,7 @@ def combine(epoch: int, ranks: list[RankEpoch], *, lr: float, resumed_from_epoch
         "skipped_paths": paths[:100],
         "epoch_s": train_s,
         "eval_s": max((r.eval_s for r in ranks), default=0.0),
+        "checkpoint_s": max((r.checkpoint_s for r in ranks), default=0.0),
         "ranks": [
             {k: v for k, v in asdict(r).items() if k not in ("skipped_paths",)} for r in ranks
         ],
@@ -98,8 +109,19 @@ def format_line(m: dict, epochs: int) -> str:
         f"top1 {format_metric(m['eval_top1'], '.2f')}  "
         f"top5 {format_metric(m['eval_top5'], '.2f')}  lr {m['lr']:.2e}  {m['images_per_s']:.0f} img/s  "
         f"stall {100 * m['data_stall_fraction']:.0f}%  emitted {m['emitted']}/{m['expected']} skipped {skipped}  "
-        f"({m['epoch_s']:.1f}s train, {m['eval_s']:.1f}s eval)"
+        f"({m['epoch_s']:.1f}s train, {m['eval_s']:.1f}s eval){_resume_note(m)}"
     )
+
+
+def _resume_note(m: dict) -> str:
+    """For the epoch an attempt resumed inside: after which step, and the batches it trained again."""
+    if m["epoch"] != m.get("resumed_from_epoch"):
+        return ""
+    step, again = m.get("resumed_from_step"), m.get("repeated_batches")
+    notes = ([f"resumed after step {step}"] if step is not None else []) + (
+        [f"{again} batch(es) trained again"] if again else []
+    )
+    return "  " + ", ".join(notes) if notes else ""
 
 
 class RunDir:
@@ -120,6 +142,14 @@ class RunDir:
         with self.fs.open_output_stream(tmp) as f:
             f.write((json.dumps(_json_safe(payload), indent=1, allow_nan=False) + "\n").encode("utf-8"))
         self.fs.move(tmp, self._p(rel))  # readers never see a half-written file
+
+    def names(self, rel_dir: str) -> list[str]:
+        """The names of the files in ``rel_dir`` (none when it does not exist)."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self._p(rel_dir), allow_not_found=True))
+        return sorted(posixpath.basename(i.path) for i in infos if i.type == pafs.FileType.File)
+
+    def delete(self, rel: str) -> None:
+        self.fs.delete_file(self._p(rel))
 
     def read_json(self, rel: str, default=None):
         if self.fs.get_file_info(self._p(rel)).type != pafs.FileType.File:
