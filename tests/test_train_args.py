@@ -147,7 +147,10 @@ def test_what_the_trainers_and_feeders_leave_to_augmentation():
     from raypipe.train.run import augmentation_cpus
 
     two = parse_job(["--num-workers", "2", "--cpus-per-worker", "0.5"])
-    assert augmentation_cpus(two, 2.0) == 2.0 - 2 * (0.5 + 0.25)  # each rank's feeder holds a quarter core
+    # each rank's two feeders (the train split's, the eval split's) hold a quarter core each: none left
+    assert augmentation_cpus(two, 2.0) == 2.0 - 2 * (0.5 + 2 * 0.25) == 0
+    one = parse_job(["--num-workers", "1", "--cpus-per-worker", "0.5"])
+    assert augmentation_cpus(one, 2.0) == 1.0
     assert augmentation_cpus(parse_job(["--num-workers", "2", "--cpus-per-worker", "0.5", "--feeder", "thread"]),
                              2.0) == 1.0  # fmt: skip
     assert augmentation_cpus(parse_job(["--num-workers", "2", "--cpus-per-worker", "1"]), 2.0) < 0  # none left
@@ -303,3 +306,17 @@ def test_only_rays_own_lines_match(line, hidden):
     from raypipe.ray_logs import WORKER_LINES_HIDDEN
 
     assert bool(re.compile("|".join(f"(?:{p})" for p in WORKER_LINES_HIDDEN)).search(line)) is hidden
+
+
+def test_trainers_and_feeders_that_hold_a_private_cluster_are_refused(monkeypatch):
+    import raypipe.runtime
+    import raypipe.train.run as run
+
+    monkeypatch.setattr(run.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    job = parse_job(["--num-workers", "2", "--cpus-per-worker", "0.5"])
+    monkeypatch.setattr(raypipe.runtime, "private_cluster", lambda: True)
+    with pytest.raises(ValueError, match="leaving none for augmentation.*--feeder thread"):
+        run._check_cpus(job)
+    monkeypatch.setattr(raypipe.runtime, "private_cluster", lambda: False)
+    run._check_cpus(job)  # a cluster that may grow: a warning, the job waits for nodes
+    run._check_cpus(parse_job(["--num-workers", "2", "--cpus-per-worker", "0.5", "--feeder", "thread"]))

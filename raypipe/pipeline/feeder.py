@@ -146,8 +146,9 @@ class FeederSource:
         self.zero_copy_batches = 0  # batches read from their chunk's object, with no copy in the feeder
         # batches the trainer took of the epoch it reads, those before a resume included (None: between epochs)
         self._taken: int | None = None
+        # every rank's feeder holds its share, as every rank's trainer does (``reserved_cpus``)
         kwargs = dict(rank=rank, world_size=world_size, start_epoch=start_epoch, end_epoch=end_epoch,
-                      reserved_cpus=reserved_cpus + FEEDER_CPUS)  # fmt: skip
+                      reserved_cpus=reserved_cpus + FEEDER_CPUS * world_size)  # fmt: skip
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self._actor = _Feeder.options(scheduling_strategy=here).remote(pipeline, kwargs)
 

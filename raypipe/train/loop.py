@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from raypipe.device import DeviceLoader, from_timm_args
 from raypipe.pipeline import EpochSource, FeederSource, Pipeline
+from raypipe.pipeline.feeder import FEEDER_CPUS
 from raypipe.pipeline.identity import check_same_listing
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.metrics import RankEpoch, RunDir, combine, format_line
@@ -335,7 +336,9 @@ def train_loop_per_worker(config: dict) -> None:
     # Each split streams its epochs from one execution for the whole run; the trainers' CPUs are left
     # out of every rank's share of the cluster.
     source_cls = FeederSource if job.feeder == "process" else EpochSource
-    reserved = job.num_workers * job.cpus_per_worker
+    # each source leaves out its own feeders (FeederSource); the other split's are held as the trainers are
+    other_split = FEEDER_CPUS * job.num_workers if job.feeder == "process" else 0.0
+    reserved = job.num_workers * job.cpus_per_worker + other_split
     train_src = source_cls(train_pipe, rank=rank, world_size=world, start_epoch=start.epoch, end_epoch=job.epochs,
                            reserved_cpus=reserved)  # fmt: skip
     eval_src = source_cls(eval_pipe, rank=rank, world_size=world, start_epoch=start.epoch, end_epoch=job.epochs,

@@ -34,10 +34,18 @@ def resolve_storage(path: str) -> str:
     return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
+# Feeder processes per training worker: one for the training split's epochs, one for the eval split's.
+SPLITS = 2
+
+
+def feeder_cpus(job: TrainJobConfig) -> float:
+    """Pure: the CPUs one training worker's feeders hold (none with ``--feeder thread``)."""
+    return SPLITS * FEEDER_CPUS if job.feeder == "process" else 0.0
+
+
 def augmentation_cpus(job: TrainJobConfig, total_cpus: float) -> float:
     """Pure: the CPUs of ``total_cpus`` that the training workers and their feeders leave to augmentation."""
-    feeder = FEEDER_CPUS if job.feeder == "process" else 0.0
-    return total_cpus - job.num_workers * (job.cpus_per_worker + feeder)
+    return total_cpus - job.num_workers * (job.cpus_per_worker + feeder_cpus(job))
 
 
 def _check_cpus(job: TrainJobConfig) -> None:
@@ -46,13 +54,15 @@ def _check_cpus(job: TrainJobConfig) -> None:
     left is enough: the rank's tasks then ask for their share of it (``raypipe.pipeline.budget``)."""
     if job.preprocess_resource:
         return  # augmentation has its own nodes
+    from raypipe.runtime import private_cluster
+
     total = ray.cluster_resources().get("CPU", 0.0)
     if augmentation_cpus(job, total) <= 0:
-        print(
-            f"warning: {job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} and their feeders hold "
-            f"all {total:g} CPUs, leaving none for augmentation; the job waits until the cluster grows",
-            flush=True,
-        )
+        held = (f"{job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} and their feeders "
+                f"({feeder_cpus(job):g} CPU each) hold all {total:g} CPUs, leaving none for augmentation")  # fmt: skip
+        if private_cluster():  # nothing will join a cluster this job started: it would wait forever
+            raise ValueError(f"{held}: lower --cpus-per-worker or --num-workers, or give --feeder thread")
+        print(f"warning: {held}; the job waits until the cluster grows", flush=True)
 
 
 def _num_classes(job: TrainJobConfig, train_rows: SourceRows, val_rows: SourceRows) -> int:
