@@ -87,7 +87,7 @@ def test_torch_trainer_with_datasets_gives_raypipes_pixels(tmp_path, monkeypatch
     augment = TrainAugment(input_size=32)
     try:
         ds = ray.data.read_parquet(str(tmp_path / "train.parquet"))
-        train = ds.map_batches(RayDataAugment, batch_size=8, concurrency=1,
+        train = ds.map_batches(RayDataAugment, batch_size=8, compute=ray.data.ActorPoolStrategy(size=1),
                                fn_constructor_kwargs=dict(augment=augment, seed=SEED, epoch=EPOCH))  # fmt: skip
         TorchTrainer(
             train_loop_per_worker,

@@ -35,8 +35,10 @@ def parquet(tmp_path_factory):
 
 def _transformed(ds, *, epoch: int, batch_size: int, batch_format: str = "numpy", **kwargs) -> dict:
     """``{id: (label, image)}`` of every row the transform gives, and the rows' reasons when kept."""
+    import ray.data
+
     out = ds.map_batches(
-        RayDataAugment, batch_size=batch_size, batch_format=batch_format, concurrency=1,
+        RayDataAugment, batch_size=batch_size, batch_format=batch_format, compute=ray.data.ActorPoolStrategy(size=1),
         fn_constructor_kwargs=dict(augment=AUG, seed=3, epoch=epoch, id_column="id", **kwargs),
     )  # fmt: skip
     got = {}

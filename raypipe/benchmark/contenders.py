@@ -254,7 +254,7 @@ def raypipe_on_ray_data(folder: str, aug: TrainAugment, *, batch_size: int, epoc
 
     def make_epoch(epoch: int) -> Iterator:
         ds = ray.data.from_arrow(blocks).map_batches(
-            RayDataAugment, batch_size=32, concurrency=cores, batch_format="numpy",
+            RayDataAugment, batch_size=32, compute=ray.data.ActorPoolStrategy(size=cores), batch_format="numpy",
             fn_constructor_kwargs=dict(augment=aug, seed=0, epoch=epoch, image_column="path", root=rows.root.root),
         )  # fmt: skip
         ds.context.enable_progress_bars = False

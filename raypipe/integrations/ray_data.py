@@ -6,7 +6,7 @@
     train = ds.map_batches(
         raypipe.RayDataAugment,
         fn_constructor_kwargs=dict(augment=raypipe.TrainAugment(input_size=224), seed=0, epoch=epoch),
-        concurrency=8, batch_size=64,
+        compute=ray.data.ActorPoolStrategy(size=8), batch_size=64,
     )
     for batch in train.iter_torch_batches(batch_size=128):   # image uint8 NHWC, label, sample_id
         ...
