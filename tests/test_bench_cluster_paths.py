@@ -34,9 +34,10 @@ def _run(args: list[str], tmp_path) -> object:
 
 def _check(r: dict) -> None:
     assert r["images"] == IMAGES  # the measured epoch, every image once
-    assert r["seconds"] > 0 and r["images_per_s"] > 0 and r["cpu_ms_per_image"] > 0
-    assert 0 < r["busy"] <= 1
-    assert r["roles_ms_per_image"]["trainer"] > 0
+    assert r["seconds"] > 0 and r["images_per_s"] > 0
+    # CPU is read in the kernel's 10 ms ticks: an epoch of 24 tiny images made ahead may take none
+    assert r["cpu_ms_per_image"] >= 0 and 0 <= r["busy"] <= 1
+    assert r["roles_ms_per_image"]["trainer"] >= 0
 
 
 @pytest.mark.timeout(420)
