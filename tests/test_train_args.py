@@ -320,3 +320,19 @@ def test_trainers_and_feeders_that_hold_a_private_cluster_are_refused(monkeypatc
     monkeypatch.setattr(raypipe.runtime, "private_cluster", lambda: False)
     run._check_cpus(job)  # a cluster that may grow: a warning, the job waits for nodes
     run._check_cpus(parse_job(["--num-workers", "2", "--cpus-per-worker", "0.5", "--feeder", "thread"]))
+
+
+def test_a_listing_by_shard_takes_the_number_of_classes_given(tmp_path):
+    from test_webdataset import sample, write_shard
+
+    from raypipe.sources import open_source
+    from raypipe.sources.indexer import index_shards
+    from raypipe.train.run import _num_classes
+
+    d = tmp_path / "wds"
+    write_shard(d / "s-0.tar", sample("a/0", 3) + sample("a/1", 1))
+    index_shards(str(d), use_ray=False)
+    rows = open_source(str(d), by_shard=True)
+    assert _num_classes(parse_job(["--num-classes", "10"]), rows, rows) == 10
+    with pytest.raises(ValueError, match="number of classes"):
+        _num_classes(parse_job([]), rows, rows)
