@@ -211,8 +211,10 @@ def test_trainers_cpus_are_not_taken_from_cpu_nodes_they_do_not_run_on(sample_di
         ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 150 * 2**20})
     try:
-        cluster.add_node(num_cpus=2, resources={"preprocess": 2}, object_store_memory=150 * 2**20)
+        # the driver joins while the head is the only node: it runs there (nodes of one machine share an
+        # address, and a driver joining later may land on any of them)
         ray.init(address=cluster.address, logging_level="WARNING")
+        cluster.add_node(num_cpus=2, resources={"preprocess": 2}, object_store_memory=150 * 2**20)
         cluster.wait_for_nodes()
         steered = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8),
                            execution=ExecutionConfig(resources={"preprocess": 0.001}))  # fmt: skip
