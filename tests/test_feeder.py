@@ -15,6 +15,9 @@ from raypipe.pipeline import EpochSource, FeederDiedError, FeederSource, Pipelin
 pytestmark = pytest.mark.timeout(240)
 
 AUG = TrainAugment(input_size=32, color_jitter=None)
+# Ray tasks whatever cluster an earlier test left (on raypipe's private one, "auto" is local workers:
+# tests/test_feeder_local.py)
+RAY = ExecutionConfig(backend="ray")
 
 
 def _epochs(source, n):
@@ -35,7 +38,7 @@ def _feeder_pid(source) -> int:
 
 
 def test_same_batches_and_reports_as_in_process(ray_local, sample_dir):
-    ex = ExecutionConfig(chunk_rows=16)
+    ex = ExecutionConfig(backend="ray", chunk_rows=16)
     pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16), execution=ex)
     here = EpochSource(pipe, end_epoch=2)
     feeder = FeederSource(pipe, end_epoch=2)
@@ -61,7 +64,7 @@ def test_batches_packed_across_chunks_and_views_of_one_chunk_come_out_the_same(r
     """12-row chunks, batches of 8: a chunk's first 8 rows are handed over as its object's rows, the
     rest packed across chunks into copies; both are the pixels EpochSource yields, in its order."""
     pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8),
-                    execution=ExecutionConfig(chunk_rows=12))  # fmt: skip
+                    execution=ExecutionConfig(backend="ray", chunk_rows=12))  # fmt: skip
     here, feeder = EpochSource(pipe, end_epoch=1), FeederSource(pipe, end_epoch=1)
     try:
         want, got = _epochs(here, 1)[0], _epochs(feeder, 1)[0]
@@ -75,7 +78,12 @@ def test_batches_packed_across_chunks_and_views_of_one_chunk_come_out_the_same(r
 
 
 def test_early_stop_then_next_epoch_and_close_ends_the_process(ray_local, sample_dir):
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8), execution=ExecutionConfig(chunk_rows=16))
+    pipe = Pipeline(
+        str(sample_dir),
+        AUG,
+        config=PipelineConfig(batch_size=8),
+        execution=ExecutionConfig(backend="ray", chunk_rows=16),
+    )
     feeder = FeederSource(pipe, prefetch=3)
     it = iter(feeder)
     first = next(it)
@@ -98,7 +106,7 @@ def test_pipeline_errors_reach_the_trainer_with_their_type(ray_local, sample_dir
     shutil.copytree(sample_dir, root)
     cls = sorted(os.listdir(root))[0]
     (root / cls / "empty.jpg").write_bytes(b"")
-    pipe = Pipeline(str(root), AUG, config=PipelineConfig(batch_size=16, max_skips=0))
+    pipe = Pipeline(str(root), AUG, config=PipelineConfig(batch_size=16, max_skips=0), execution=RAY)
     feeder = FeederSource(pipe)
     try:
         with pytest.raises(SkipLimitError, match="empty.jpg"):
@@ -108,7 +116,12 @@ def test_pipeline_errors_reach_the_trainer_with_their_type(ray_local, sample_dir
 
 
 def test_a_killed_feeder_is_a_clear_error(ray_local, sample_dir):
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4), execution=ExecutionConfig(chunk_rows=16))
+    pipe = Pipeline(
+        str(sample_dir),
+        AUG,
+        config=PipelineConfig(batch_size=4),
+        execution=ExecutionConfig(backend="ray", chunk_rows=16),
+    )
     feeder = FeederSource(pipe, prefetch=1)
     try:
         it = iter(feeder)
@@ -122,7 +135,7 @@ def test_a_killed_feeder_is_a_clear_error(ray_local, sample_dir):
 
 
 def test_device_loader_over_a_feeder(ray_local, sample_dir):
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16))
+    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16), execution=RAY)
     with from_timm_args(FeederSource(pipe), device="cpu", img_dtype="float32") as loader:
         for _ in range(2):
             ids = np.concatenate([b["sample_id"].numpy() for b in loader])
@@ -134,7 +147,12 @@ def test_device_loader_over_a_feeder(ray_local, sample_dir):
 def test_on_two_cpus_a_feeder_leaves_room_for_two_augmentation_tasks_at_once(ray_local, sample_dir, tmp_path):
     """The feeder holds 0.25 CPU: its rank's 1.75 CPUs run two tasks of 0.875, not one of 1.0, and
     two such tasks do run at the same time beside the feeder on a 2-CPU node."""
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8), execution=ExecutionConfig(chunk_rows=8))
+    pipe = Pipeline(
+        str(sample_dir),
+        AUG,
+        config=PipelineConfig(batch_size=8),
+        execution=ExecutionConfig(backend="ray", chunk_rows=8),
+    )
     feeder = FeederSource(pipe, end_epoch=1)
     try:
         it = iter(feeder)

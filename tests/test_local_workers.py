@@ -241,14 +241,11 @@ def test_the_timm_drop_in_without_ray_starts_no_cluster(sample_dir):
     assert LocalWorkers._shared is not None and LocalWorkers._shared._started
 
 
-def test_a_feeder_on_local_workers_is_a_clear_error(sample_dir):
-    import torch
+def test_a_feeder_runs_on_ray_even_when_its_tasks_are_local_workers():
+    from raypipe.integrations.timm import _wants_ray
 
-    from raypipe.timm import create_loader
-
-    with pytest.raises(ValueError, match="feeder=True .* not 'local'"):
-        create_loader(str(sample_dir), input_size=(3, 32, 32), batch_size=8, is_training=True, feeder=True,
-                      device=torch.device("cpu"), execution=ExecutionConfig(backend="local"))  # fmt: skip
+    assert _wants_ray(ExecutionConfig(backend="local"), world_size=1, feeder=True)  # the feeder is a Ray actor
+    assert not _wants_ray(ExecutionConfig(backend="local"), world_size=1, feeder=False)
 
 
 def _with_ids(loader):

@@ -322,6 +322,29 @@ def test_trainers_and_feeders_that_hold_a_private_cluster_are_refused(monkeypatc
     run._check_cpus(parse_job(["--num-workers", "2", "--cpus-per-worker", "0.5", "--feeder", "thread"]))
 
 
+def test_on_the_private_cluster_the_jobs_tasks_are_local_workers_and_need_no_ray_cpu(monkeypatch):
+    import dataclasses
+
+    import raypipe.runtime
+    import raypipe.train.run as run
+    from raypipe.pipeline.feeder import on_ray_backend
+
+    monkeypatch.setattr(run.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(raypipe.runtime, "private_cluster", lambda: True)
+    job = parse_job(["--num-workers", "2", "--cpus-per-worker", "0.5"])
+    job = dataclasses.replace(job, execution=on_ray_backend(job.execution, source_kind="folder"))
+    assert job.execution.backend == "local"
+    run._check_cpus(job)  # trainers and feeders hold all 2 CPUs; augmentation runs beside them
+    over = dataclasses.replace(job, cpus_per_worker=0.75)
+    with pytest.raises(ValueError, match="ask for more than the cluster's 2 CPUs"):
+        run._check_cpus(over)
+    assert on_ray_backend(job.execution, source_kind="raydata") is job.execution  # decided once, kept
+    steered = parse_job(["--preprocess-resource", "preprocess"]).execution
+    assert on_ray_backend(steered, source_kind="folder").backend == "ray"
+    monkeypatch.setattr(raypipe.runtime, "private_cluster", lambda: False)
+    assert on_ray_backend(parse_job([]).execution, source_kind="folder").backend == "ray"
+
+
 def test_a_listing_by_shard_takes_the_number_of_classes_given(tmp_path):
     from test_webdataset import sample, write_shard
 

@@ -199,15 +199,13 @@ def execution_for(execution: ExecutionConfig | None, device: Any) -> ExecutionCo
 
 def _wants_ray(execution: ExecutionConfig | None, *, world_size: int, feeder: bool) -> bool:
     """Whether the loader runs on Ray: asked for, or needed (ranks to share a node's cluster, a feeder
-    actor), or there to join (connected, ``RAY_ADDRESS``). Else one trainer on one machine: its tasks
-    run in local worker processes (``ExecutionConfig.backend``), with no cluster to start."""
+    actor, even one whose tasks are local worker processes), or there to join (connected,
+    ``RAY_ADDRESS``). Else one trainer on one machine: its tasks run in local worker processes
+    (``ExecutionConfig.backend``), with no cluster to start."""
     from raypipe import runtime
 
     backend = (execution or ExecutionConfig()).backend
-    if feeder and backend == "local":
-        raise ValueError("feeder=True runs the rank's source in a Ray actor: it needs ExecutionConfig(backend='ray' "
-                         "or 'auto'), not 'local'")  # fmt: skip
-    return runtime.runs_on_ray(backend, needed=world_size > 1 or feeder)
+    return feeder or runtime.runs_on_ray(backend, needed=world_size > 1)
 
 
 def _world(distributed: bool, rank: int | None, world_size: int | None) -> tuple[int, int]:

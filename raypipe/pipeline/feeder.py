@@ -12,6 +12,16 @@ bounds, and the trainer reads the rows from the object store where the task put 
 the images in the feeder, which would otherwise put every batch into the object store a second time.
 Other batches (rows packed across chunks, around skipped rows) are returned as arrays.
 
+Where the feeder's augmentation runs (``feeder_execution``): on raypipe's private local Ray
+(``raypipe.connect()`` with no cluster to join) every task would land on this one machine, which
+nothing will join, so the feeder runs them on local worker processes instead, as an ``EpochSource``
+without Ray does: a Ray task costs more CPU per image than the whole local path (its result is put
+into the object store, Ray's core-worker threads run beside it; docs/performance.md). Their chunks
+are slabs of shared memory, and a batch of one chunk goes to the trainer as the slab's descriptor
+(``raypipe.pipeline.handover``): no copy there either. On a cluster the feeder's tasks are Ray tasks,
+spread over its nodes as they come and go; ``ExecutionConfig(backend="local")`` keeps a feeder's
+tasks on its own node there too.
+
 The feeder runs exactly the ``EpochSource`` the trainer would have run (same shard, same order, same
 accounting), so the batches are identical either way.
 """
@@ -19,16 +29,25 @@ accounting), so the batches are identical either way.
 from __future__ import annotations
 
 import collections
+import copy
+import dataclasses
+import logging
 from collections.abc import Iterator
 
 import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from raypipe import runtime
+from raypipe.config import ExecutionConfig
 from raypipe.pipeline.accounting import EpochReport
+from raypipe.pipeline.handover import HandoverError, SlabReceiver, SlabSender
 from raypipe.pipeline.pipeline import EpochSource, Pipeline
+from raypipe.pipeline.slabs import slab_of
 
-__all__ = ["FeederSource", "FeederDiedError", "FEEDER_CPUS"]
+__all__ = ["FeederSource", "FeederDiedError", "FEEDER_CPUS", "feeder_execution", "on_ray_backend"]
+
+log = logging.getLogger(__name__)
 
 # The CPU a feeder declares (and its rank's budget leaves out): fetching, packing and handing out
 # ~1000 batches/s of work is a fraction of a core.
@@ -50,6 +69,18 @@ class _Feeder:
         tune_consumer_process()  # this process is raypipe's own: see the function
         self.source = EpochSource(pipeline, **source_kwargs)
         self.it: Iterator | None = None
+        # local workers' chunks go to the trainer as slabs (see the module's doc)
+        self.sender = None if pipeline.uses_ray() else SlabSender()
+
+    def handover_address(self) -> tuple[str, bytes] | None:
+        return self.sender.address() if self.sender is not None else None
+
+    def accept_handover(self, connected: bool, timeout_s: float) -> bool:
+        """Take the trainer's hand-over connection; without one, batches go by value."""
+        if self.sender is not None and not (connected and self.sender.accept(timeout_s)):
+            self.sender.close()
+            self.sender = None
+        return self.sender is not None
 
     def begin(self, epoch: int) -> int:
         """Start ``epoch``; return the batches of it taken before (a resumed epoch's), which the
@@ -59,14 +90,23 @@ class _Feeder:
         self.it = iter(self.source)
         return self.source.state_dict()["batches"]
 
-    def next(self) -> tuple[str, object]:
+    def next(self, released: list[int] = ()) -> tuple[str, object]:
+        """The next batch; ``released``: tokens of slab batches the trainer no longer views."""
+        if self.sender is not None:
+            self.sender.release(released)
         if self.it is None:  # a call queued behind the epoch's end (the consumer prefetches)
             return ("idle", None)
         try:
             batch = next(self.it)
-            rows = _rows_of(batch["image"], self.source.chunk)
-            if rows is not None:
-                return ("rows", (self.source.chunk.ref, rows, batch["label"], batch["sample_id"]))
+            chunk = self.source.chunk
+            rows = _rows_of(batch["image"], chunk)
+            if rows is not None and chunk.ref is not None:
+                return ("rows", (chunk.ref, rows, batch["label"], batch["sample_id"]))
+            slab = slab_of(chunk.block["image"]) if rows is not None and self.sender is not None else None
+            if slab is not None:
+                token = self.sender.send(slab.fd, keep=chunk.block["image"])
+                row_shape = chunk.block["image"].shape[1:]
+                return ("slab", (token, rows, row_shape, batch["label"], batch["sample_id"]))
             return ("batch", batch)
         except StopIteration:
             self.it = None
@@ -94,11 +134,35 @@ class _Feeder:
     def close(self) -> None:
         self.end_epoch()
         self.source.close()
+        if self.sender is not None:
+            self.sender.close()
+
+
+def on_ray_backend(execution: ExecutionConfig, *, source_kind: str) -> ExecutionConfig:
+    """``execution`` for a process on Ray (a feeder, a training worker), with ``backend="auto"``
+    decided: ``"local"`` on raypipe's private local Ray (the machine's own worker processes: nothing
+    else will join that cluster, so a Ray task could only run here too, at a higher CPU cost), unless
+    the tasks need Ray (a Ray Dataset's blocks, steering ``resources``); else ``"ray"``. Decided in the
+    process that connected (only it knows whose cluster it is)."""
+    if execution.backend != "auto":
+        return execution
+    local = runtime.private_cluster() and not execution.resources and source_kind != "raydata"
+    return dataclasses.replace(execution, backend="local" if local else "ray")
+
+
+def feeder_execution(pipeline: Pipeline) -> Pipeline:
+    """``pipeline`` as its feeder runs it (``on_ray_backend``); the caller's is left as it is."""
+    execution = on_ray_backend(pipeline.execution, source_kind=pipeline.rows.kind)
+    if execution == pipeline.execution:
+        return pipeline
+    out = copy.copy(pipeline)
+    out.execution = execution
+    return out
 
 
 def _rows_of(image: np.ndarray, chunk) -> tuple[int, int] | None:
-    """(start, stop) when ``image`` is rows ``start:stop`` of ``chunk``'s images, a Ray object."""
-    if chunk is None or chunk.ref is None:
+    """(start, stop) when ``image`` is rows ``start:stop`` of ``chunk``'s images."""
+    if chunk is None or chunk.block is None:
         return None
     whole = chunk.block["image"]
     offset = image.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
@@ -135,7 +199,9 @@ class FeederSource:
         from raypipe.runtime import wait_connected
 
         wait_connected()  # the feeder is a Ray actor: it needs the cluster (connect(wait=False) may be starting it)
-        check_task_fits(pipeline.execution)  # here, where the cluster was started (the feeder cannot tell)
+        runs = feeder_execution(pipeline)  # decided here, where the cluster was started (the feeder cannot tell)
+        if runs.uses_ray():
+            check_task_fits(runs.execution)
         self.pipeline = pipeline
         self.rank = rank
         self.world_size = world_size
@@ -150,7 +216,36 @@ class FeederSource:
         kwargs = dict(rank=rank, world_size=world_size, start_epoch=start_epoch, end_epoch=end_epoch,
                       reserved_cpus=reserved_cpus + FEEDER_CPUS * world_size)  # fmt: skip
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self._actor = _Feeder.options(scheduling_strategy=here).remote(pipeline, kwargs)
+        self._actor = _Feeder.options(scheduling_strategy=here).remote(runs, kwargs)
+        self._receiver: SlabReceiver | None = None
+        try:
+            self._receiver = self._connect_handover()
+        except BaseException:
+            self.close()
+            raise
+
+    def _connect_handover(self) -> SlabReceiver | None:
+        """The hand-over of a feeder on local workers; None for Ray tasks' feeder, or where this process
+        cannot reach the feeder's socket (another file system view): its batches then come by value."""
+        address = self._get(self._actor.handover_address.remote(), self.timeout_s)
+        if address is None:
+            return None
+        try:
+            receiver = SlabReceiver(address, self.timeout_s)
+        except OSError as exc:
+            receiver = None
+            log.warning("cannot reach the raypipe feeder's socket (%s): batches are copied to this process", exc)
+        if self._get(self._actor.accept_handover.remote(receiver is not None, self.timeout_s), 2 * self.timeout_s):
+            return receiver
+        if receiver is not None:
+            receiver.close()
+            log.warning("the raypipe feeder refused this process's connection: batches are copied to this process")
+        return None
+
+    @property
+    def runs_on_local_workers(self) -> bool:
+        """Whether the feeder's batches come as slabs of local workers (``feeder_execution``)."""
+        return self._receiver is not None
 
     def __len__(self) -> int:
         return self.pipeline.num_batches(self.world_size, self.rank)
@@ -181,20 +276,27 @@ class FeederSource:
         actor, epoch = self._actor, self.next_epoch
         self.next_epoch += 1
         taken = self._get(actor.begin.remote(epoch), self.timeout_s)
-        pending = collections.deque(actor.next.remote() for _ in range(self.prefetch))
+        pending = collections.deque(actor.next.remote(self._released()) for _ in range(self.prefetch))
         done = False
         self._taken = taken
         try:
             while True:
                 kind, value = self._get(pending.popleft())
                 if kind == "rows":
-                    pending.append(actor.next.remote())
+                    pending.append(actor.next.remote(self._released()))
                     ref, (start, stop), label, sample_id = value
                     self.zero_copy_batches += 1
                     self._taken += 1
                     yield {"image": self._get(ref)["image"][start:stop], "label": label, "sample_id": sample_id}
+                elif kind == "slab":
+                    token, (start, stop), row_shape, label, sample_id = value
+                    image = self._view(token, start, stop, row_shape)
+                    pending.append(actor.next.remote(self._released()))
+                    self.zero_copy_batches += 1
+                    self._taken += 1
+                    yield {"image": image, "label": label, "sample_id": sample_id}
                 elif kind == "batch":
-                    pending.append(actor.next.remote())
+                    pending.append(actor.next.remote(self._released()))
                     self._taken += 1
                     yield value
                 elif kind == "end":
@@ -214,6 +316,16 @@ class FeederSource:
                 except Exception:  # noqa: BLE001 - Ray already shut down: nothing left to stop
                     pass
 
+    def _released(self) -> list[int]:
+        return self._receiver.take_released() if self._receiver is not None else []
+
+    def _view(self, token: int, start: int, stop: int, row_shape) -> np.ndarray:
+        try:
+            return self._receiver.view(token, start, stop, row_shape)
+        except HandoverError as exc:
+            raise FeederDiedError(f"the raypipe feeder process of rank {self.rank} stopped handing over batches: "
+                                  f"{exc}") from exc  # fmt: skip
+
     def _get(self, ref, timeout_s: float | None = None):
         try:
             return ray.get(ref, timeout=timeout_s)
@@ -230,6 +342,9 @@ class FeederSource:
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the feeder's executions (a warmed-up next epoch too) and end its process. Idempotent."""
         actor, self._actor = self._actor, None
+        receiver, self._receiver = getattr(self, "_receiver", None), None
+        if receiver is not None:
+            receiver.close()  # mappings the caller still holds stay valid
         if actor is None:
             return
         try:

@@ -24,10 +24,13 @@ import weakref
 
 import numpy as np
 
-__all__ = ["Slab", "SlabPool", "slab_room"]
+__all__ = ["Slab", "SlabPool", "slab_room", "slab_of"]
 
 _ROUND = 1 << 20  # capacities are whole MiB, so chunks of about one size share their slabs
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # one call maps every page, instead of a fault per page
+# The slab behind each live mapping ``SlabPool.view`` made (by the mapping's id, removed as it goes), so
+# that a feeder can pass a batch's slab on to the trainer's process (``slab_of``).
+_MAPPED: dict[int, Slab] = {}
 
 
 class Slab:
@@ -97,8 +100,13 @@ class SlabPool:
             self.give_back(slab)
             return np.empty(shape, dtype=np.uint8)
         mapped = mmap.mmap(slab.fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
-        weakref.finalize(mapped, self.give_back, slab).atexit = False
+        _MAPPED[id(mapped)] = slab
+        weakref.finalize(mapped, self._unmapped, id(mapped), slab).atexit = False
         return np.frombuffer(mapped, dtype=np.uint8).reshape(shape)
+
+    def _unmapped(self, key: int, slab: Slab) -> None:
+        _MAPPED.pop(key, None)
+        self.give_back(slab)
 
     def free_slabs(self) -> int:
         with self._lock:
@@ -134,6 +142,17 @@ class SlabPool:
             except IndexError:
                 return
             os.close(slab.fd)
+
+
+def slab_of(images: np.ndarray) -> Slab | None:
+    """The slab ``images`` (or the array they view) were mapped from by ``SlabPool.view``; None for
+    other memory. Valid while ``images`` lives: its slab is not given back before."""
+    base = images
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):  # np.frombuffer's base
+        base = base.obj
+    return _MAPPED.get(id(base)) if isinstance(base, mmap.mmap) else None
 
 
 def slab_room(directory_free: int) -> int:

@@ -10,6 +10,7 @@ a job with the same ``--name`` therefore continues where it stopped; within one 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -18,7 +19,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from raypipe.pipeline.accounting import SkipLimitError
-from raypipe.pipeline.feeder import FEEDER_CPUS
+from raypipe.pipeline.feeder import FEEDER_CPUS, on_ray_backend
 from raypipe.pipeline.identity import ListingMismatchError
 from raypipe.sources import SourceRows
 from raypipe.train.args import TrainJobConfig
@@ -57,7 +58,14 @@ def _check_cpus(job: TrainJobConfig) -> None:
     from raypipe.runtime import private_cluster
 
     total = ray.cluster_resources().get("CPU", 0.0)
-    if augmentation_cpus(job, total) <= 0:
+    left = augmentation_cpus(job, total)
+    if job.execution.backend == "local":  # augmentation in local worker processes, outside Ray's CPUs
+        if left < 0:
+            raise ValueError(f"{job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} and their feeders "
+                             f"({feeder_cpus(job):g} CPU each) ask for more than the cluster's {total:g} CPUs: "
+                             "lower --cpus-per-worker or --num-workers")  # fmt: skip
+        return
+    if left <= 0:
         held = (f"{job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} and their feeders "
                 f"({feeder_cpus(job):g} CPU each) hold all {total:g} CPUs, leaving none for augmentation")  # fmt: skip
         if private_cluster():  # nothing will join a cluster this job started: it would wait forever
@@ -125,6 +133,8 @@ def run_training(job: TrainJobConfig, *, verbose: bool = False) -> dict:
     name = job.name or f"{job.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     storage = resolve_storage(job.storage_path)
     train_rows, val_rows, data = job_rows(job)
+    # the workers cannot tell whose cluster they are on: this process decides where their tasks run
+    job = dataclasses.replace(job, execution=on_ray_backend(job.execution, source_kind=train_rows.kind))
     _check_cpus(job)
     num_classes = _num_classes(job, train_rows, val_rows)
     _check_batches(job, len(train_rows))
