@@ -13,7 +13,10 @@ from typing import Any
 
 from raypipe.config import BACKENDS, CONFIG_SECTIONS, TRAIN_SECTION, config_sections, load_yaml, resolve_sections
 
-__all__ = ["add_augment_args", "add_config_arg", "add_pipeline_args", "add_source_args", "build_configs", "SECTIONS"]
+__all__ = [
+    "add_augment_args", "add_config_arg", "add_index_arg", "add_pipeline_args", "add_source_args", "build_configs",
+    "SECTIONS",
+]  # fmt: skip
 
 # flag dest -> (section, field)
 _AUG_FLAGS = {
@@ -70,6 +73,14 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label-column", default="label", help="Parquet/manifest label column")
     p.add_argument("--path-column", default="path", help="manifest path column")
     p.add_argument("--root", help="manifest dataset root (default: the manifest's folder)")
+    add_index_arg(p)
+
+
+def add_index_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--index", metavar="PATH",
+                   help="WebDataset shards: the index to list them from, when it is not raypipe-index.parquet "
+                        "beside them: a .parquet (`raypipe index --out`), 'dali' (DALI's SHARD.idx beside each "
+                        "shard) or a brace pattern of .idx paths")  # fmt: skip
 
 
 def add_augment_args(p: argparse.ArgumentParser) -> None:

@@ -39,7 +39,7 @@ def test_every_quoted_bench_script_exists_and_every_measurement_is_one_of_profil
 
 
 @pytest.mark.parametrize("name", ["slab-cost", "start-cost", "stage", "cpu-account", "s3-requests", "s3-listing",
-                                  "s3-folder-listing", "rng"])
+                                  "s3-folder-listing", "rng", "shard-listing"])
 def test_each_measurement_explains_itself(name):
     out = _run(name, "--help")
     assert out.returncode == 0 and "usage: profiles.py " + name in out.stdout, out.stderr
@@ -61,3 +61,17 @@ def test_remote_folder_listing_measurement_runs(tmp_path):
     assert len(lines) == 2 and all(" 15 objects" in line for line in lines), out.stdout
     assert "served 1 requests" in lines[0] and "served 4 requests" in lines[1], out.stdout
     assert not (tmp_path / "work").exists()
+
+
+def test_the_synthetic_shard_datasets_list_alike_by_shard(tmp_path):
+    """The billion-sample measurement's datasets: the footer-only index and the one with every row give
+    the same listing by shard; the latter's rows list by row too."""
+    from raypipe.benchmark.listing import write_shard_dataset
+    from raypipe.sources import open_source
+
+    footer = write_shard_dataset(tmp_path / "footer", 3, 4, member_rows=False)
+    rows = write_shard_dataset(tmp_path / "rows", 3, 4, member_rows=True)
+    a, b = open_source(str(footer), by_shard=True), open_source(str(rows), by_shard=True)
+    assert a.shard_counts.tolist() == b.shard_counts.tolist() == [4, 4, 4] and a.digest() == b.digest()
+    listed = open_source(str(rows), by_shard=False)
+    assert len(listed) == 12 and listed.table.column("label").to_pylist() == [0] * 4 + [1] * 4 + [2] * 4

@@ -85,6 +85,12 @@ USER_ERRORS = [
     (["bench", "{tmp}/nope"], "does not exist"),
     (["bench", "{data}", "--only", "turbo"], "invalid choice"),
     (["bench", "{data}", "--timm-workers", "0"], "--timm-workers"),
+    # a shard index, for a source that is no WebDataset shards
+    (["scan", "{data}", "--index", "{tmp}/i.parquet"], "--index"),
+    (["run", "{data}", "--index", "{tmp}/i.parquet"], "--index"),
+    (["preview", "{data}", "--out", "{tmp}/g.png", "--index", "{tmp}/i.parquet"], "--index"),
+    (["convert", "{data}", "{tmp}/out", "--format", "parquet", "--index", "{tmp}/i.parquet"], "--index"),
+    (["bench", "{data}", "--index", "{tmp}/i.parquet"], "--index"),
 ]
 
 
@@ -214,6 +220,39 @@ def test_an_unexpected_error_is_exit_1_and_debug_shows_where(sample_dir, monkeyp
     assert err.startswith("raypipe preview: failed: KeyError: 'image'") and "--debug" in err
     assert cli(["--debug", "preview", str(sample_dir), "--out", "x.png"]) == 1
     assert "Traceback" in capsys.readouterr().err
+
+
+# ---- --index: a shard index written elsewhere -----------------------------------------------------
+
+
+def test_index_names_a_shard_index_written_elsewhere(sample_dir, tmp_path, monkeypatch, capsys, no_ray):
+    """`raypipe index --out` writes the index away from the shards (a read-only bucket's case); a command
+    given it with --index lists from it, not from the shards' headers. A bad --index is one line, exit 2."""
+    from test_webdataset import sample, write_shard
+
+    from raypipe.sources.shard_index import INDEX_NAME
+
+    photos = sorted(sample_dir.rglob("*.jpg"))[:6]
+    shard = tmp_path / "wds" / "shard-0000.tar"
+    write_shard(shard, [m for i, p in enumerate(photos) for m in sample(f"s/{i:03d}", i % 2, image=p.read_bytes())])
+    index = tmp_path / "elsewhere" / "i.parquet"
+    assert cli(["index", str(shard), "--out", str(index)]) == 0  # one shard: indexed in this process
+    assert index.is_file() and not (shard.parent / INDEX_NAME).exists()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a shard was listed from its tar headers")
+
+    monkeypatch.setattr("raypipe.sources.webdataset._list_shard", refuse)
+    capsys.readouterr()
+    out = tmp_path / "scan.json"
+    assert cli(["scan", str(shard), "--index", str(index), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["total"] == report["ok"] == 6 and not report["skipped_paths"]
+    assert status(["scan", str(shard)]) == 1  # without it, the headers are read
+    assert "listed from its tar headers" in capsys.readouterr().err
+    for bad, word in ((tmp_path / "nope.parquet", "nope.parquet"), (tmp_path / "i.txt", "expected a raypipe index")):
+        assert status(["scan", str(shard), "--index", str(bad)]) == 2
+        one_line_error(capsys.readouterr().err, word)
 
 
 # ---- scan: exit 1 when it found bad images; in-process below the threshold -----------------------

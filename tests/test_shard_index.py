@@ -7,13 +7,16 @@ import logging
 import os
 import tarfile
 
+import pyarrow.parquet as pq
 import pytest
 from test_webdataset import sample, write_shard
 
 from raypipe.cli.main import main as cli_main
 from raypipe.sources import open_source
 from raypipe.sources.indexer import index_shards
-from raypipe.sources.shard_index import INDEX_NAME, read_index
+from raypipe.sources.paths import open_root
+from raypipe.sources.shard_index import INDEX_NAME, read_index, write_index
+from raypipe.sources.shard_listing import read_footer
 from raypipe.testing import S3Server
 
 pytestmark = pytest.mark.timeout(180)
@@ -112,6 +115,21 @@ def test_index_file_layout(tmp_path):
     (tmp_path / "other.parquet").write_bytes((d / INDEX_NAME).read_bytes()[:-8] + b"garbage!")
     with pytest.raises(Exception):  # noqa: B017 - pyarrow's own error for a cut Parquet file
         open_source(str(d), index=str(tmp_path / "other.parquet"))
+
+
+def test_an_index_without_member_rows_has_the_same_footer(tmp_path):
+    """``member_rows=False`` writes the footer of the full index and no rows: a listing by shard reads the
+    same shards and samples from it."""
+    d = _shards(tmp_path / "wds", n=3)
+    index_shards(str(d), use_ray=False)
+    root, records = read_index(str(d / INDEX_NAME))
+    bare = str(tmp_path / "footer.parquet")
+    write_index(list(records.values()), bare, root=open_root(root), member_rows=False)
+    assert read_footer(None, bare) == read_footer(None, str(d / INDEX_NAME))
+    assert pq.read_metadata(bare).num_rows == 0
+    full, footer = open_source(str(d), by_shard=True), open_source(str(d), index=bare, by_shard=True)
+    assert footer.shard_counts.tolist() == full.shard_counts.tolist() == [7, 7, 7]
+    assert footer.digest() == full.digest()
 
 
 # ---- DALI and wids ---------------------------------------------------------------------------------------

@@ -73,14 +73,20 @@ def kernel_per_core(files: list[bytes], aug: TrainAugment) -> Result:
 
 
 def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: int, device_side: bool = True,
-                     started: float | None = None, backend: str = "auto") -> Result:  # fmt: skip
+                     started: float | None = None, backend: str = "auto",
+                     index: str | None = None) -> Result:  # fmt: skip
     """The timm drop-in with the timm row's arguments, or (``device_side=False``) the packed uint8 batches
-    as a GPU trainer receives them, before the device side (which a GPU machine runs on the GPU)."""
+    as a GPU trainer receives them, before the device side (which a GPU machine runs on the GPU).
+    ``index``: WebDataset shards' shard index (``open_source(…, index=)``), listed here as the loader would."""
     import torch
 
     from raypipe.config import ExecutionConfig
     from raypipe.pipeline import EpochSource, Pipeline
+    from raypipe.sources import open_source
     from raypipe.timm import create_loader
+
+    if index is not None:
+        data = open_source(data, index=index)
 
     # Workers at the default priority, as timm's and Ray Data's are.
     execution = ExecutionConfig(worker_nice=0, worker_sched_idle=False, backend=backend)

@@ -61,11 +61,12 @@ class BenchData:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def open_bench_data(source: str) -> BenchData:
-    """List ``source``; a local image folder is also the folder-only contenders' folder."""
+def open_bench_data(source: str, *, index: str | None = None) -> BenchData:
+    """List ``source`` (WebDataset shards with the shard index ``index``, as ``open_source`` takes it); a
+    local image folder is also the folder-only contenders' folder."""
     from raypipe.sources import open_source
 
-    rows = open_source(source)
+    rows = open_source(source, index=index)
     local_folder = rows.kind == "folder" and rows.root.is_local
     return BenchData(source, rows, rows.root.root if local_folder else None)
 

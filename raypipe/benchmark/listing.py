@@ -123,8 +123,8 @@ def _plan_child(n: int, world_size: int, chunk_rows: int, shard_rows: int) -> di
 def write_shard_dataset(folder: Path, shards: int, per_shard: int, *, member_rows: bool) -> Path:
     """A synthetic indexed WebDataset under ``folder``: ``shards`` empty ``.tar`` files and raypipe's index
     of ``per_shard`` samples each (no image data). ``member_rows``: the index holds every sample's row
-    (offsets, sizes, labels), as a real one does; else its footer alone, which is all a listing by shard
-    and the plan read. Kept and reused when there already."""
+    (offsets, sizes, labels), as a real one does; else its footer alone (``write_index(…, member_rows=False)``),
+    which is all a listing by shard and the plan read. Kept and reused when there already."""
     import numpy as np
 
     from raypipe.sources.paths import open_root
@@ -137,21 +137,13 @@ def write_shard_dataset(folder: Path, shards: int, per_shard: int, *, member_row
     names = [f"shard-{k:06d}.tar" for k in range(shards)]
     for name in names:
         (folder / name).touch()
-    if member_rows:
-        offsets = (np.arange(per_shard, dtype=np.int64) * 110_000 + 1024).tolist()
-        records = [ShardRecord(path=name, size=0, mtime_ns=-1, labels=[k % 1000] * per_shard,
-                               errors=[None] * per_shard, offsets=offsets, sizes=[110_000] * per_shard,
-                               members=[None] * per_shard, keys=per_shard) for k, name in enumerate(names)]  # fmt: skip
-        write_index(records, str(index), root=open_root(str(folder)))
-        return folder
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    meta = {"format": "raypipe-webdataset-index", "version": 1, "root": str(folder),
-            "shards": [{"path": n, "size": 0, "mtime_ns": -1, "keys": per_shard, "rows": per_shard,
-                        "stopped_at": None, "reason": ""} for n in names]}  # fmt: skip
-    table = pa.table({"shard": pa.array([], pa.int64())})
-    pq.write_table(table.replace_schema_metadata({b"raypipe.index": json.dumps(meta).encode()}), index)
+    offsets = (np.arange(per_shard, dtype=np.int64) * 110_000 + 1024).tolist()
+    sizes, nones = [110_000] * per_shard, [None] * per_shard
+    unwritten = [0] * per_shard  # the footer alone counts each shard's samples: one list serves every shard
+    records = [ShardRecord(path=name, size=0, mtime_ns=-1, labels=[k % 1000] * per_shard if member_rows else unwritten,
+                           errors=nones, offsets=offsets, sizes=sizes, members=nones, keys=per_shard)
+               for k, name in enumerate(names)]  # fmt: skip
+    write_index(records, str(index), root=open_root(str(folder)), member_rows=member_rows)
     return folder
 
 

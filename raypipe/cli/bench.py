@@ -17,8 +17,9 @@ import traceback
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from raypipe.cli.common import check_json_path, quiet_ray_startup, write_json
+from raypipe.cli.common import check_index, check_json_path, quiet_ray_startup, write_json
 from raypipe.config import BACKENDS, TrainAugment
+from raypipe.flags import add_index_arg
 
 SUITES = {
     "RRC224 + hflip": dict(color_jitter=None),
@@ -38,6 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument("data", help="any source raypipe reads (an image folder, Parquet, WebDataset shards, a URI); "
                                 "timm and the Ray Data contenders read a local folder copy of a non-folder "
                                 "source")  # fmt: skip
+    add_index_arg(p)
     p.add_argument("--epochs", type=int, default=3, help="epochs per loader; the first is a warm-up")
     p.add_argument("-b", "--batch-size", type=int, default=128,
                    help="images per batch; the data must hold at least one batch")  # fmt: skip
@@ -69,7 +71,8 @@ def check_args(args: argparse.Namespace):
         raise ValueError("--plot needs matplotlib: pip install 'raypipe[bench]'")
     if "://" not in args.data and not Path(args.data).exists():
         raise ValueError(f"{args.data}: does not exist")
-    data = open_bench_data(args.data)
+    check_index(args.data, None, args.index)
+    data = open_bench_data(args.data, index=args.index)
     if data.images == 0:
         raise ValueError(f"{args.data}: no images found")
     batched = {"raypipe", "packed", "timm", "naive", "raydata"} & set(args.only)
@@ -94,12 +97,13 @@ def _run_one(name: str, aug: TrainAugment, args: argparse.Namespace, files: list
         return contenders.decode_limit(files, cores)
     if name == "kernel":
         return contenders.kernel_per_core(files, aug)
-    backend = getattr(args, "backend", "auto")
+    backend, index = getattr(args, "backend", "auto"), getattr(args, "index", None)
     if name == "raypipe":
-        return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e, started=started, backend=backend)
+        return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e, started=started, backend=backend,
+                                           index=index)  # fmt: skip
     if name == "packed":
         return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e, device_side=False, started=started,
-                                           backend=backend)  # fmt: skip
+                                           backend=backend, index=index)  # fmt: skip
     if name == "timm":
         return contenders.timm_loader(args.folder, aug, batch_size=b, epochs=e, workers=args.workers, started=started)
     if name == "raydata":
@@ -153,7 +157,7 @@ def _run_in_child(name: str, aug: TrainAugment, args: argparse.Namespace, cores:
                   workers: int = 0):  # fmt: skip
     settings = {"data": args.data, "folder": folder, "workers": workers, "batch_size": args.batch_size,
                 "epochs": args.epochs, "verbose": bool(getattr(args, "verbose", False)),
-                "backend": getattr(args, "backend", "auto")}  # fmt: skip
+                "backend": getattr(args, "backend", "auto"), "index": getattr(args, "index", None)}  # fmt: skip
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(_run_isolated, name, aug, settings, cores).result()
 

@@ -18,6 +18,7 @@ __all__ = [
     "progress",
     "write_json",
     "check_json_path",
+    "check_index",
     "rows_from_args",
     "print_skips",
     "quiet_ray_startup",
@@ -95,9 +96,24 @@ def write_json(path: str | None, payload: dict) -> None:
         Path(path).write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
+def check_index(data: str, kind: str | None, index: str | None) -> None:
+    """``--index`` names a shard index, which only WebDataset shards have: any other source is refused
+    before anything is listed or started. Its kind is ``--kind``'s, else what a local path's name and
+    files say; a URI whose kind only its store can tell is checked by ``open_source`` (``index=``), once
+    the store has answered within its deadline."""
+    if index is None or (kind is None and "://" in data):
+        return
+    from raypipe.sources import detect_kind
+
+    kind = kind or detect_kind(data)
+    if kind != "webdataset":
+        raise ValueError(f"--index {index}: a shard index is for WebDataset shards, {data} is a {kind} dataset")
+
+
 def rows_from_args(args):
     from raypipe.sources import open_source
 
+    check_index(args.data, args.kind, args.index)
     return open_source(
         args.data,
         kind=args.kind,
@@ -105,6 +121,7 @@ def rows_from_args(args):
         label_column=args.label_column,
         path_column=args.path_column,
         root=args.root,
+        index=args.index,
     )
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from raypipe.cli.common import check_json_path, connect_quietly, progress, write_json
+from raypipe.cli.common import check_index, check_json_path, connect_quietly, progress, write_json
+from raypipe.flags import add_index_arg
 
 # Restated here (not imported) so that `raypipe --help` imports no pyarrow; tests check they agree with
 # raypipe.sources.KINDS and raypipe.sources.convert.FORMATS.
@@ -24,6 +25,7 @@ def add_parser(sub) -> None:
     p.add_argument("--label-column", default="label", help="Parquet/manifest label column of the source")
     p.add_argument("--path-column", default="path", help="manifest path column of the source")
     p.add_argument("--root", help="manifest dataset root (default: the manifest's folder)")
+    add_index_arg(p)
     p.add_argument("--json", help="write a machine-readable report here")
     p.set_defaults(func=main)
 
@@ -33,10 +35,11 @@ def main(args: argparse.Namespace) -> int:
 
     if args.max_side is not None and args.max_side < 1:
         raise ValueError(f"--max-side {args.max_side}: expected >= 1")
+    check_index(args.src, args.kind, args.index)
     check_json_path(args.json)
     connect_quietly(args)
     options = dict(kind=args.kind, image_column=args.image_column, label_column=args.label_column,
-                   path_column=args.path_column, root=args.root)  # fmt: skip
+                   path_column=args.path_column, root=args.root, index=args.index)  # fmt: skip
     bar = None
 
     def shown(done: int, total: int, samples: int) -> None:

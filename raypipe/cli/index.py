@@ -11,7 +11,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("index", help="index WebDataset shards, so that listing them reads one small file")
     p.add_argument("data", help="WebDataset shards: a folder, prefix, .tar, brace pattern or wids .json")
     p.add_argument("--out", help="where to write the index (default: raypipe-index.parquet beside the shards; "
-                                 "an index elsewhere is given to open_source(…, index=PATH))")  # fmt: skip
+                                 "other commands read one elsewhere with --index PATH, open_source with "
+                                 "index=PATH)")  # fmt: skip
     p.add_argument("--json", help="write a machine-readable report here")
     p.set_defaults(func=main)
 

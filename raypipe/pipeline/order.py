@@ -280,9 +280,8 @@ class RankPlan:
         object store."""
         from raypipe.sources.table import column_array  # the order itself needs numpy only
 
-        counts = getattr(rows, "shard_counts", None)  # a listing by shard
-        if counts is not None:
-            runs = ShardRuns.from_sizes(counts)
+        if rows.by_shard:
+            runs = ShardRuns.from_sizes(rows.shard_counts)
         elif rows.kind in SHARDED_KINDS and "shard" in rows.table.column_names:
             runs = ShardRuns.from_shards(column_array(rows.table.column("shard")))
         else:

@@ -83,18 +83,24 @@ def _index_path(root: DatasetRoot, where: str) -> str:
 
 
 def write_index(records: list[ShardRecord], out: str, *, root: DatasetRoot,
-                filesystem: pafs.FileSystem | None = None) -> str:  # fmt: skip
+                filesystem: pafs.FileSystem | None = None, member_rows: bool = True) -> str:  # fmt: skip
     """Write ``records`` (shards under ``root``) as an index at ``out`` (a local path, or a path on
-    ``filesystem``), in one piece; returns where."""
-    counts = [len(r) for r in records]
-    table = pa.table({
-        "shard": int64_array(np.repeat(np.arange(len(records), dtype=np.int64), counts)),
-        "label": int64_array([v for r in records for v in r.labels]),
-        "error": string_array([v for r in records for v in r.errors]),
-        "offset": int64_array([v for r in records for v in r.offsets]),
-        "size": int64_array([v for r in records for v in r.sizes]),
-        "member": string_array([v for r in records for v in r.members]),
-    }, schema=_SCHEMA)  # fmt: skip
+    ``filesystem``), in one piece; returns where. ``member_rows=False`` writes the footer alone (each
+    shard's samples counted in it, no sample rows): all that a listing by shard and an epoch's plan read,
+    for measuring them at sizes whose rows would not fit (``raypipe.benchmark.listing``); listing by row
+    or reading a chunk's rows from such an index finds no samples."""
+    if member_rows:
+        counts = [len(r) for r in records]
+        table = pa.table({
+            "shard": int64_array(np.repeat(np.arange(len(records), dtype=np.int64), counts)),
+            "label": int64_array([v for r in records for v in r.labels]),
+            "error": string_array([v for r in records for v in r.errors]),
+            "offset": int64_array([v for r in records for v in r.offsets]),
+            "size": int64_array([v for r in records for v in r.sizes]),
+            "member": string_array([v for r in records for v in r.members]),
+        }, schema=_SCHEMA)  # fmt: skip
+    else:
+        table = _SCHEMA.empty_table()
     meta = {"format": _FORMAT, "version": _VERSION, "root": root.root,
             "shards": [{"path": r.path, "size": r.size, "mtime_ns": r.mtime_ns, "keys": r.keys, "rows": len(r),
                         "stopped_at": r.stopped_at, "reason": r.reason} for r in records]}  # fmt: skip

@@ -39,7 +39,8 @@ _KEPT_SHARDS = 16  # shards whose rows stay read: a window is cut into several c
 
 class ShardListing:
     """The listing of an indexed WebDataset by shard (see the module doc); used where ``SourceRows`` is:
-    ``len()`` its samples, ``digest()``, ``columns()`` (a chunk's rows), ``shard_counts``."""
+    ``len()`` its samples, ``digest()``, ``columns()`` (a chunk's rows), ``by_shard`` (True here),
+    ``shard_counts``."""
 
     kind = "webdataset"
     image_column = ""
@@ -57,6 +58,11 @@ class ShardListing:
 
     def __len__(self) -> int:
         return int(self.shard_counts.sum())
+
+    @property
+    def by_shard(self) -> bool:
+        """True: samples per shard, no row per sample (``SourceRows.by_shard`` is False)."""
+        return True
 
     @property
     def num_shards(self) -> int:

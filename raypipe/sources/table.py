@@ -109,6 +109,11 @@ class SourceRows:
     def __len__(self) -> int:
         return self.table.num_rows
 
+    @property
+    def by_shard(self) -> bool:
+        """False: a row per sample (``ShardListing`` is the listing by shard)."""
+        return False
+
     def columns(self) -> TableColumns:
         """The columns a chunk's rows are taken from (``TableColumns``); a Ray Dataset's rows with their
         blocks' object refs, by which the workers read them (``raypipe.sources.ray_blocks``)."""

@@ -77,8 +77,7 @@ def _num_classes(job: TrainJobConfig, train_rows: SourceRows, val_rows: SourceRo
     """The model's classes: ``--num-classes``, else the data's (both splits: a label held out for eval
     alone still needs its logit). Fewer than the data has is an error here, not a crash mid-epoch. A
     listing by shard cannot count its classes without reading every row: it takes ``--num-classes``."""
-    by_shard = any(getattr(r, "shard_counts", None) is not None for r in (train_rows, val_rows))
-    if job.num_classes is not None and by_shard:
+    if job.num_classes is not None and (train_rows.by_shard or val_rows.by_shard):
         return job.num_classes
     data_classes = max(train_rows.num_classes, val_rows.num_classes)
     if job.num_classes is not None and job.num_classes < data_classes:
