@@ -135,7 +135,7 @@ def _source(path: str, data: str, *, batch_size: int, img_size: int, epochs: int
         execution = ExecutionConfig(backend="local", chunk_rows=chunk_rows)
         return EpochSource(Pipeline(data, aug, config=config, execution=execution), end_epoch=epochs)
     resources = {PREPROCESS: 0.001} if path == "ray-nodes" else {}
-    execution = ExecutionConfig(backend="ray", resources=resources, chunk_rows=chunk_rows)
+    execution = ExecutionConfig(resources=resources, chunk_rows=chunk_rows)  # the default backend, as the README
     pipe = Pipeline(data, aug, config=config, execution=execution)
     return FeederSource(pipe, end_epoch=epochs)
 

@@ -43,7 +43,7 @@ from raypipe.config import ExecutionConfig
 from raypipe.pipeline.accounting import EpochReport
 from raypipe.pipeline.handover import HandoverError, SlabReceiver, SlabSender
 from raypipe.pipeline.pipeline import EpochSource, Pipeline
-from raypipe.pipeline.slabs import slab_of
+from raypipe.pipeline.slabs import SlabPool, slab_of
 
 __all__ = ["FeederSource", "FeederDiedError", "FEEDER_CPUS", "feeder_execution", "on_ray_backend"]
 
@@ -71,6 +71,8 @@ class _Feeder:
         self.it: Iterator | None = None
         # local workers' chunks go to the trainer as slabs (see the module's doc)
         self.sender = None if pipeline.uses_ray() else SlabSender()
+        if self.sender is not None:
+            SlabPool.populate_views = False  # this process is the feeder's alone: it passes the images on unread
 
     def handover_address(self) -> tuple[str, bytes] | None:
         return self.sender.address() if self.sender is not None else None

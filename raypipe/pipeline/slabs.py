@@ -48,6 +48,11 @@ class SlabPool:
     images are never viewed). At most ``keep`` free slabs are kept, the largest; a closed pool closes
     each slab as it comes back."""
 
+    # Whether ``view`` maps every page at once (the reader reads them all). A process that passes the
+    # slabs on unread (a feeder: ``raypipe.pipeline.handover``) maps them lazily: mapping and unmapping
+    # a 128-row chunk of 224 px images costs ~0.6 ms populated, ~0.002 ms lazily.
+    populate_views = True
+
     def __init__(self, directory: str, keep: int):
         self.directory, self.keep = directory, keep
         self._lock = threading.Lock()
@@ -99,7 +104,8 @@ class SlabPool:
         if size == 0:
             self.give_back(slab)
             return np.empty(shape, dtype=np.uint8)
-        mapped = mmap.mmap(slab.fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+        flags = mmap.MAP_SHARED | (_POPULATE if self.populate_views else 0)
+        mapped = mmap.mmap(slab.fd, size, flags=flags, prot=mmap.PROT_READ)
         _MAPPED[id(mapped)] = slab
         weakref.finalize(mapped, self._unmapped, id(mapped), slab).atexit = False
         return np.frombuffer(mapped, dtype=np.uint8).reshape(shape)
