@@ -37,14 +37,15 @@ def _one(a: argparse.Namespace) -> None:
     else:
         path, _, nodes = a.one.partition(":")
         r = run_path(path, a.data, nodes=int(nodes or a.nodes), node_cpus=a.node_cpus, chunk_rows=a.chunk_rows,
-                     **common)
+                     ray_tasks=a.ray_tasks, **common)  # fmt: skip
     print(RESULT + json.dumps(r.as_dict()), flush=True)
 
 
 def _measure(a: argparse.Namespace, what: str) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), a.data, "--one", what, "--epochs", str(a.epochs),
            "-b", str(a.batch_size), "--img-size", str(a.img_size), "--nodes", str(a.nodes),
-           "--node-cpus", str(a.node_cpus)] + (["--chunk-rows", str(a.chunk_rows)] if a.chunk_rows else [])  # fmt: skip
+           "--node-cpus", str(a.node_cpus)] + (["--chunk-rows", str(a.chunk_rows)] if a.chunk_rows else []) + \
+        (["--ray-tasks"] if a.ray_tasks else [])  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
     lines = [line for line in out.stdout.splitlines() if line.startswith(RESULT)]
     if out.returncode or not lines:
@@ -101,6 +102,9 @@ def main() -> None:
     p.add_argument("-b", "--batch-size", type=int, default=128)
     p.add_argument("--img-size", type=int, default=224)
     p.add_argument("--chunk-rows", type=int, help="ExecutionConfig.chunk_rows of the raypipe paths (default: auto)")
+    p.add_argument("--ray-tasks", action="store_true",
+                   help="ray-node's augmentation as Ray tasks (backend='ray', as a rank on a cluster it joined), "
+                        "not the private local Ray's local worker processes")  # fmt: skip
     p.add_argument("--rounds", type=int, default=2, help="each path this many times, in turn")
     p.add_argument("--paths", nargs="+", default=["local", "ray-node", "ray-nodes"])
     p.add_argument("--timm-workers", type=int, nargs="*", default=[], help="also timm's loader with N workers")

@@ -124,7 +124,8 @@ def _augment(img_size: int):
     return TrainAugment(input_size=img_size, color_jitter=None)  # RandomResizedCrop + flip
 
 
-def _source(path: str, data: str, *, batch_size: int, img_size: int, epochs: int, chunk_rows: int | None):
+def _source(path: str, data: str, *, batch_size: int, img_size: int, epochs: int, chunk_rows: int | None,
+            ray_tasks: bool = False):
     """The path's rank source, its Pipeline built as a user of that path would (see the module's doc)."""
     from raypipe import ExecutionConfig, FeederSource, Pipeline, PipelineConfig
     from raypipe.pipeline import EpochSource
@@ -135,7 +136,8 @@ def _source(path: str, data: str, *, batch_size: int, img_size: int, epochs: int
         execution = ExecutionConfig(backend="local", chunk_rows=chunk_rows)
         return EpochSource(Pipeline(data, aug, config=config, execution=execution), end_epoch=epochs)
     resources = {PREPROCESS: 0.001} if path == "ray-nodes" else {}
-    execution = ExecutionConfig(resources=resources, chunk_rows=chunk_rows)  # the default backend, as the README
+    # the default backend, as the README's; ``ray_tasks``: Ray tasks, as a rank on a cluster it joined
+    execution = ExecutionConfig(resources=resources, chunk_rows=chunk_rows, backend="ray" if ray_tasks else "auto")
     pipe = Pipeline(data, aug, config=config, execution=execution)
     return FeederSource(pipe, end_epoch=epochs)
 
@@ -195,9 +197,11 @@ def run_path(
     trainer_cpus: int = 1,
     store_mb: int = 1024,
     chunk_rows: int | None = None,
+    ray_tasks: bool = False,
 ) -> PathResult:
     """Measure ``path`` in this process: an unmeasured first epoch (the workers' start), then ``epochs``
-    measured ones. Starts and stops the path's Ray itself (none for ``local``)."""
+    measured ones. Starts and stops the path's Ray itself (none for ``local``). ``ray_tasks``: the Ray
+    paths' augmentation as Ray tasks even on the private local Ray (``ExecutionConfig(backend="ray")``)."""
     if path not in PATHS:
         raise ValueError(f"path={path!r}: expected one of {', '.join(PATHS)}")
     import ray
@@ -213,7 +217,8 @@ def run_path(
     note = {"local": "local workers", "ray-node": "Ray, one node, FeederSource",
             "ray-nodes": f"Ray, trainer node + {nodes} CPU node(s) of {node_cpus} CPUs"}[path]  # fmt: skip
     try:
-        source = _source(path, data, batch_size=batch_size, img_size=img_size, epochs=epochs + 1, chunk_rows=chunk_rows)
+        source = _source(path, data, batch_size=batch_size, img_size=img_size, epochs=epochs + 1, chunk_rows=chunk_rows,
+                         ray_tasks=ray_tasks)  # fmt: skip
         with from_timm_args(source, device="cpu", img_dtype="float32") as loader:
             return _measure(path, loader, epochs=epochs, count=lambda b: int(b["image"].shape[0]), started=started,
                             note=note)  # fmt: skip
