@@ -392,3 +392,33 @@ def test_a_chunk_in_flight_when_the_pool_shuts_down_fails_instead_of_waiting(sam
     assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError), outcome
     assert "shut down" in str(outcome[0])
     source.close()
+
+
+def test_a_chunk_is_answered_while_another_thread_still_views_its_images(monkeypatch):
+    """The stage's thread pool hands back a chunk's block before its worker thread drops the task that
+    holds ``out``: the worker answers all the same, and the mapping goes with that last view."""
+    import raypipe.stages.augment as augment
+    from raypipe.pipeline import _local_worker
+    from raypipe.pipeline.slabs import SlabPool
+
+    held = []
+
+    def stage(rows, spec, out=None):
+        out[:] = 7
+        held.append(out)  # a view kept past the return, as the pool's task keeps its arguments
+        return {"image": out, "sample_id": rows["sample_id"]}
+
+    monkeypatch.setattr(augment, "augment_block", stage)
+    class Spec:
+        image_shape = (4, 4, 3)
+
+    pool = SlabPool("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp", keep=1)
+    slab = pool.take(2 * 48)
+    block = _local_worker.run_chunk({"sample_id": np.arange(2)}, Spec(), os.dup(slab.fd))
+    assert block["image"] == ("shared", (2, 4, 4, 3))
+    assert np.all(held[0] == 7)  # the view held elsewhere is still valid
+    held.clear()
+    view = pool.view(slab, (2, 4, 4, 3))
+    assert np.all(view == 7)  # what the worker wrote, read through the parent's mapping
+    del view
+    pool.close()

@@ -95,8 +95,13 @@ def run_chunk(rows: dict, spec, fd: int) -> dict:
         os.close(fd)
     # On an exception the mapping goes with the traceback's frames, which still view it.
     block = augment_block(rows, spec, out=np.frombuffer(mapped, dtype=np.uint8).reshape(shape))
-    block["image"] = ("shared", shape)  # the last view of the mapping: it can be closed now
-    mapped.close()
+    block["image"] = ("shared", shape)  # this thread's last view of the mapping
+    try:
+        mapped.close()
+    except BufferError:
+        # The stage's thread (``call_at_niceness``) has handed back the result but may not yet have
+        # dropped its task, which holds ``out``: the mapping then goes with that last view instead.
+        pass
     return block
 
 
