@@ -105,3 +105,27 @@ def test_an_index_without_per_shard_counts_is_refused_by_shard(indexed):
     with pytest.raises(ValueError, match="no per-shard sample counts"):
         open_source(str(indexed), by_shard=True)
     assert len(open_source(str(indexed))) == 45  # by row, it reads the rows themselves
+
+
+def test_the_timm_drop_in_takes_a_listing_by_shard(tmp_path):
+    import torch
+
+    from raypipe.timm import create_loader
+
+    d = tmp_path / "wds"
+    for s in range(3):
+        members = []
+        for i in range(8):
+            members += sample(f"s{s}/k{i:03d}", (s * 8 + i) % 4, image=f.encode(f.gradient((24 + s, 20 + i))))
+        write_shard(d / f"shard-{s:04d}.tar", members)
+    index_shards(str(d), use_ray=False)
+    rows = open_source(str(d), by_shard=True)
+    loader = create_loader(rows, input_size=(3, 16, 16), batch_size=4, is_training=True, device=torch.device("cpu"),
+                           execution=ExecutionConfig(backend="local", num_tasks=1))  # fmt: skip
+    loader.yield_ids = True
+    try:
+        ids = sorted(i for _, _, batch_ids in loader for i in batch_ids.tolist())
+    finally:
+        loader.close()
+    assert loader.dataset is rows and len(loader) == 6
+    assert ids == list(range(24))  # every sample once

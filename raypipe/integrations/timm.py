@@ -40,7 +40,7 @@ import torch
 from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.device import Mixup
 from raypipe.integrations.loader import RankLoader
-from raypipe.sources import SourceRows, open_source
+from raypipe.sources import ShardListing, SourceRows, open_source
 from raypipe.sources.raydata import is_ray_dataset
 
 __all__ = ["create_loader", "rows_of", "mixup_of", "augment_of", "execution_for"]
@@ -118,7 +118,7 @@ def create_loader(
 ) -> RankLoader:
     """timm's ``create_loader`` (see the module doc for each argument); returns a :class:`RankLoader`.
 
-    ``dataset``: a path or URI (any source raypipe lists), ``SourceRows``, or timm's
+    ``dataset``: a path or URI (any source raypipe lists), a listing (``SourceRows``, ``ShardListing``), or timm's
     ``create_dataset(...)`` result for an image folder (its root and its ``class_to_idx`` are used, so
     class indices are timm's). ``distributed=True`` takes rank and world size from the initialised
     ``torch.distributed`` (torchrun), as timm's samplers do; the ranks of a node share one Ray
@@ -221,9 +221,10 @@ def _world(distributed: bool, rank: int | None, world_size: int | None) -> tuple
     return dist.get_rank(), dist.get_world_size()
 
 
-def rows_of(dataset: Any, *, class_map: Any = None) -> tuple[SourceRows, Any]:
-    """``(rows, what loader.dataset shows)`` for a path/URI, ``SourceRows`` or a timm image-folder dataset."""
-    if isinstance(dataset, SourceRows):
+def rows_of(dataset: Any, *, class_map: Any = None) -> tuple[SourceRows | ShardListing, Any]:
+    """``(rows, what loader.dataset shows)`` for a path/URI, a listing (``SourceRows``, or ``ShardListing``:
+    an indexed WebDataset listed by shard) or a timm image-folder dataset."""
+    if isinstance(dataset, (SourceRows, ShardListing)):
         return dataset, dataset
     if isinstance(dataset, (str, os.PathLike)):
         rows = open_source(os.fspath(dataset), class_map=class_map)
