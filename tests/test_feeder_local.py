@@ -61,6 +61,7 @@ def test_batches_come_as_slabs_the_same_as_in_process_and_every_slab_is_released
         assert feeder.zero_copy_batches - before == 9
         pids = _feeder(feeder, lambda self: [p.pid for p in psutil.Process().children()])
         assert pids and os.getpid() not in pids
+        workers = [psutil.Process(p) for p in pids]
         # the trainer dropped its views: their tokens went back with its next requests, and the feeder
         # holds at most what it handed out in the last epoch's final requests
         assert _feeder(feeder, lambda self: self.sender.held) <= feeder.prefetch + 1
@@ -71,6 +72,8 @@ def test_batches_come_as_slabs_the_same_as_in_process_and_every_slab_is_released
         feeder.close()
     _same(want, got)
     assert [r.ids_sha256 for r in feeder.reports[-3:]] == [r.ids_sha256 for r in here.reports]
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive  # closing the feeder ended its worker processes
 
 
 def test_views_and_packed_copies_mixed_come_out_as_in_process(ray_local, sample_dir):

@@ -42,6 +42,7 @@ from raypipe import runtime
 from raypipe.config import ExecutionConfig
 from raypipe.pipeline.accounting import EpochReport
 from raypipe.pipeline.handover import HandoverError, SlabReceiver, SlabSender
+from raypipe.pipeline.local_workers import LocalWorkers
 from raypipe.pipeline.pipeline import EpochSource, Pipeline
 from raypipe.pipeline.slabs import SlabPool, slab_of
 
@@ -138,6 +139,9 @@ class _Feeder:
         self.source.close()
         if self.sender is not None:
             self.sender.close()
+            # the process is the feeder's alone: its workers end with it, before Ray ends the process
+            # (which kills them first, and the pool would take that for a worker lost mid-chunk)
+            LocalWorkers.shutdown_shared()
 
 
 def on_ray_backend(execution: ExecutionConfig, *, source_kind: str) -> ExecutionConfig:
