@@ -29,6 +29,9 @@ def main() -> None:
     p.add_argument("--num-tasks", type=int, help="ExecutionConfig.num_tasks (default: the rank's share)")
     p.add_argument("--prefetch-chunks", type=int, default=2, help="ExecutionConfig.prefetch_chunks")
     p.add_argument("--worker-nice", type=int, default=10, help="ExecutionConfig.worker_nice")
+    p.add_argument("--backend", default="auto", choices=("auto", "ray", "local"),
+                   help="ExecutionConfig.backend: auto (the private local Ray's feeder on local worker processes) "
+                        "or ray (Ray tasks, as a rank on a cluster it joined)")  # fmt: skip
     p.add_argument("--object-store-mb", type=int, help="the private local Ray's object store (default: Ray's)")
     p.add_argument("--json", help="write the figures here")
     a = p.parse_args()
@@ -43,7 +46,8 @@ def main() -> None:
         a.data,
         TrainAugment(input_size=a.img_size, color_jitter=None, auto_augment=a.aa),
         config=PipelineConfig(batch_size=a.batch_size, seed=0),
-        execution=ExecutionConfig(num_tasks=a.num_tasks, prefetch_chunks=a.prefetch_chunks, worker_nice=a.worker_nice),
+        execution=ExecutionConfig(num_tasks=a.num_tasks, prefetch_chunks=a.prefetch_chunks, worker_nice=a.worker_nice,
+                                  backend=a.backend),  # fmt: skip
     )
     with from_timm_args(FeederSource(pipe, end_epoch=a.epochs), device="cpu", img_dtype="float32") as loader:
         r = measure_epochs(
