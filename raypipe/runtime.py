@@ -28,6 +28,7 @@ __all__ = [
     "check_worker_priority",
     "pin_mmap_threshold",
     "private_cluster",
+    "join_private_cluster",
     "process_memory_mb",
 ]
 
@@ -272,8 +273,17 @@ def _ray_uses_tls() -> bool:
 
 
 def private_cluster() -> bool:
-    """Whether ``connect`` started the Ray this process uses (a fixed local cluster, no autoscaler)."""
+    """Whether ``connect`` started the Ray this process uses, or ``join_private_cluster`` joined another
+    process's so started (a fixed local cluster, no autoscaler)."""
     return _PRIVATE_CLUSTER and ray.is_initialized()
+
+
+def join_private_cluster(address: str) -> None:
+    """Join the private local Ray that another process of this machine started with ``connect`` (the
+    ranks of a node share their local rank 0's), knowing it for what it is (``private_cluster``)."""
+    global _PRIVATE_CLUSTER
+    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+    _PRIVATE_CLUSTER = True
 
 
 def worker_pool_env(cpus: int) -> dict[str, str]:

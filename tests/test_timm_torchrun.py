@@ -56,6 +56,8 @@ def test_torchrun_two_ranks_train_and_eval_exactly_once(tmp_path):
     # one Ray for the node: both ranks on the same GCS, one node in it
     assert ranks[0]["gcs_address"] == ranks[1]["gcs_address"]
     assert [r["ray_nodes"] for r in ranks] == [1, 1]
+    # rank 0 started it, rank 1 joined it: both know it for the node's private Ray (a feeder's backend)
+    assert [r["private_cluster"] for r in ranks] == [True, True]
     # training: 33 images over 2 ranks in batches of 8, full batches only: 2 steps each
     assert [(r["train_batches"], r["train_len"]) for r in ranks] == [(2, 2), (2, 2)]
     # eval: 17 rows per rank (timm's OrderedDistributedSampler), 3 batches each, every image once

@@ -37,6 +37,8 @@ class RecordIds:
 def main(data: str, out: str) -> None:
     import ray  # RAY_AUTH_MODE=token comes from the launch (see docs/timm.md)
 
+    from raypipe.runtime import private_cluster
+
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu")
@@ -57,6 +59,7 @@ def main(data: str, out: str) -> None:
         "rank": rank,
         "gcs_address": ray.get_runtime_context().gcs_address,
         "ray_nodes": len([n for n in ray.nodes() if n.get("Alive")]),
+        "private_cluster": private_cluster(),
         "train_batches": trained["batches"],
         "train_len": trained["len"],
         "eval_batches": metrics["batches"],

@@ -20,7 +20,6 @@ cluster outlives the job.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 
@@ -44,7 +43,7 @@ def connect_node(*, local_rank: int | None = None, num_cpus: int | None = None, 
     The ranks of a node always wait, as they exchange the address. ``local_rank``: this process's rank
     on its node (default: torchrun's ``LOCAL_RANK``).
     """
-    from raypipe.runtime import connect, starting
+    from raypipe.runtime import connect, join_private_cluster, starting
 
     if ray.is_initialized() and not starting():
         return ray.get_runtime_context().gcs_address
@@ -78,5 +77,5 @@ def connect_node(*, local_rank: int | None = None, num_cpus: int | None = None, 
             f"process {own}, and Ray reads it only when imported. Launch every rank with RAY_AUTH_MODE={mode} "
             f"(`RAY_AUTH_MODE={mode} torchrun …`)"
         )
-    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+    join_private_cluster(address)  # local rank 0 started it (no RAY_ADDRESS): the node's alone
     return address
