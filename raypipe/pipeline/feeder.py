@@ -70,9 +70,10 @@ class _Feeder:
         tune_consumer_process()  # this process is raypipe's own: see the function
         self.source = EpochSource(pipeline, **source_kwargs)
         self.it: Iterator | None = None
+        self.local = not pipeline.uses_ray()
         # local workers' chunks go to the trainer as slabs (see the module's doc)
-        self.sender = None if pipeline.uses_ray() else SlabSender()
-        if self.sender is not None:
+        self.sender = SlabSender() if self.local else None
+        if self.local:
             SlabPool.populate_views = False  # this process is the feeder's alone: it passes the images on unread
 
     def handover_address(self) -> tuple[str, bytes] | None:
@@ -139,6 +140,7 @@ class _Feeder:
         self.source.close()
         if self.sender is not None:
             self.sender.close()
+        if self.local:
             # the process is the feeder's alone: its workers end with it, before Ray ends the process
             # (which kills them first, and the pool would take that for a worker lost mid-chunk)
             LocalWorkers.shutdown_shared()
