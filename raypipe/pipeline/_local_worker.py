@@ -53,26 +53,28 @@ def send_with_fds(sock: socket.socket, message: object, fds: list[int]) -> None:
         sock.sendall(memoryview(frame)[sent:])
 
 
+def receive_exactly(sock: socket.socket, n: int, fds: list[int], max_fds: int = _MAX_FDS) -> bytes | None:
+    """``n`` bytes from ``sock``, the descriptors that came with them appended to ``fds`` (the caller
+    closes them, whatever happens); None at the end of the stream."""
+    parts, got = [], 0
+    while got < n:
+        data, more, flags, _ = socket.recv_fds(sock, n - got, max_fds)
+        fds.extend(more)
+        if flags & getattr(socket, "MSG_CTRUNC", 0):
+            raise OSError("a message's descriptors were cut short")
+        if not data:
+            return None
+        parts.append(data)
+        got += len(data)
+    return b"".join(parts)
+
+
 def receive_with_fds(sock: socket.socket) -> tuple[object, list[int]] | None:
     """The next message and the descriptors that came with it, or None at the end. Reads exactly one
     frame, so no descriptor of the next one is taken with it."""
     fds: list[int] = []
-
-    def exactly(n: int) -> bytes | None:
-        parts, got = [], 0
-        while got < n:
-            data, more, flags, _ = socket.recv_fds(sock, n - got, _MAX_FDS)
-            fds.extend(more)
-            if flags & getattr(socket, "MSG_CTRUNC", 0):
-                raise OSError("a request's descriptors were cut short")
-            if not data:
-                return None
-            parts.append(data)
-            got += len(data)
-        return b"".join(parts)
-
-    head = exactly(_HEAD.size)
-    body = exactly(_HEAD.unpack(head)[0]) if head is not None else None
+    head = receive_exactly(sock, _HEAD.size, fds)
+    body = receive_exactly(sock, _HEAD.unpack(head)[0], fds) if head is not None else None
     if body is None:
         for fd in fds:
             os.close(fd)

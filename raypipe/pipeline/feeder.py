@@ -350,7 +350,7 @@ class FeederSource:
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the feeder's executions (a warmed-up next epoch too) and end its process. Idempotent."""
         actor, self._actor = self._actor, None
-        receiver, self._receiver = getattr(self, "_receiver", None), None
+        receiver, self._receiver = self._receiver, None
         if receiver is not None:
             receiver.close()  # mappings the caller still holds stay valid
         if actor is None:

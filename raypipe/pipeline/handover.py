@@ -31,6 +31,8 @@ import weakref
 
 import numpy as np
 
+from raypipe.pipeline._local_worker import receive_exactly
+
 __all__ = ["SlabSender", "SlabReceiver", "HandoverError"]
 
 _TOKEN = struct.Struct("<Q")
@@ -72,11 +74,13 @@ class SlabSender:
         finally:
             listener.close()
             shutil.rmtree(self._dir, ignore_errors=True)
+        fds: list[int] = []
         try:
             conn.settimeout(timeout_s)
-            got = _exactly(conn, _SECRET_BYTES)
+            got = receive_exactly(conn, _SECRET_BYTES, fds, max_fds=1) or b""
         except OSError:
             got = b""
+        _close(fds)  # none is expected
         if not hmac.compare_digest(got, self._secret):
             conn.close()
             return False
@@ -153,31 +157,23 @@ class SlabReceiver:
             got, fds = self._receive()
             if got == token:
                 return fds[0]
-            for fd in fds:
-                os.close(fd)
+            _close(fds)
             if got > token:
                 raise HandoverError(f"the feeder sent batch token {got} where {token} was expected")
             self._released.append(got)
 
     def _receive(self) -> tuple[int, list[int]]:
         fds: list[int] = []
-        data = b""
         try:
-            while len(data) < _TOKEN.size:
-                part, more, _, _ = socket.recv_fds(self._sock, _TOKEN.size - len(data), 1)
-                fds.extend(more)
-                if not part:
-                    raise HandoverError("the feeder closed its end of the batch hand-over")
-                data += part
+            data = receive_exactly(self._sock, _TOKEN.size, fds, max_fds=1)
         except OSError as exc:
-            for fd in fds:
-                os.close(fd)
-            if isinstance(exc, HandoverError):
-                raise
+            _close(fds)
             raise HandoverError(f"the batch hand-over from the feeder failed: {exc}") from exc
+        if data is None:
+            _close(fds)
+            raise HandoverError("the feeder closed its end of the batch hand-over")
         if len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
+            _close(fds)
             raise HandoverError(f"a batch message from the feeder carried {len(fds)} descriptors, not 1")
         return _TOKEN.unpack(data)[0], fds
 
@@ -185,11 +181,6 @@ class SlabReceiver:
         self._sock.close()
 
 
-def _exactly(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        part = conn.recv(n - len(data))
-        if not part:
-            break
-        data += part
-    return data
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)

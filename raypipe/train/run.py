@@ -59,15 +59,15 @@ def _check_cpus(job: TrainJobConfig) -> None:
 
     total = ray.cluster_resources().get("CPU", 0.0)
     left = augmentation_cpus(job, total)
+    holders = (f"{job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} and their feeders "
+               f"({feeder_cpus(job):g} CPU each)")  # fmt: skip
     if job.execution.backend == "local":  # augmentation in local worker processes, outside Ray's CPUs
         if left < 0:
-            raise ValueError(f"{job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} and their feeders "
-                             f"({feeder_cpus(job):g} CPU each) ask for more than the cluster's {total:g} CPUs: "
-                             "lower --cpus-per-worker or --num-workers")  # fmt: skip
+            raise ValueError(f"{holders} ask for more than the cluster's {total:g} CPUs: lower --cpus-per-worker "
+                             "or --num-workers")  # fmt: skip
         return
     if left <= 0:
-        held = (f"{job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} and their feeders "
-                f"({feeder_cpus(job):g} CPU each) hold all {total:g} CPUs, leaving none for augmentation")  # fmt: skip
+        held = f"{holders} hold all {total:g} CPUs, leaving none for augmentation"
         if private_cluster():  # nothing will join a cluster this job started: it would wait forever
             raise ValueError(f"{held}: lower --cpus-per-worker or --num-workers, or give --feeder thread")
         print(f"warning: {held}; the job waits until the cluster grows", flush=True)
