@@ -122,8 +122,14 @@ def test_a_killed_feeder_is_a_clear_error(ray_local, sample_dir):
         config=PipelineConfig(batch_size=4),
         execution=ExecutionConfig(backend="ray", chunk_rows=16),
     )
-    feeder = FeederSource(pipe, prefetch=1)
+    assert_a_killed_feeder_is_a_clear_error(FeederSource(pipe, prefetch=1))
+
+
+def assert_a_killed_feeder_is_a_clear_error(feeder, before=lambda feeder: None) -> None:
+    """Kill ``feeder``'s process after its first batch (``before``: run on it first): the rest of the
+    epoch is a ``FeederDiedError``. Closes ``feeder``."""
     try:
+        before(feeder)
         it = iter(feeder)
         next(it)
         ray.kill(feeder._actor)

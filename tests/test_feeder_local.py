@@ -8,10 +8,11 @@ import numpy as np
 import psutil
 import pytest
 import ray
+from test_feeder import assert_a_killed_feeder_is_a_clear_error
 
 from raypipe import runtime
 from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
-from raypipe.pipeline import EpochSource, FeederDiedError, FeederSource, Pipeline
+from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 from raypipe.pipeline.feeder import feeder_execution
 from raypipe.pipeline.handover import HandoverError, SlabReceiver, SlabSender
 from raypipe.pipeline.slabs import SlabPool
@@ -120,17 +121,7 @@ def test_a_batch_kept_by_the_trainer_stays_intact_while_the_feeder_goes_on(ray_l
 def test_a_killed_feeder_on_local_workers_is_a_clear_error(ray_local, sample_dir):
     pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4),
                     execution=ExecutionConfig(chunk_rows=16, **LOCAL))  # fmt: skip
-    feeder = FeederSource(pipe, prefetch=1)
-    try:
-        _warm(feeder)
-        it = iter(feeder)
-        next(it)
-        ray.kill(feeder._actor)
-        with pytest.raises(FeederDiedError, match="feeder process"):
-            for _ in it:
-                pass
-    finally:
-        feeder.close()
+    assert_a_killed_feeder_is_a_clear_error(FeederSource(pipe, prefetch=1), before=_warm)
 
 
 def test_auto_runs_local_workers_on_the_private_cluster_only(ray_local, sample_dir, monkeypatch):
