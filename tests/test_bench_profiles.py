@@ -39,7 +39,7 @@ def test_every_quoted_bench_script_exists_and_every_measurement_is_one_of_profil
 
 
 @pytest.mark.parametrize("name", ["slab-cost", "start-cost", "stage", "cpu-account", "s3-requests", "s3-listing",
-                                  "s3-folder-listing", "rng", "shard-listing"])
+                                  "s3-folder-listing", "rng", "shard-listing", "idle-ray"])
 def test_each_measurement_explains_itself(name):
     out = _run(name, "--help")
     assert out.returncode == 0 and "usage: profiles.py " + name in out.stdout, out.stderr
@@ -47,9 +47,15 @@ def test_each_measurement_explains_itself(name):
 
 def test_cheap_measurements_run():
     out = _run("slab-cost", "--rows", "2", "--size", "16", "--repeat", "2")
-    assert out.returncode == 0 and "reused slab" in out.stdout, out.stderr
+    assert out.returncode == 0 and "reused slab" in out.stdout and "map lazily" in out.stdout, out.stderr
     out = _run("warm-memory", "--gib", "0.01")
     assert out.returncode == 0 and "first touch" in out.stdout, out.stderr
+
+
+@pytest.mark.timeout(180)
+def test_idle_ray_measurement_runs():
+    out = _run("idle-ray", "--seconds", "1", "--settle", "0")
+    assert out.returncode == 0 and "a private Ray, idle, over 1 s" in out.stdout and "raylet" in out.stdout, out.stderr
 
 
 def test_remote_folder_listing_measurement_runs(tmp_path):

@@ -158,7 +158,10 @@ def slab_cost(rows: int = 128, size: int = 224, repeat: int = 30) -> None:
       and unlinked by the reader, its pages freed when the mapping goes;
     - ``reused slab``: the same memory each time (a ``memfd`` made once), mapped for writing and for
       reading with every page mapped in one call, as a worker and the trainer do with a slab;
-    - ``copy alone``: the writes into memory that is already mapped, the floor.
+    - ``copy alone``: the writes into memory that is already mapped, the floor;
+    - ``map populated`` and ``map lazily``: the reader's mapping of the slab and its unmapping, with every
+      page mapped in one call (a trainer that reads the images) or none (a feeder that passes the slab
+      on unread: ``SlabPool.populate_views``).
 
     ::
 
@@ -179,8 +182,13 @@ def slab_cost(rows: int = 128, size: int = 224, repeat: int = 30) -> None:
     def copy_alone() -> None:
         np.frombuffer(held, np.uint8)[:] = src
 
+    def map_and_unmap(populate: bool) -> None:
+        flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+        mmap.mmap(fd, src.nbytes, flags=flags, prot=mmap.PROT_READ).close()
+
     contenders = {"new file": lambda: _new_file(src, directory), "reused slab": lambda: _reused(src, fd),
-                  "copy alone": copy_alone}  # fmt: skip
+                  "copy alone": copy_alone, "map populated": lambda: map_and_unmap(True),
+                  "map lazily": lambda: map_and_unmap(False)}  # fmt: skip
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for fn in contenders.values():
         fn()  # warm-up
@@ -192,7 +200,7 @@ def slab_cost(rows: int = 128, size: int = 224, repeat: int = 30) -> None:
     print(f"one chunk of {rows} x {size}x{size}x3 uint8 ({src.nbytes / 2**20:.1f} MiB), "
           f"{repeat} rounds, new files in {directory}:")  # fmt: skip
     for name, ts in times.items():
-        print(f"  {name:12s} median {statistics.median(ts) * 1e3:7.2f} ms   min {min(ts) * 1e3:7.2f} ms")
+        print(f"  {name:13s} median {statistics.median(ts) * 1e3:7.2f} ms   min {min(ts) * 1e3:7.2f} ms")
 
 
 # ---- start-cost ------------------------------------------------------------------------------------
@@ -305,6 +313,42 @@ def start_cost(data: str, only: str | None = None, settle: float = 5.0) -> None:
               f"after {settle:g} s: " + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_s"].items()))
 
 
+def idle_ray(seconds: float = 20.0, settle: float = 8.0) -> None:
+    """The CPU a private local Ray takes with nothing to run, by kind of process.
+
+    ``raypipe.connect()`` starts it (as the README's Python API does); after ``--settle`` seconds of its
+    start, its processes' CPU is read over ``--seconds``, in cores::
+
+        python bench/profiles.py idle-ray
+    """
+    import psutil
+
+    import raypipe.runtime
+
+    os.environ["RAY_ADDRESS"] = ""  # a private Ray of its own, never one this machine already runs
+    raypipe.runtime.connect()
+    time.sleep(settle)
+
+    def cpu() -> dict[int, tuple[str, float]]:
+        out = {}
+        for child in psutil.Process().children(recursive=True):
+            try:
+                t = child.cpu_times()
+                out[child.pid] = (_kind(child), t.user + t.system)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    before = cpu()
+    time.sleep(seconds)
+    by_kind: dict[str, float] = collections.defaultdict(float)
+    for pid, (kind, used) in cpu().items():
+        if pid in before:
+            by_kind[kind] += (used - before[pid][1]) / seconds
+    print(f"a private Ray, idle, over {seconds:g} s: {sum(by_kind.values()):.3f} cores in all: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
+
+
 # ---- the command line ------------------------------------------------------------------------------
 
 
@@ -330,3 +374,7 @@ def register(add) -> None:
     p.add_argument("data", help="any source raypipe reads (its stage is what the workers set up)")
     p.add_argument("--only", choices=("ray", "local"))
     p.add_argument("--settle", type=float, default=5.0, help="seconds to wait after the start before reading CPU")
+
+    p = add("idle-ray", idle_ray)
+    p.add_argument("--seconds", type=float, default=20.0, help="seconds over which the CPU is read")
+    p.add_argument("--settle", type=float, default=8.0, help="seconds to wait after the start first")
