@@ -109,3 +109,19 @@ def sample_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("sample")
     write_sample_data(out, classes=4, per_class=12, seed=1)
     return out
+
+
+@pytest.fixture
+def row_group_reads(monkeypatch):
+    """The row groups this process reads from Parquet files from now on, in order (a list it fills)."""
+    import pyarrow.parquet as pq
+
+    reads: list[int] = []
+    real = pq.ParquetFile.read_row_group
+
+    def counted(self, i, *args, **kwargs):
+        reads.append(i)
+        return real(self, i, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
+    return reads

@@ -51,7 +51,7 @@ def test_local_folder_block_with_skips(tmp_path):
     assert out[1].reason == "bad_label" and out[-1].reason == MISSING
 
 
-def test_parquet_row_groups_are_read_once_per_block(tmp_path, monkeypatch):
+def test_parquet_row_groups_are_read_once_per_block(tmp_path, row_group_reads):
     n = 40
     cells = [b"cell%d" % i for i in range(n)]
     cells[13] = None
@@ -59,14 +59,7 @@ def test_parquet_row_groups_are_read_once_per_block(tmp_path, monkeypatch):
                    row_group_size=10)  # fmt: skip
     rows = open_source(str(tmp_path / "a.parquet"))
     assert rows.table.column("shard").to_pylist() == [i // 10 for i in range(n)] and rows.num_shards == 4
-    reads = []
-    real = pq.ParquetFile.read_row_group
-
-    def counted(self, i, *args, **kwargs):
-        reads.append(i)
-        return real(self, i, *args, **kwargs)
-
-    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
+    reads = row_group_reads
     order = np.random.default_rng(0).permutation(n)[:25]  # rows of every group, in random order
     out = BlockReader(rows.root, "parquet", "image").read_block(_batch(rows.table.take(pa.array(order))))
     assert sorted(reads) == sorted(set(int(i) // 10 for i in order))  # each group touched: once

@@ -32,9 +32,11 @@ ranks; what is left of the ranks' slices when an epoch is resumed (``raypipe.pip
 
 A stream's first epoch (``chunks(epoch, ramp=True)``) cuts its first whole window into pieces that
 double from ``chunk_rows`` (128, 256, 512, … rows): nothing runs ahead of a run's start, and its first
-batch would otherwise wait for a whole window of work on one core. Each piece reads the window's
-shards itself, so they are read a few times (about log2(window_rows / chunk_rows)) once per run. The
-order, and so every batch, is the same either way: only where the work is cut moves.
+batch would otherwise wait for a whole window of work on one core. For a Parquet file in an object
+store the stream reads that window once and hands each piece its rows' bytes
+(``raypipe.pipeline.window_read``), so each row group is still fetched once; elsewhere each piece reads
+its own rows (a remote tar shard's members once each; a local file's row groups again, from the page
+cache). The order, and so every batch, is the same either way: only where the work is cut moves.
 """
 
 from __future__ import annotations
@@ -225,10 +227,11 @@ def doubling_bounds(lo: int, hi: int, first: int) -> list[tuple[int, int]]:
 
 
 class EpochChunks(Sequence):
-    """A rank's chunks of one epoch: ``bounds[i]`` the positions of chunk ``i``, ``self[i]`` its rows."""
+    """A rank's chunks of one epoch: ``bounds[i]`` the positions of chunk ``i``, ``self[i]`` its rows;
+    the first ``ramp`` chunks are the pieces of one window (0: none is)."""
 
-    def __init__(self, order: EpochOrder, bounds: np.ndarray):
-        self.order, self.bounds = order, bounds
+    def __init__(self, order: EpochOrder, bounds: np.ndarray, ramp: int = 0):
+        self.order, self.bounds, self.ramp = order, bounds, ramp
 
     def __len__(self) -> int:
         return len(self.bounds)
@@ -321,10 +324,12 @@ class RankPlan:
         ranges = self.segments if segments is None else segments
         parts = [chunk_bounds(lo, hi, order.starts, limit) for lo, hi in ranges if hi > lo]
         bounds = np.concatenate(parts) if parts else np.empty((0, 2), np.int64)
+        pieces = 0
         if ramp and len(bounds) and limit > self.chunk_rows:
             head = np.array(doubling_bounds(int(bounds[0, 0]), int(bounds[0, 1]), self.chunk_rows), np.int64)
             bounds = np.concatenate([head.reshape(-1, 2), bounds[1:]])
-        return EpochChunks(order, bounds)
+            pieces = len(head) if len(head) > 1 else 0
+        return EpochChunks(order, bounds, pieces)
 
     def rows(self, epoch: int, *, segments=None) -> np.ndarray:
         chunks = self.chunks(epoch, segments=segments)

@@ -25,7 +25,8 @@ they are up, such a stream sends as many set-up tasks as it runs tasks at once (
 kernels and builds the transform and reader in the worker process it lands on) and goes on making
 chunks here until they are done, rather than waiting idle on workers that are still starting; the
 chunks that are left then go to the workers as above. A piece longer than a chunk (the first pieces
-of a whole-window source double from ``chunk_rows``) is the exception: before the consumer makes it,
+of a whole-window source double from ``chunk_rows``; those of a Parquet file in a store share one
+read of their window made here: ``raypipe.pipeline.window_read``) is the exception: before the consumer makes it,
 the chunks after it go to the workers (local ones queue them while they start, Ray's once it is up),
 so workers that come up meanwhile take them instead of waiting for the consumer's long piece.
 
@@ -50,7 +51,8 @@ import ray
 
 from raypipe import runtime
 from raypipe.pipeline.budget import RankBudget
-from raypipe.pipeline.order import RankPlan
+from raypipe.pipeline.order import WHOLE_SHARD_KINDS, EpochChunks, RankPlan
+from raypipe.pipeline.window_read import WindowRead
 from raypipe.sources.table import TableColumns
 from raypipe.stages.augment import StageSpec, augment_block, stage_for
 
@@ -130,6 +132,19 @@ class RayTasks:
 
 
 @dataclass(frozen=True)
+class _Todo:
+    """A chunk to run: its epoch, index in the epoch, whether it ends the epoch, the position of its first
+    row, its rows, and the read it shares with the other pieces of its window (None: it reads its own)."""
+
+    epoch: int
+    index: int
+    last: bool
+    start: int
+    idx: np.ndarray
+    window: WindowRead | None = None
+
+
+@dataclass(frozen=True)
 class Chunk:
     """One finished chunk: ``block`` is its rows (images and skip records), ``last`` ends its epoch,
     ``start`` the position of its first row in the epoch's order (row ``j`` is at ``start + j``).
@@ -173,23 +188,59 @@ class ChunkStream:
         self.local_chunks = 0  # chunks this process made itself (cluster starting, workers setting up)
         self._pending: collections.deque = collections.deque()  # (epoch, index, last, start, rows, ref)
         self._todo = self._chunks(start_epoch, end_epoch, segments)
+        self._held: _Todo | None = None  # the next chunk, taken from _todo but not sent yet
         self._closed = False
 
-    def _chunks(self, start: int, end: int | None, segments) -> Iterator[tuple[int, int, bool, int, np.ndarray]]:
-        """(epoch, index, last, first position, rows) of each chunk: ``segments`` (positions of the order;
-        None: the rank's slice) for the first epoch, the rank's slice for the others."""
+    def _chunks(self, start: int, end: int | None, segments) -> Iterator[_Todo]:
+        """Each chunk to run: ``segments`` (positions of the order; None: the rank's slice) for the first
+        epoch, the rank's slice for the others."""
         epoch = start
         while end is None or epoch < end:
             # the first epoch's first window ramps: nothing runs ahead of the first
             chunks = self._plan.chunks(epoch, ramp=epoch == start, segments=segments if epoch == start else None)
+            window = self._window_read(epoch, chunks) if chunks.ramp and self._share_reads(epoch) else None
             for i in range(len(chunks)):
-                yield epoch, i, i == len(chunks) - 1, int(chunks.bounds[i, 0]), chunks[i]
+                yield _Todo(epoch, i, i == len(chunks) - 1, int(chunks.bounds[i, 0]), chunks[i],
+                            window if i < chunks.ramp else None)  # fmt: skip
             if not len(chunks):
-                yield epoch, 0, True, 0, np.empty(0, np.int64)
+                yield _Todo(epoch, 0, True, 0, np.empty(0, np.int64))
             epoch += 1
 
-    def _rows(self, idx: np.ndarray) -> dict[str, np.ndarray]:
-        return self._columns.take(idx)
+    def _share_reads(self, epoch: int) -> bool:
+        """Whether a window's pieces share one read: where each piece's own read would fetch the whole
+        window from a store again (Parquet: a row group is read whole). A remote tar shard's piece
+        fetches its own members, about once already; a local file read again is a copy from the page
+        cache, which costs what handing its bytes over costs, and runs on the workers in parallel
+        rather than here first (docs/performance.md)."""
+        spec = self._spec_for_epoch(epoch)
+        return spec.kind in WHOLE_SHARD_KINDS and not spec.root.is_local
+
+    def _window_read(self, epoch: int, chunks: EpochChunks) -> WindowRead:
+        """The read that ``chunks``' first ``ramp`` pieces share (one window), made in this process with
+        the stage's reader when the first of them is taken."""
+        lo, hi = int(chunks.bounds[0, 0]), int(chunks.bounds[chunks.ramp - 1, 1])
+
+        def read(rows, wait):
+            return stage_for(self._spec_for_epoch(epoch)).reader.read_block(rows, wait=wait)
+
+        return WindowRead(lo, lambda: self._columns.take(chunks.order.take(lo, hi)), read)
+
+    def _rows(self, item: _Todo) -> dict[str, np.ndarray]:
+        if item.window is not None:
+            return item.window.piece(item.start, item.start + len(item.idx))
+        return self._columns.take(item.idx)
+
+    def _next_todo(self, *, wait: bool) -> _Todo | None:
+        """The next chunk to run (None: no more); with ``wait=False`` also None while the next one is a
+        piece whose bytes are still coming (a later call sends it)."""
+        if self._held is None:
+            self._held = next(self._todo, None)
+        item = self._held
+        if item is not None and not wait and item.window is not None and \
+                not item.window.ready(item.start, item.start + len(item.idx)):  # fmt: skip
+            return None
+        self._held = None
+        return item
 
     def _refresh_budget(self) -> None:
         if self.budget is None or time.monotonic() - self._budget_at > BUDGET_REFRESH_S:
@@ -199,15 +250,15 @@ class ChunkStream:
     def _submit(self) -> None:
         self._refresh_budget()
         while len(self._pending) < self.budget.in_flight:
-            item = next(self._todo, None)
+            # a piece whose bytes are still coming waits while there is a chunk to hand out before it
+            item = self._next_todo(wait=not self._pending)
             if item is None:
                 return
-            epoch, index, last, start, idx = item
-            if len(idx):
-                ref = self._workers.submit(self._rows(idx), self._spec_for_epoch(epoch))
+            if len(item.idx):
+                ref = self._workers.submit(self._rows(item), self._spec_for_epoch(item.epoch))
             else:
                 ref = None  # an empty epoch (a rank with no rows): nothing to run
-            self._pending.append((epoch, index, last, start, len(idx), ref))
+            self._pending.append((item.epoch, item.index, item.last, item.start, len(item.idx), ref))
 
     def __iter__(self) -> Iterator[Chunk]:
         return self
@@ -251,10 +302,10 @@ class ChunkStream:
             # The consumer is back for more: the previous chunk's batches are out, so the workers'
             # start may take the cores now (before, it would share them with the first batch).
             self._workers.release_start()
-        item = next(self._todo, None)
+        item = self._next_todo(wait=True)
         if item is None:
             raise StopIteration
-        epoch, index, last, start, idx = item
+        epoch, index, last, start, idx = item.epoch, item.index, item.last, item.start, item.idx
         if len(idx) > self._plan.chunk_rows and self.local_chunks and \
                 (self._workers.queues_while_starting or not self._workers.starting()):  # fmt: skip
             # A piece longer than a chunk (a whole-window stream's first pieces) while the workers
@@ -265,7 +316,7 @@ class ChunkStream:
         if len(idx):
             # At the trainer's own priority: nothing else of raypipe's runs yet to make room for.
             spec = dataclasses.replace(self._spec_for_epoch(epoch), nice=0, sched_idle=False)
-            block = augment_block(self._rows(idx), spec)
+            block = augment_block(self._rows(item), spec)
             self.local_chunks += 1
         return Chunk(epoch, index, last, len(idx), block, start=start)
 

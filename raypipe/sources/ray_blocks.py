@@ -9,7 +9,7 @@ Two ways a row carries them:
   gets each block once per chunk (``ray.get`` of all of them at once: zero-copy from this node's object
   store, pulled first when another node holds it) and takes its rows' cells.
 - ``bytes``: the cells themselves, as ``raypipe.integrations.ray_data.RayDataAugment`` has them inside
-  a Ray Data ``map_batches``.
+  a Ray Data ``map_batches``; ``BlockReader.read_block`` takes those as they are, of any kind.
 """
 
 from __future__ import annotations
@@ -25,12 +25,8 @@ __all__ = ["describe_row", "read_rows"]
 
 
 def read_rows(rows: Mapping[str, np.ndarray], todo: list[int], out: list) -> None:
-    """``out[i]``, for each row ``i`` in ``todo``, its image bytes (or the ``SkipImage`` of a null cell)."""
-    cells = rows.get("bytes")
-    if cells is not None:
-        for i in todo:
-            out[i] = _cell(cells[i])
-        return
+    """``out[i]``, for each row ``i`` in ``todo``, its image bytes from its block (or the ``SkipImage`` of
+    a null cell)."""
     if not todo:
         return
     import ray

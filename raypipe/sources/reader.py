@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from raypipe.kernels.errors import TRUNCATED, UNREADABLE, SkipImage
+from raypipe.kernels.errors import NULL_IMAGE, TRUNCATED, UNREADABLE, SkipImage
 from raypipe.sources import ray_blocks
 from raypipe.sources.cache import LocalCache, SizeMismatch, local_cache
 from raypipe.sources.parquet import ParquetGroups
@@ -211,7 +211,9 @@ class BlockReader:
         """Bytes (or the skip) of each row of a block: ``rows`` has the block's ``path`` column, and
         ``row`` (Parquet), ``offset``/``size`` (tar shards) and ``error`` columns where the kind has them;
         ``object_size``/``object_mtime_ns`` key the cache where present (without them, as for -1). A Ray
-        Dataset's rows have ``shard``, ``row`` and ``block``, or their ``bytes`` (``sources.ray_blocks``).
+        Dataset's rows have ``shard``, ``row`` and ``block`` (``sources.ray_blocks``). Rows with a ``bytes``
+        column come with their bytes, read before (a Ray Data batch's cells, the pieces of a window read
+        once: ``raypipe.pipeline.window_read``): those are not read again, and a null cell is a skip.
 
         ``wait=False`` returns once the requests are sent where the rows come from a store (a remote
         root, not read through the cache): those rows are then ``Future``s, the requests sent in the
@@ -235,7 +237,11 @@ class BlockReader:
         def listed(i: int) -> tuple[int, int]:
             return _UNLISTED if sizes is None or mtimes is None else (int(sizes[i]), int(mtimes[i]))
 
-        if self.kind == "raydata":
+        cells = rows.get("bytes")
+        if cells is not None:  # rows that come with their bytes: a Ray Data batch's, a window's pieces
+            for i in todo:
+                out[i] = SkipImage(NULL_IMAGE, "a null image cell") if cells[i] is None else bytes(cells[i])
+        elif self.kind == "raydata":
             ray_blocks.read_rows(rows, todo, out)
         elif self.kind == "parquet":
             self._read_parquet(paths, rows["row"], todo, out, listed, wait)
