@@ -29,6 +29,7 @@ __all__ = [
     "pin_mmap_threshold",
     "private_cluster",
     "join_private_cluster",
+    "node_cpus",
     "process_memory_mb",
 ]
 
@@ -276,6 +277,18 @@ def private_cluster() -> bool:
     """Whether ``connect`` started the Ray this process uses, or ``join_private_cluster`` joined another
     process's so started (a fixed local cluster, no autoscaler)."""
     return _PRIVATE_CLUSTER and ray.is_initialized()
+
+
+def node_cpus() -> float | None:
+    """The CPUs this process's Ray node declares (``connect(num_cpus=…)``, ``ray start --num-cpus``),
+    where this process is connected to Ray; None where it is not."""
+    if not ray.is_initialized():
+        return None
+    here = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node.get("NodeID") == here and node.get("Alive", True):
+            return float(node.get("Resources", {}).get("CPU", 0.0))
+    return None
 
 
 def join_private_cluster(address: str) -> None:

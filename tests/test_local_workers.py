@@ -262,10 +262,17 @@ def test_shared_memory_dir_falls_back_to_the_temporary_directory(tmp_path):
     assert shared_memory_dir(1, [str(tmp_path / "missing")])[0] == tempfile.gettempdir()
 
 
-def test_local_budget_runs_a_task_per_core_as_a_private_ray_would(sample_dir, monkeypatch):
+def _four_cores(monkeypatch) -> None:
+    """This machine seen as 4 cores, this process on no Ray node (which would bound them)."""
     import raypipe.pipeline.pipeline as pipeline_module
+    from raypipe import runtime
 
     monkeypatch.setattr(pipeline_module, "local_cpus", lambda: 4)
+    monkeypatch.setattr(runtime, "node_cpus", lambda: None)
+
+
+def test_local_budget_runs_a_task_per_core_as_a_private_ray_would(sample_dir, monkeypatch):
+    _four_cores(monkeypatch)
     pipe = Pipeline(str(sample_dir), AUG, execution=ExecutionConfig(backend="local"))
     budget, count, _ = pipe.local_budget(reserved_cpus=1.0)
     assert (budget.workers, budget.in_flight, count) == (3, 5, 4)
@@ -274,16 +281,29 @@ def test_local_budget_runs_a_task_per_core_as_a_private_ray_would(sample_dir, mo
     assert np.isclose(pipe.local_budget(world_size=2, reserved_cpus=2.0)[0].cpus, 1.0)
 
 
+def test_local_workers_in_a_process_on_ray_are_at_most_its_nodes_cpus(sample_dir, monkeypatch, ray_local):
+    """``connect(num_cpus=N)`` on a larger machine: a feeder's (or training worker's) local workers
+    stay within the N cores the node declares to Ray."""
+    import raypipe.pipeline.pipeline as pipeline_module
+    from raypipe import runtime
+
+    assert runtime.node_cpus() == 2.0  # the test's Ray node
+    monkeypatch.setattr(pipeline_module, "local_cpus", lambda: 16)
+    pipe = Pipeline(str(sample_dir), AUG, execution=ExecutionConfig(backend="local"))
+    assert pipe.local_budget()[1] == 2
+    monkeypatch.setattr(runtime, "node_cpus", lambda: None)  # the same process on no Ray: the machine's
+    assert pipe.local_budget()[1] == 16
+
+
 def test_a_dataset_in_an_object_store_runs_two_tasks_per_core(sample_dir, tmp_path, monkeypatch):
     """A task reading an object per row from a store waits a first-byte latency before its first row
     decodes: two per core, so the core's other task decodes meanwhile. An explicit cpus_per_task stands;
     a whole window of remote shards, and the local cache, keep one per core."""
-    import raypipe.pipeline.pipeline as pipeline_module
     from raypipe.sources import open_source
     from raypipe.sources.convert import convert
     from raypipe.testing import S3Server
 
-    monkeypatch.setattr(pipeline_module, "local_cpus", lambda: 4)
+    _four_cores(monkeypatch)
     shutil.copytree(sample_dir, tmp_path / "buckets" / "bkt" / "train")
     convert(str(sample_dir), str(tmp_path / "buckets" / "bkt" / "shards"), format="webdataset")
     with S3Server(tmp_path / "buckets") as server:

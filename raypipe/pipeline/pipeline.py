@@ -157,12 +157,16 @@ class Pipeline:
         local Ray (``budget``), and the workers are as many as such a Ray would run at once: one per
         ``cpus_per_task`` of the rank's cores, the trainer's ``reserved_cpus`` not taken from them (it
         holds no Ray CPU either), rounded to the nearest whole number as on Ray (``tasks_for_share``), at most
-        the chunks in flight."""
+        the chunks in flight. In a process on Ray (a feeder, a training worker) the cores are at most
+        those its node declares to Ray: ``connect(num_cpus=2)`` on a larger machine runs two."""
         ex = self.execution
         h, w, c = self.batch_spec.image_shape
         chunk_bytes = self.plan(0, world_size).max_chunk_rows * h * w * c
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
         cpus = local_cpus()
+        declared = runtime.node_cpus()
+        if declared is not None:
+            cpus = max(1, min(cpus, int(round(declared))))
         wanted = (ex.num_tasks or cpus) + ex.prefetch_chunks
         directory, free = shared_memory_dir(2 * wanted * chunk_bytes)
         free = slab_room(free)
