@@ -39,7 +39,7 @@ def test_every_quoted_bench_script_exists_and_every_measurement_is_one_of_profil
 
 
 @pytest.mark.parametrize("name", ["slab-cost", "start-cost", "stage", "cpu-account", "s3-requests", "s3-listing",
-                                  "s3-folder-listing", "rng", "shard-listing", "idle-ray"])
+                                  "s3-folder-listing", "rng", "shard-listing", "idle-ray", "cross-node"])
 def test_each_measurement_explains_itself(name):
     out = _run(name, "--help")
     assert out.returncode == 0 and "usage: profiles.py " + name in out.stdout, out.stderr
@@ -56,6 +56,15 @@ def test_cheap_measurements_run():
 def test_idle_ray_measurement_runs():
     out = _run("idle-ray", "--seconds", "1", "--settle", "0")
     assert out.returncode == 0 and "a private Ray, idle, over 1 s" in out.stdout and "raylet" in out.stdout, out.stderr
+
+
+@pytest.mark.timeout(240)
+def test_cross_node_measurement_runs():
+    out = _run("cross-node", "--chunks", "2", "--rows", "2", "--size", "16", "--rounds", "1")
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.strip().endswith(" ms")]
+    assert [line.split(":")[0].strip() for line in lines] == [
+        "same node", "across nodes", "loopback TCP"], out.stdout
 
 
 def test_remote_folder_listing_measurement_runs(tmp_path):

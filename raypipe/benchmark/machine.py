@@ -349,6 +349,114 @@ def idle_ray(seconds: float = 20.0, settle: float = 8.0) -> None:
           + ", ".join(f"{k} {v:.3f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
 
 
+def _machine_cpu_s() -> float:
+    """CPU seconds the whole machine has spent (every process, from ``/proc/stat``)."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
+
+
+def _tcp_loopback_cpu(nbytes: int, chunks: int) -> float:
+    """This process's CPU seconds to send ``chunks`` buffers of ``nbytes`` over a loopback TCP socket and
+    receive them into one buffer (both ends, each buffer reused: the kernel's two copies and little else)."""
+    import resource
+    import socket
+    import threading
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    data = memoryview(np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8))
+
+    def send() -> None:
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            for _ in range(chunks):
+                conn.sendall(data)
+
+    out = memoryview(np.empty(nbytes, np.uint8))
+    start = cpu()
+    sender = threading.Thread(target=send)
+    sender.start()
+    conn, _ = server.accept()
+    with conn, server:
+        for _ in range(chunks):
+            got = 0
+            while got < nbytes:
+                got += conn.recv_into(out[got:])
+    sender.join()
+    return cpu() - start
+
+
+def cross_node(chunks: int = 40, rows: int = 128, size: int = 224, rounds: int = 3) -> None:
+    """The machine's CPU per image to hand a chunk's images from one node to another.
+
+    Three ways, each over ``--chunks`` chunks of ``--rows`` images of ``size`` x ``size`` x 3 uint8, in
+    ``--rounds`` turns after one unreported (it touches the object stores' pages, which a long run
+    finds warm); nothing else should run. On two simulated Ray nodes (``ray.cluster_utils``):
+    a task on one node writes a chunk's images and returns them, and this process, on the other node
+    (or on the task's own, for the same-node row), gets each one and reads it; less a task that writes
+    the same images and returns nothing, so what is left is the hand-over (the result put into the
+    object store, and across nodes its transfer). Then the same bytes over a loopback TCP socket, sent
+    from a buffer and received into one (what a direct stream between the nodes would cost at least)::
+
+        python bench/profiles.py cross-node
+    """
+    import ray
+    from ray.cluster_utils import Cluster
+
+    nbytes = rows * size * size * 3
+    images = chunks * rows
+    if ray.is_initialized():
+        ray.shutdown()
+    store = 8 * nbytes + (200 << 20)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"here": 1},
+                                                            "object_store_memory": store})  # fmt: skip
+    cluster.add_node(num_cpus=1, resources={"there": 1}, object_store_memory=store)
+    try:
+        ray.init(address=cluster.address, logging_level="ERROR")
+        cluster.wait_for_nodes()
+
+        @ray.remote(num_cpus=1)
+        def write(keep: bool):
+            a = np.empty(nbytes, np.uint8)
+            a[::4096] = 1  # every page written, as a chunk's images are
+            return a if keep else None
+
+        def run(node: str, keep: bool) -> float:
+            task = write.options(resources={node: 1})
+            ray.get([task.remote(keep) for _ in range(2)])  # workers up
+            before = _machine_cpu_s()
+            pending = collections.deque(task.remote(keep) for _ in range(min(4, chunks)))
+            for i in range(chunks):
+                got = ray.get(pending.popleft())
+                if got is not None:
+                    int(got[::4096].sum())
+                del got
+                if i + 4 < chunks:
+                    pending.append(task.remote(keep))
+            return (_machine_cpu_s() - before) / images * 1e3
+
+        results = collections.defaultdict(list)
+        for r in range(rounds + 1):  # the first touches the object stores' pages: a long run's are warm
+            base = run("there", False)
+            got = {"same node: task result put and got": run("here", True) - base,
+                   "across nodes: task result put, moved and got": run("there", True) - base,
+                   "loopback TCP: sent and received": _tcp_loopback_cpu(nbytes, chunks) / images * 1e3}  # fmt: skip
+            for name, value in got.items():
+                if r:
+                    results[name].append(value)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    print(f"{rows} images of {size}x{size}x3 uint8 ({nbytes / 2**20:.1f} MiB) per chunk, {chunks} chunks, "
+          f"{rounds} rounds: machine CPU per image")
+    for name, values in results.items():
+        print(f"  {name}: " + ", ".join(f"{v:.3f}" for v in values) + " ms")
+
+
 # ---- the command line ------------------------------------------------------------------------------
 
 
@@ -374,6 +482,12 @@ def register(add) -> None:
     p.add_argument("data", help="any source raypipe reads (its stage is what the workers set up)")
     p.add_argument("--only", choices=("ray", "local"))
     p.add_argument("--settle", type=float, default=5.0, help="seconds to wait after the start before reading CPU")
+
+    p = add("cross-node", cross_node)
+    p.add_argument("--chunks", type=int, default=40)
+    p.add_argument("--rows", type=int, default=128)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--rounds", type=int, default=3)
 
     p = add("idle-ray", idle_ray)
     p.add_argument("--seconds", type=float, default=20.0, help="seconds over which the CPU is read")
