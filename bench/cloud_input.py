@@ -1,9 +1,10 @@
 """Cloud-scale input side by side: the same photo-like JPEGs as a local folder, one Parquet file with
-100-row row groups, WebDataset shards, and over S3 with first-byte latency (folder, shards, folder
-with the local cache), each run as ``raypipe run`` runs them, in one process::
+100-row row groups, WebDataset shards, and over S3 with first-byte latency (folder, shards, the
+Parquet file, folder with the local cache), each run as ``raypipe run`` runs them, in one process::
 
     python bench/cloud_input.py --images 3000 --epochs 5 --rounds 3     # the figures
     python bench/cloud_input.py --images 200 --epochs 2                 # a smoke run
+    python bench/cloud_input.py --only parquet "s3 parquet"             # those two and the folder
 
 Each contender is ``Pipeline`` + ``EpochSource`` (RandomResizedCrop 224 + flip, no colour jitter, batch
 128) over ``--epochs`` epochs, after an unmeasured epoch that starts the workers: local worker
@@ -46,6 +47,7 @@ import numpy as np
 from raypipe.benchmark.s3 import S3Process, keep_to, split_cores
 
 TARGETS = {"parquet": 0.9, "webdataset": 0.9, "s3 folder": 0.8, "s3 shards": 0.9}
+CONTENDERS = ("folder", "parquet", "webdataset", "s3 folder", "s3 shards", "s3 parquet", "s3 folder + cache")
 LATER_TARGETS = {"s3 folder + cache": 0.95}  # epochs after the first, against the folder's epochs after the first
 
 
@@ -204,6 +206,9 @@ def main() -> None:
     p.add_argument("--server-cores", type=int, default=0,
                    help="run the S3 server on this many of the machine's cores and every contender on the "
                         "others, as a real store runs off the reader's machine (default 0: all share all)")  # fmt: skip
+    p.add_argument("--only", nargs="+", choices=CONTENDERS[1:], metavar="NAME",
+                   help="run these contenders and the folder (their baseline) only: " + ", ".join(
+                       repr(c) for c in CONTENDERS[1:]))  # fmt: skip
     p.add_argument("--json", help="write the figures here")
     a = p.parse_args()
     classes = 4
@@ -246,7 +251,10 @@ def main() -> None:
             "webdataset": lambda: str(data["shards"]),
             "s3 folder": lambda: open_source("s3://bench/folder", filesystem=fs),
             "s3 shards": lambda: open_source("s3://bench/shards", filesystem=fs),
+            "s3 parquet": lambda: open_source("s3://bench/parquet", filesystem=fs),
         }
+        if a.only:
+            contenders = {name: make for name, make in contenders.items() if name == "folder" or name in a.only}
         # The worker processes start, and import the kernels, during the first epoch anybody reads: an
         # unmeasured epoch first, so that no contender (the first is the baseline) pays for it.
         run_epochs("warm-up", str(data["folder"]), 1, a.batch_size, a.backend)
@@ -255,20 +263,21 @@ def main() -> None:
             rounds.append({name: run_epochs(name + tag, make(), a.epochs, a.batch_size, a.backend)
                            for name, make in contenders.items()})  # fmt: skip
         # The cache is read by the workers where they start: workers started again with it set.
-        cache_dir = work / "cache"
-        shutil.rmtree(cache_dir, ignore_errors=True)
-        os.environ["RAYPIPE_CACHE_DIR"] = str(cache_dir)
-        os.environ["RAYPIPE_CACHE_MAX_BYTES"] = "64GiB"
-        try:
-            start_workers_again(on_ray)
-            cached = open_source("s3://bench/folder", filesystem=fs)
-            cached_result = run_epochs("s3 folder + cache", cached, a.epochs, a.batch_size, a.backend)
-            # its reference, next to it in time (this machine's speed drifts by a fifth within minutes)
-            after = run_epochs("folder (after the cache)", str(data["folder"]), a.epochs, a.batch_size, a.backend)
-            cached_result["folder after"] = {k: v for k, v in after.items() if k != "labels"}
-        finally:
-            os.environ.pop("RAYPIPE_CACHE_DIR", None)
-            os.environ.pop("RAYPIPE_CACHE_MAX_BYTES", None)
+        if not a.only or "s3 folder + cache" in a.only:
+            cache_dir = work / "cache"
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            os.environ["RAYPIPE_CACHE_DIR"] = str(cache_dir)
+            os.environ["RAYPIPE_CACHE_MAX_BYTES"] = "64GiB"
+            try:
+                start_workers_again(on_ray)
+                cached = open_source("s3://bench/folder", filesystem=fs)
+                cached_result = run_epochs("s3 folder + cache", cached, a.epochs, a.batch_size, a.backend)
+                # its reference, next to it in time (this machine's speed drifts by a fifth within minutes)
+                after = run_epochs("folder (after the cache)", str(data["folder"]), a.epochs, a.batch_size, a.backend)
+                cached_result["folder after"] = {k: v for k, v in after.items() if k != "labels"}
+            finally:
+                os.environ.pop("RAYPIPE_CACHE_DIR", None)
+                os.environ.pop("RAYPIPE_CACHE_MAX_BYTES", None)
     finally:
         if server is not None:
             server.stop()
@@ -277,10 +286,12 @@ def main() -> None:
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)
 
-    got = mean_entropy(rounds[0]["parquet"]["labels"], classes)
-    full = shuffled_entropy(sorted_labels, a.epochs, a.batch_size, classes)
-    print(f"\nclass-sorted Parquet ({classes} classes, 100-row groups): mean per-batch label entropy {got:.3f} bits "
-          f"through the pipeline, {full:.3f} for a global shuffle: {got / full:.3f}x (target >= 0.95)")  # fmt: skip
+    got = full = float("nan")
+    if "parquet" in rounds[0]:
+        got = mean_entropy(rounds[0]["parquet"]["labels"], classes)
+        full = shuffled_entropy(sorted_labels, a.epochs, a.batch_size, classes)
+        print(f"\nclass-sorted Parquet ({classes} classes, 100-row groups): mean per-batch label entropy {got:.3f} "
+              f"bits through the pipeline, {full:.3f} for a global shuffle: {got / full:.3f}x (target >= 0.95)")
     report = table(rounds, cached_result, a.latency_ms)
     if a.json:
 

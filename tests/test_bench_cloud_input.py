@@ -28,14 +28,24 @@ def test_cloud_input_smoke(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     figures = json.loads(out.read_text())
     assert len(figures["server_cores"]) == (1 if split else 0)
-    names = ["folder", "parquet", "webdataset", "s3 folder", "s3 shards", "s3 folder + cache"]
+    names = ["folder", "parquet", "webdataset", "s3 folder", "s3 shards", "s3 parquet", "s3 folder + cache"]
     assert list(figures["ratios"]) == names
-    assert [len(figures["ratios"][n]) for n in names] == [2, 2, 2, 2, 2, 1]  # a ratio per round; the cache runs once
+    assert [len(figures["ratios"][n]) for n in names] == [2, 2, 2, 2, 2, 2, 1]  # a ratio per round; the cache once
     assert figures["ratios"]["folder"] == [1.0, 1.0]
     runs = [r[n] for r in figures["rounds"] for n in names[:-1]] + [figures["cache"]]
-    assert len(runs) == 11 and all(r["images"] == [200, 200] for r in runs)
+    assert len(runs) == 13 and all(r["images"] == [200, 200] for r in runs)
     assert 0 < figures["entropy"]["ratio"] <= 1.5
     assert proc.stdout.rstrip().splitlines()[-1].startswith("| s3 (20 ms) folder + cache |")
     cache = tmp_path / "work" / "cache"
     entries = [f for d in cache.iterdir() if len(d.name) == 2 for f in d.iterdir()]
     assert len(entries) == 200  # the cache contender filled it, one entry per image
+
+    # --only: those contenders and their baseline, on the data the first run made
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "cloud_input.py"), "--images", "200", "--epochs", "1",
+         "--workdir", str(tmp_path / "work"), "--json", str(out), "--only", "s3 parquet", *split],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    figures = json.loads(out.read_text())
+    assert list(figures["ratios"]) == ["folder", "s3 parquet"] and figures["cache"] is None
