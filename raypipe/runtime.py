@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import socket
@@ -46,8 +47,9 @@ def connect(
     cluster started with ``ray start`` on this machine), else starts a private local Ray, with the
     dashboard (on 127.0.0.1) only when ``dashboard``: Ray Train needs it, as its placement-group cleaner
     asks the State API, which the dashboard serves, whether the train controller still lives (without
-    it the cleaner warns every few seconds and cannot clean up). Never joins some other local cluster by
-    accident (Ray's bare ``ray.init()`` would). Token auth is Ray's default in 2.60 and is left on.
+    it the cleaner warns every few seconds and cannot clean up; ``_state_api_named`` lets it find this
+    cluster's beside another Ray). Never joins some other local cluster by accident (Ray's bare
+    ``ray.init()`` would). Token auth is Ray's default in 2.60 and is left on.
 
     ``wait=False`` returns at once and starts the private local Ray on a background thread (joining
     ``RAY_ADDRESS`` is done at once all the same, so that an unreachable address is an error here): a
@@ -171,14 +173,43 @@ def _connect_now(*, num_cpus: int | None, object_store_memory: int | None, quiet
     # The raylet this starts reads its settings from the environment, as `ray start` does.
     for key, value in worker_pool_env(num_cpus or os.cpu_count() or 1).items():
         os.environ.setdefault(key, value)
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        object_store_memory=object_store_memory,
-        include_dashboard=dashboard,
-        dashboard_host="127.0.0.1",
-        **kwargs,
-    )
+    with _state_api_named(dashboard) as port:
+        if port is not None:
+            kwargs["dashboard_port"] = port
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            object_store_memory=object_store_memory,
+            include_dashboard=dashboard,
+            dashboard_host="127.0.0.1",
+            **kwargs,
+        )
+
+
+_API_SERVER = "RAY_API_SERVER_ADDRESS"
+
+
+@contextlib.contextmanager
+def _state_api_named(dashboard: bool):
+    """While the private Ray starts: a free port for its dashboard (yielded), named in Ray's
+    ``RAY_API_SERVER_ADDRESS`` so that the raylet and every worker it starts inherit it. Ray's State API,
+    called with no address in a worker (Ray Train's placement-group cleaner asks it whether the train
+    controller lives), otherwise looks for the cluster among the machine's GCS processes and fails when
+    it finds more than one ("Found multiple active Ray instances": any other Ray on the machine). This
+    process's own environment is as before afterwards, so nothing it starts later inherits the name of
+    a dashboard that may be gone. Yields None (Ray picks the port) without a dashboard or where the user
+    set the variable."""
+    if not dashboard or os.environ.get(_API_SERVER):
+        yield None
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ[_API_SERVER] = f"http://127.0.0.1:{port}"
+    try:
+        yield port
+    finally:
+        os.environ.pop(_API_SERVER, None)
 
 
 _PRIVATE_CLUSTER = False

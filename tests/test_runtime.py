@@ -105,6 +105,36 @@ def test_local_cluster_dashboard_only_on_request_and_on_loopback(on):
         assert out == "none", out
 
 
+_STATE_API_PROBE = """
+import ray
+from raypipe.runtime import connect
+connect(dashboard=True)
+
+@ray.remote(num_cpus=0)
+def ask():  # as Ray Train's placement-group cleaner asks, in a worker, with no address
+    from ray.util.state import list_nodes
+    return len(list_nodes())
+
+import os
+print("nodes", ray.get(ask.remote()), ray.init(ignore_reinit_error=True).dashboard_url,
+      os.environ.get("RAY_API_SERVER_ADDRESS"))
+ray.shutdown()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_private_rays_state_api_is_found_beside_another_ray(ray_local):
+    """With another Ray on the machine (the test's own), the State API called with no address in a
+    worker of the private Ray finds that Ray's, where Ray's search of the machine finds two and fails."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+    proc = subprocess.run([sys.executable, "-c", _STATE_API_PROBE], capture_output=True, text=True, env=env,
+                          timeout=150)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, nodes, url, named = proc.stdout.split()[-4:]
+    assert nodes == "1" and url.startswith("127.0.0.1:"), proc.stdout
+    assert named == "None", proc.stdout  # named for the raylet's start only: nothing started later inherits it
+
+
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 def test_call_at_niceness_with_sched_idle_runs_on_an_idle_policy_thread(monkeypatch):
     import raypipe.stages.augment as augment
