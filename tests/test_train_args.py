@@ -359,3 +359,29 @@ def test_a_listing_by_shard_takes_the_number_of_classes_given(tmp_path):
     assert _num_classes(parse_job(["--num-classes", "10"]), rows, rows) == 10
     with pytest.raises(ValueError, match="number of classes"):
         _num_classes(parse_job([]), rows, rows)
+
+
+def test_the_index_flag_lists_the_training_shards_from_that_index(tmp_path):
+    """``--index`` reaches the listing of ``--data`` (an index kept away from read-only shards); for
+    data that is not WebDataset shards it is refused with the reason."""
+    from test_webdataset import sample, write_shard
+
+    from raypipe.sources import open_source
+    from raypipe.sources.indexer import index_shards
+    from raypipe.train.data import job_rows
+
+    d = tmp_path / "wds"
+    write_shard(d / "s-0.tar", sample("a/0", 3) + sample("a/1", 1) + sample("a/2", 0) + sample("a/3", 2))
+    index = tmp_path / "elsewhere" / "index.parquet"
+    index.parent.mkdir()
+    index_shards(str(d), str(index), use_ray=False)
+    train, val, _ = job_rows(parse_job(["--data", str(d), "--index", str(index), "--val-split", "0.5"]))
+    assert len(train) + len(val) == len(open_source(str(d))) == 4
+    (tmp_path / "cut.parquet").write_bytes(index.read_bytes()[:-8] + b"garbage!")
+    with pytest.raises(Exception):  # noqa: B017 - pyarrow's own error for a cut Parquet file: the flag is read
+        job_rows(parse_job(["--data", str(d), "--index", str(tmp_path / "cut.parquet")]))
+    (tmp_path / "folder" / "c").mkdir(parents=True)
+    (tmp_path / "folder" / "c" / "x.jpg").write_bytes(b"x")
+    with pytest.raises(ValueError, match="shard indexes are for WebDataset"):
+        job_rows(parse_job(["--data", str(tmp_path / "folder"), "--index", str(index)]))
+    assert parse_job(["-c", _yaml(tmp_path, f"train: {{index: {index}}}\n")]).index == str(index)

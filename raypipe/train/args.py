@@ -30,7 +30,7 @@ from raypipe.config import (
     config_sections,
     load_yaml,
 )
-from raypipe.flags import add_augment_args, add_pipeline_args, build_configs
+from raypipe.flags import add_augment_args, add_index_arg, add_pipeline_args, build_configs
 
 __all__ = ["TrainJobConfig", "build_parser", "parse_job", "parse_job_args", "job_from_namespace", "DEFAULTS"]
 
@@ -51,6 +51,7 @@ class TrainJobConfig:
     val_data: str | None = None
     val_split: float = 0.1
     kind: str | None = None
+    index: str | None = None  # --data's shard index, where it is not beside the shards
     sample_dir: str = "sample_data"
     sample_per_class: int = 100
     model: str = "resnet10t"
@@ -151,10 +152,11 @@ class TrainJobConfig:
 
 # dest -> TrainJobConfig field, for the job's own flags
 _JOB_FIELDS = (
-    "data", "val_data", "val_split", "kind", "sample_dir", "sample_per_class", "model", "num_classes", "epochs",
-    "lr", "opt", "momentum", "sched", "warmup_epochs", "warmup_lr", "min_lr", "weight_decay", "reprob", "remode",
-    "recount", "mixup", "cutmix", "smoothing", "amp", "channels_last", "num_workers", "use_gpu", "cpus_per_worker",
-    "storage_path", "name", "max_failures", "checkpoint_steps", "preprocess_resource", "record_ids", "feeder",
+    "data", "val_data", "val_split", "kind", "index", "sample_dir", "sample_per_class", "model", "num_classes",
+    "epochs", "lr", "opt", "momentum", "sched", "warmup_epochs", "warmup_lr", "min_lr", "weight_decay", "reprob",
+    "remode", "recount", "mixup", "cutmix", "smoothing", "amp", "channels_last", "num_workers", "use_gpu",
+    "cpus_per_worker", "storage_path", "name", "max_failures", "checkpoint_steps", "preprocess_resource",
+    "record_ids", "feeder",
 )  # fmt: skip
 
 
@@ -170,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--val-split", type=float, help="fraction held out for eval, chosen by a hash of each image's path")
     g.add_argument("--kind", choices=("folder", "parquet", "manifest", "webdataset"),
                    help="dataset kind (detected if omitted)")
+    add_index_arg(g)
     g.add_argument("--sample-dir", help="where the sample dataset is generated when --data is not given")
     g.add_argument("--sample-per-class", type=int, help="sample dataset images per class (10 classes)")
     g.add_argument("--model", help="timm model name (pretrained=False)")
