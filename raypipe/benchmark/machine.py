@@ -349,13 +349,6 @@ def idle_ray(seconds: float = 20.0, settle: float = 8.0) -> None:
           + ", ".join(f"{k} {v:.3f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
 
 
-def _machine_cpu_s() -> float:
-    """CPU seconds the whole machine has spent (every process, from ``/proc/stat``)."""
-    with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
-
-
 def _tcp_loopback_cpu(nbytes: int, chunks: int) -> float:
     """This process's CPU seconds to send ``chunks`` buffers of ``nbytes`` over a loopback TCP socket and
     receive them into one buffer (both ends, each buffer reused: the kernel's two copies and little else)."""
@@ -407,6 +400,8 @@ def cross_node(chunks: int = 40, rows: int = 128, size: int = 224, rounds: int =
     import ray
     from ray.cluster_utils import Cluster
 
+    from raypipe.benchmark.measure import core_ticks
+
     nbytes = rows * size * size * 3
     images = chunks * rows
     if ray.is_initialized():
@@ -428,7 +423,7 @@ def cross_node(chunks: int = 40, rows: int = 128, size: int = 224, rounds: int =
         def run(node: str, keep: bool) -> float:
             task = write.options(resources={node: 1})
             ray.get([task.remote(keep) for _ in range(2)])  # workers up
-            before = _machine_cpu_s()
+            before = core_ticks()[0]
             pending = collections.deque(task.remote(keep) for _ in range(min(4, chunks)))
             for i in range(chunks):
                 got = ray.get(pending.popleft())
@@ -437,7 +432,7 @@ def cross_node(chunks: int = 40, rows: int = 128, size: int = 224, rounds: int =
                 del got
                 if i + 4 < chunks:
                     pending.append(task.remote(keep))
-            return (_machine_cpu_s() - before) / images * 1e3
+            return (core_ticks()[0] - before) / os.sysconf("SC_CLK_TCK") / images * 1e3
 
         results = collections.defaultdict(list)
         for r in range(rounds + 1):  # the first touches the object stores' pages: a long run's are warm

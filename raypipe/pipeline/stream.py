@@ -26,9 +26,10 @@ kernels and builds the transform and reader in the worker process it lands on) a
 chunks here until they are done, rather than waiting idle on workers that are still starting; the
 chunks that are left then go to the workers as above. A piece longer than a chunk (the first pieces
 of a whole-window source double from ``chunk_rows``; those of a Parquet file in a store share one
-read of their window made here: ``raypipe.pipeline.window_read``) is the exception: before the consumer makes it,
-the chunks after it go to the workers (local ones queue them while they start, Ray's once it is up),
-so workers that come up meanwhile take them instead of waiting for the consumer's long piece.
+read of their window made here: ``raypipe.pipeline.window_read``) is the exception: before the
+consumer makes it, the chunks after it go to the workers (local ones queue them while they start,
+Ray's once it is up), so workers that come up meanwhile take them instead of waiting for the
+consumer's long piece.
 
 Why plain Ray tasks and not a Ray Data execution: a Ray Data ``Dataset`` plans one input task per
 block before it starts (milliseconds each: a hundred epochs of an ImageNet shard cost minutes up
