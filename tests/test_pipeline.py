@@ -203,7 +203,11 @@ def _thread_stat(pid: int, field: int) -> dict[int, int]:
     """tid -> field ``field`` (1-based, as proc(5) numbers them) of every thread of ``pid``'s Linux
     /proc stat: 19 is the niceness, 41 the scheduling policy."""
     out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return out  # the process ended meanwhile
+    for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as fh:  # fields after "(comm)" start at field 3
                 out[int(tid)] = int(fh.read().rsplit(")", 1)[1].split()[field - 3])
@@ -216,8 +220,15 @@ def _ray_worker_pids() -> list[int]:
     """The local Ray's worker processes: our descendants whose title starts with ``ray::``."""
     import psutil
 
-    procs = psutil.Process().children(recursive=True)
-    return [p.pid for p in procs if p.cmdline()[:1] and p.cmdline()[0].startswith("ray::")]
+    pids = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            title = proc.cmdline()[:1]
+        except psutil.NoSuchProcess:  # ended since it was listed (an idle worker Ray let go)
+            continue
+        if title and title[0].startswith("ray::"):
+            pids.append(proc.pid)
+    return pids
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="per-thread niceness is read from Linux /proc")
