@@ -235,7 +235,7 @@ class PipelineConfig:
             _fail("max_skips", self.max_skips, "expected an int >= 0 or None")
 
 
-BACKENDS = ("auto", "ray", "local")
+BACKENDS = ("auto", "ray", "local", "nodes")
 # Tasks that read an object per row from a store ask for half a core each (ExecutionConfig.cpus_per_task_for).
 STORE_CPUS_PER_TASK = 0.5
 
@@ -270,9 +270,11 @@ class ExecutionConfig:
     worker_sched_idle: bool | None = None
     # Extra Ray resources each augmentation task asks for, to steer it to preprocessing nodes.
     resources: Mapping[str, float] = field(default_factory=dict)
-    # Where the augmentation tasks run: "ray" (the connected cluster's nodes), "local" (worker
-    # processes of this machine, no Ray: raypipe.pipeline.local_workers), or "auto": Ray when this
-    # process is connected to it (or connecting, or RAY_ADDRESS names a cluster), else local.
+    # Where the augmentation tasks run: "ray" (Ray tasks on the connected cluster's nodes), "local"
+    # (worker processes of this machine, no Ray: raypipe.pipeline.local_workers), "nodes" (raypipe's
+    # worker processes on each node of the connected cluster that offers `resources`, their images
+    # streamed to this process: raypipe.pipeline.node_workers), or "auto": Ray when this process is
+    # connected to it (or connecting, or RAY_ADDRESS names a cluster), else local.
     backend: str = "auto"
 
     def __post_init__(self) -> None:

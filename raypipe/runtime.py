@@ -96,11 +96,12 @@ def on_ray() -> bool:
 
 
 def runs_on_ray(backend: str, *, needed: bool = False) -> bool:
-    """Whether tasks of ``ExecutionConfig.backend`` run on Ray: ``"ray"`` and ``"local"`` as they say;
-    ``"auto"`` when Ray is ``needed`` (ranks that share a node's cluster, a feeder actor) or this
-    process runs on Ray (``on_ray``)."""
+    """Whether tasks of ``ExecutionConfig.backend`` run on Ray's cluster: ``"ray"`` and ``"local"`` as
+    they say, ``"nodes"`` (worker processes its launchers start on the nodes) too; ``"auto"`` when Ray
+    is ``needed`` (ranks that share a node's cluster, a feeder actor) or this process runs on Ray
+    (``on_ray``)."""
     if backend != "auto":
-        return backend == "ray"
+        return backend in ("ray", "nodes")
     return needed or on_ray()
 
 

@@ -12,6 +12,9 @@ NCHW batches), with raypipe's defaults (worker priorities included):
   the trainer and its feeder, and ``nodes`` CPU nodes of ``node_cpus`` each offer the ``preprocess``
   resource that every augmentation task asks for (cluster.yaml's shape: CPU nodes feeding a GPU node).
   The nodes share this machine's cores, so their CPUs are a scheduling limit, not cores of their own.
+- ``nodes``: the same cluster and ``FeederSource`` with ``ExecutionConfig(backend="nodes")``: raypipe's
+  worker processes on the CPU nodes, their images streamed to the feeder over TCP
+  (``raypipe.pipeline.node_workers``) instead of Ray tasks' objects.
 
 ``run_path`` measures one path in this process; ``bench/cluster_paths.py`` runs each in a process of its
 own, in turn, and prints the table.
@@ -30,7 +33,7 @@ from raypipe.benchmark.measure import core_ticks, measure_epochs
 
 __all__ = ["PATHS", "PathResult", "CpuAccount", "process_role", "run_path", "run_timm", "compression_cost"]
 
-PATHS = ("local", "ray-node", "ray-nodes")
+PATHS = ("local", "ray-node", "ray-nodes", "nodes")
 # The resource the simulated CPU nodes offer and every augmentation task asks a sliver of (cluster.yaml's).
 PREPROCESS = "preprocess"
 _CLOCK = os.sysconf("SC_CLK_TCK")
@@ -49,7 +52,7 @@ def process_role(proc: psutil.Process, trainer_pid: int) -> str:
         return "other"
     if "_Feeder" in cmd:
         return "feeder"
-    if "raypipe.pipeline._local_worker" in cmd or cmd.startswith(_AUGMENTATION_TITLES):
+    if "raypipe.pipeline._local_worker" in cmd or cmd.startswith(_AUGMENTATION_TITLES) or "_Launcher" in cmd:
         return "augmentation"
     if name in ("raylet", "gcs_server") or cmd.startswith("ray::") or "/ray/" in cmd:
         return "ray daemons"  # the raylets, GCS, dashboard and its agents, log monitor
@@ -135,9 +138,10 @@ def _source(path: str, data: str, *, batch_size: int, img_size: int, epochs: int
     if path == "local":
         execution = ExecutionConfig(backend="local", chunk_rows=chunk_rows)
         return EpochSource(Pipeline(data, aug, config=config, execution=execution), end_epoch=epochs)
-    resources = {PREPROCESS: 0.001} if path == "ray-nodes" else {}
+    resources = {PREPROCESS: 0.001} if path in ("ray-nodes", "nodes") else {}
     # the default backend, as the README's; ``ray_tasks``: Ray tasks, as a rank on a cluster it joined
-    execution = ExecutionConfig(resources=resources, chunk_rows=chunk_rows, backend="ray" if ray_tasks else "auto")
+    backend = "nodes" if path == "nodes" else "ray" if ray_tasks else "auto"
+    execution = ExecutionConfig(resources=resources, chunk_rows=chunk_rows, backend=backend)
     pipe = Pipeline(data, aug, config=config, execution=execution)
     return FeederSource(pipe, end_epoch=epochs)
 
@@ -212,10 +216,11 @@ def run_path(
     cluster = None
     if path == "ray-node":
         runtime.connect()
-    elif path == "ray-nodes":
+    elif path in ("ray-nodes", "nodes"):
         cluster = _start_nodes(nodes, node_cpus, trainer_cpus, store_mb)
-    note = {"local": "local workers", "ray-node": "Ray, one node, FeederSource",
-            "ray-nodes": f"Ray, trainer node + {nodes} CPU node(s) of {node_cpus} CPUs"}[path]  # fmt: skip
+    across = f"trainer node + {nodes} CPU node(s) of {node_cpus} CPUs"
+    note = {"local": "local workers", "ray-node": "Ray, one node, FeederSource", "ray-nodes": f"Ray tasks, {across}",
+            "nodes": f"node workers (backend='nodes'), {across}"}[path]  # fmt: skip
     try:
         source = _source(path, data, batch_size=batch_size, img_size=img_size, epochs=epochs + 1, chunk_rows=chunk_rows,
                          ray_tasks=ray_tasks)  # fmt: skip

@@ -1,10 +1,21 @@
-"""The worker process of ``LocalWorkers`` (``python -m raypipe.pipeline._local_worker SOCKET_FD``).
+"""The worker process of ``LocalWorkers`` and ``NodeWorkers``.
 
-It reads requests from a Unix socket shared with the trainer and answers on it, one at a time, in
-order (frames: an 8-byte length, then a pickle; both ends are raypipe's own code in processes of one
+``python -m raypipe.pipeline._local_worker SOCKET_FD``: a worker of this machine's trainer. It reads
+requests from a Unix socket shared with the trainer and answers on it, one at a time, in order
+(frames: an 8-byte length, then a pickle; both ends are raypipe's own code in processes of one
 user). A chunk's request carries the descriptor of the shared memory its images go into
-(``raypipe.pipeline.slabs``) as the socket's ancillary data. It imports the stage and nothing else of
-raypipe's: no Ray, no torch.
+(``raypipe.pipeline.slabs``) as the socket's ancillary data.
+
+``python -m raypipe.pipeline._local_worker --connect HOST PORT LIFELINE_FD``: a worker on another node
+of the cluster (``raypipe.pipeline.node_workers``), started by that node's launcher. It connects to
+the consumer over TCP, and both ends prove they know the secret the launcher passed in the
+environment before either reads a pickle (``raypipe.pipeline.peer_auth``). No descriptor can cross
+nodes: a chunk's request comes without one, and the worker writes the images into a buffer of its
+own, reused from chunk to chunk, then sends them as raw bytes right after the answer's frame. It ends
+when the launcher does (the read end of ``LIFELINE_FD`` sees the end of the pipe) or when its
+connection does.
+
+It imports the stage and nothing else of raypipe's: no Ray, no torch.
 """
 
 from __future__ import annotations
@@ -107,6 +118,26 @@ def run_chunk(rows: dict, spec, fd: int) -> dict:
     return block
 
 
+_inline_buffer = None  # a remote worker's images, written here and sent: reused, so its pages are made once
+
+
+def run_chunk_inline(rows: dict, spec) -> tuple[dict, memoryview]:
+    """Augment ``rows`` into this process's own buffer; the block carries ``("inline", shape)`` for the
+    images, whose bytes (the returned view) follow the answer on the connection."""
+    global _inline_buffer
+    import numpy as np
+
+    from raypipe.stages.augment import augment_block
+
+    shape = (len(rows["sample_id"]), *spec.image_shape)
+    size = int(np.prod(shape))
+    if _inline_buffer is None or _inline_buffer.size < size:
+        _inline_buffer = np.empty(size, dtype=np.uint8)
+    block = augment_block(rows, spec, out=_inline_buffer[:size].reshape(shape))
+    block["image"] = ("inline", shape)
+    return block, memoryview(_inline_buffer)[:size]
+
+
 def _portable(exc: BaseException) -> BaseException:
     """``exc`` if it survives pickling (the parent raises it with its own type), else a RuntimeError
     that names it."""
@@ -123,23 +154,66 @@ def serve(sock: socket.socket, outbox: BinaryIO) -> None:
     send(outbox, ("ready", None, os.getpid()))
     while (received := receive_with_fds(sock)) is not None:
         (kind, task_id, payload), fds = received
+        images = None
         try:
             if kind == "setup":
                 stage_for(payload)
                 reply = None
-            else:
+            elif fds:
                 reply = run_chunk(*payload, fds.pop(0))
+            else:  # from another node: the images follow the answer
+                reply, images = run_chunk_inline(*payload)
         except Exception as exc:  # the task's failure, reported to the parent with its traceback
             send(outbox, ("error", task_id, (_portable(exc), traceback.format_exc())))
             continue
         finally:
             for fd in fds:  # none is expected
                 os.close(fd)
-        send(outbox, ("done", task_id, reply))
+        outbox.write(_frame(("done", task_id, reply)))
+        if images is not None:
+            outbox.write(images)
+        outbox.flush()
+
+
+def _watch_lifeline(fd: int) -> None:
+    """End this process when the pipe's other end closes (its launcher ended, however)."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            try:
+                if not os.read(fd, 1):
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+        os._exit(0)
+
+    threading.Thread(target=watch, name="raypipe-lifeline", daemon=True).start()
+
+
+def _connect(host: str, port: int) -> socket.socket:
+    from raypipe.pipeline.peer_auth import SECRET_ENV, prove_client, tune_stream_socket
+
+    secret = bytes.fromhex(os.environ.pop(SECRET_ENV))
+    sock = socket.create_connection((host, port), timeout=30)
+    try:
+        prove_client(sock, secret)
+    except BaseException:
+        sock.close()
+        raise
+    sock.settimeout(None)
+    tune_stream_socket(sock)
+    return sock
 
 
 def main(argv: list[str]) -> None:
-    sock = socket.socket(fileno=int(argv[1]))
+    if len(argv) > 1 and argv[1] == "--connect":
+        _watch_lifeline(int(argv[4]))
+        sock = _connect(argv[2], int(argv[3]))
+    else:
+        sock = socket.socket(fileno=int(argv[1]))
     outbox = sock.makefile("wb")
     try:
         serve(sock, outbox)

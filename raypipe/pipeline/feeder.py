@@ -43,6 +43,7 @@ from raypipe.config import ExecutionConfig
 from raypipe.pipeline.accounting import EpochReport
 from raypipe.pipeline.handover import HandoverError, SlabReceiver, SlabSender
 from raypipe.pipeline.local_workers import LocalWorkers
+from raypipe.pipeline.node_workers import NodeWorkers
 from raypipe.pipeline.pipeline import EpochSource, Pipeline
 from raypipe.pipeline.slabs import SlabPool, slab_of
 
@@ -70,8 +71,8 @@ class _Feeder:
         tune_consumer_process()  # this process is raypipe's own: see the function
         self.source = EpochSource(pipeline, **source_kwargs)
         self.it: Iterator | None = None
-        self.local = not pipeline.uses_ray()
-        # local workers' chunks go to the trainer as slabs (see the module's doc)
+        self.local = not pipeline.runs_ray_tasks()
+        # local (or node) workers' chunks go to the trainer as slabs (see the module's doc)
         self.sender = SlabSender() if self.local else None
         if self.local:
             SlabPool.populate_views = False  # this process is the feeder's alone: it passes the images on unread
@@ -144,6 +145,7 @@ class _Feeder:
             # the process is the feeder's alone: its workers end with it, before Ray ends the process
             # (which kills them first, and the pool would take that for a worker lost mid-chunk)
             LocalWorkers.shutdown_shared()
+            NodeWorkers.shutdown_shared()
 
 
 def on_ray_backend(execution: ExecutionConfig, *, source_kind: str) -> ExecutionConfig:

@@ -104,8 +104,12 @@ class _Task:
 
 
 class _Worker:
-    def __init__(self, proc: subprocess.Popen, sock: socket.socket):
+    """A worker's connection: ``proc`` is the process where this machine started it (None for one on
+    another node, ``inline``: its images come on the connection, not in shared memory)."""
+
+    def __init__(self, proc: subprocess.Popen | None, sock: socket.socket, *, inline: bool = False):
         self.proc, self.sock, self.outbox = proc, sock, sock.makefile("rb")
+        self.inline = inline
         self.sent: collections.deque[_Task] = collections.deque()  # answered in this order
         self.pinned: collections.deque[_Task] = collections.deque()  # for this worker only (set-up)
         self.ready = False
@@ -138,6 +142,7 @@ class LocalWorkers:
         self._failed_starts = 0
         self._start_error: Exception | None = None
         self.restarts = 0  # workers replaced after they died
+        self.received_chunks = 0  # chunks whose images came on the connection (another node's workers)
 
     @classmethod
     def shared(cls, count: int, directory: str) -> LocalWorkers:
@@ -177,8 +182,7 @@ class LocalWorkers:
             if self._started or self._closed:
                 return
             self._started = True
-            for _ in range(self.count):
-                self._workers.append(self._spawn())
+            self._start_workers()
 
     def set_up(self, spec, count: int) -> list[_Task]:
         """A set-up for each worker that takes chunks, its stage made before its first chunk (``count``,
@@ -204,7 +208,7 @@ class LocalWorkers:
                 raise self._start_error
             if not self._started:  # a stream that did not make chunks itself first
                 self._started = True
-                self._workers.extend(self._spawn() for _ in range(self.count))
+                self._start_workers()
             task = _Task(next(self._ids), "chunk", (rows, spec))
             self._queue.append(task)
             self._dispatch()
@@ -256,17 +260,22 @@ class LocalWorkers:
                 except OSError:
                     pass
         for w in workers:
-            try:
-                w.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                w.proc.kill()
-                w.proc.wait()
+            if w.proc is not None:
+                try:
+                    w.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    w.proc.kill()
+                    w.proc.wait()
             for task in w.sent:
                 self._give_back(task)
                 self._fail_shut_down(task)
         self.slabs.close()
 
     # -- inside ---------------------------------------------------------------------------------------
+
+    def _start_workers(self) -> None:
+        """Start the pool's workers (called holding the lock)."""
+        self._workers.extend(self._spawn() for _ in range(self.count))
 
     def _resize(self, count: int) -> None:
         """Chunks go to ``count`` workers from now on: more are started where there are fewer; those
@@ -316,7 +325,7 @@ class LocalWorkers:
             else:
                 continue
             fds = []
-            if task.kind == "chunk":
+            if task.kind == "chunk":  # a slab for it even where it comes inline: received into it
                 if task.slab is None:
                     rows, spec = task.payload
                     try:
@@ -325,7 +334,7 @@ class LocalWorkers:
                         task.error = e
                         task.done.set()
                         continue
-                fds = [task.slab.fd]
+                fds = [] if worker.inline else [task.slab.fd]
             worker.sent.append(task)
             try:
                 send_with_fds(worker.sock, (task.kind, task.id, task.payload), fds)
@@ -342,6 +351,13 @@ class LocalWorkers:
                 self._lost(worker)
                 return
             kind, task_id, payload = message
+            if kind == "done" and worker.inline and isinstance(payload, dict) and payload["image"][0] == "inline":
+                with self._lock:
+                    task = worker.sent[0] if worker.sent else None
+                if task is None or not self._receive_images(worker, task, payload["image"][1]):
+                    self._lost(worker)
+                    return
+                self.received_chunks += 1
             with self._lock:
                 if kind == "ready":
                     worker.ready = True
@@ -374,6 +390,34 @@ class LocalWorkers:
         task.done.set()
 
     @staticmethod
+    def _receive_images(worker: _Worker, task: _Task, shape: tuple[int, ...]) -> bool:
+        """Read a chunk's images that follow its answer into the chunk's slab (this reader thread is the
+        only one that takes a sent task's slab before the answer is finished), or past them for a chunk
+        no longer wanted; False when the connection ended first."""
+        size = int(np.prod(shape))
+        slab = None if task.cancelled else task.slab
+        try:
+            if slab is None or size == 0:
+                scratch = memoryview(bytearray(min(size, 1 << 20) or 1))
+                left = size
+                while left:
+                    got = worker.outbox.readinto(scratch[: min(left, len(scratch))])
+                    if not got:
+                        return False
+                    left -= got
+                return True
+            with slab.writable()[:size] as view:
+                got = 0
+                while got < size:
+                    n = worker.outbox.readinto(view[got:])
+                    if not n:
+                        return False
+                    got += n
+            return True
+        except (OSError, ValueError):  # closed by shutdown, or the peer vanished
+            return False
+
+    @staticmethod
     def _fail_shut_down(task: _Task) -> None:
         """A task shutdown ended before its answer: whoever waits on it is told so, not left waiting."""
         if not task.done.is_set():
@@ -390,17 +434,38 @@ class LocalWorkers:
         if slab is not None:
             self.slabs.give_back(slab)
 
+    def _replace_local(self, worker: _Worker, code: int | None, failed: list[_Task]) -> None:
+        """A new process in place of a local worker that ended, unless they end before they start
+        (then the pool fails, with what it holds added to ``failed``; called holding the lock)."""
+        self._failed_starts += not worker.ready
+        if self._failed_starts >= MAX_FAILED_STARTS:
+            self._start_error = LocalWorkerDiedError(
+                f"raypipe's local worker processes end before they start ({self._failed_starts} did, the "
+                f"last with exit code {code}; their errors are on this process's stderr). Run "
+                f"`{sys.executable} -m raypipe.pipeline._local_worker` to see why, or run on Ray "
+                "(ExecutionConfig(backend='ray'))"
+            )
+            failed += list(self._queue)
+            self._queue.clear()
+            return
+        log.warning("raypipe local worker %d ended (exit code %s); starting another", worker.proc.pid, code)
+        self.restarts += 1
+        self._workers.append(self._spawn())
+        self._dispatch()
+
     def _lost(self, worker: _Worker) -> None:
         """A worker's socket ended: send what it held again (a new worker in its place), or fail it."""
         with self._lock:
             worker.alive = False
             if self._closed:
                 return
-            try:
-                code = worker.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:  # it closed its pipe but lives on: not ours to keep
-                worker.proc.kill()
-                code = worker.proc.wait()
+            code = None
+            if worker.proc is not None:
+                try:
+                    code = worker.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:  # it closed its pipe but lives on: not ours to keep
+                    worker.proc.kill()
+                    code = worker.proc.wait()
             failed = []
             for task in reversed(worker.sent):
                 task.tries += 1
@@ -414,22 +479,12 @@ class LocalWorkers:
                     self._queue.appendleft(task)  # with its slab: every row is written again
             worker.sent.clear()
             self._workers = [w for w in self._workers if w.alive]
-            if not worker.ready:
-                self._failed_starts += 1
-            if self._failed_starts >= MAX_FAILED_STARTS:
-                self._start_error = LocalWorkerDiedError(
-                    f"raypipe's local worker processes end before they start ({self._failed_starts} did, the "
-                    f"last with exit code {code}; their errors are on this process's stderr). Run "
-                    f"`{sys.executable} -m raypipe.pipeline._local_worker` to see why, or run on Ray "
-                    "(ExecutionConfig(backend='ray'))"
-                )
-                failed += list(self._queue)
-                self._queue.clear()
-            else:
-                log.warning("raypipe local worker %d ended (exit code %s); starting another", worker.proc.pid, code)
+            if worker.proc is None:  # another node's: its launcher starts another, which connects
+                log.warning("a raypipe worker on another node was lost; its chunks go to the other workers")
                 self.restarts += 1
-                self._workers.append(self._spawn())
                 self._dispatch()
+            else:
+                self._replace_local(worker, code, failed)
         for task in failed:
             self._give_back(task)
             task.error = self._start_error or LocalWorkerDiedError(

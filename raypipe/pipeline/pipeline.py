@@ -76,7 +76,7 @@ class Pipeline:
         # tasks reads it from this config
         cpus = ex.cpus_per_task_for(store_objects=reads_store_objects(self.rows))
         self.execution = dataclasses.replace(ex, cpus_per_task=cpus)
-        if self.rows.kind == "raydata" and not self.uses_ray():
+        if self.rows.kind == "raydata" and not self.runs_ray_tasks():
             raise ValueError(
                 f"backend={ex.backend!r}: a Ray Dataset's image bytes are in Ray's object store, which only Ray "
                 "tasks can read; run with backend='ray' (or 'auto' in a process connected to Ray)"
@@ -146,8 +146,26 @@ class Pipeline:
         )  # fmt: skip
 
     def uses_ray(self) -> bool:
-        """Whether this pipeline's tasks run on Ray (``ExecutionConfig.backend``)."""
+        """Whether this pipeline's tasks run on a Ray cluster (``ExecutionConfig.backend``)."""
         return runtime.runs_on_ray(self.execution.backend)
+
+    def runs_ray_tasks(self) -> bool:
+        """Whether its chunks are Ray tasks, whose results are Ray objects (else local or node workers'
+        slabs of this process's memory)."""
+        return self.uses_ray() and self.execution.backend != "nodes"
+
+    def node_slots(self, *, rank: int, world_size: int, reserved_cpus: float) -> dict:
+        """Where this rank's node workers run (``raypipe.pipeline.node_workers.node_slots``) on the
+        cluster as it is now; ``reserved_cpus`` are held on this process's node only."""
+        import ray
+
+        from raypipe.pipeline.node_workers import eligible_nodes, node_slots
+
+        ex = self.execution
+        return node_slots(
+            eligible_nodes(ex.resources), here=ray.get_runtime_context().get_node_id(), reserved_cpus=reserved_cpus,
+            cpus_per_task=ex.cpus_per_task, rank=rank, world_size=world_size, workers=ex.num_tasks,
+        )  # fmt: skip
 
     def local_budget(self, *, world_size: int = 1, reserved_cpus: float = 0.0) -> tuple[RankBudget, int, str]:
         """This rank's share of this machine for local workers: (budget, worker processes, the directory
@@ -194,7 +212,9 @@ class Pipeline:
         """This rank's chunks of epochs ``start_epoch`` … ``end_epoch`` (exclusive; None: no end);
         ``segments``: the positions of ``start_epoch``'s order to run (None: the rank's slice)."""
         ex = self.execution
-        if self.uses_ray():
+        if ex.backend == "nodes":
+            workers, budget = self._node_workers(rank=rank, world_size=world_size, reserved_cpus=reserved_cpus)
+        elif self.uses_ray():
             options: dict = {"num_cpus": ex.cpus_per_task}
             if ex.resources:
                 options["resources"] = dict(ex.resources)
@@ -215,6 +235,33 @@ class Pipeline:
             self.columns(), self.plan(rank, world_size), self.stage_spec, budget, workers,
             start_epoch=start_epoch, end_epoch=end_epoch, segments=segments,
         )  # fmt: skip
+
+    def _node_workers(self, *, rank: int, world_size: int, reserved_cpus: float):
+        """``backend="nodes"``: this process's ``NodeWorkers`` for this placement, and the rank's budget
+        (its workers are those its slots give, the chunks in flight those and ``prefetch_chunks``)."""
+        import ray
+
+        from raypipe.pipeline.node_workers import NodeWorkers
+
+        if not ray.is_initialized():
+            raise RuntimeError("backend='nodes' runs on a Ray cluster: call raypipe.connect() (or ray.init) first")
+        ex = self.execution
+        check_task_fits(ex)
+
+        def slots() -> dict:
+            return self.node_slots(rank=rank, world_size=world_size, reserved_cpus=reserved_cpus)
+
+        key = (tuple(sorted(ex.resources.items())), ex.cpus_per_task, ex.num_tasks, rank, world_size, reserved_cpus)
+        here = ray.get_runtime_context().get_node_id()
+        directory = shared_memory_dir(0)[0]
+        pool = NodeWorkers.shared_for(key, lambda: NodeWorkers(slots, here, directory, resources=ex.resources))
+
+        def budget() -> RankBudget:
+            workers = max(1, pool.count)
+            return RankBudget(workers=workers, in_flight=workers + ex.prefetch_chunks, cpus=workers * ex.cpus_per_task,
+                              task_cpus=ex.cpus_per_task)  # fmt: skip
+
+        return pool, budget
 
     def epoch(self, epoch: int, *, rank: int = 0, world_size: int = 1) -> EpochRun:
         """One epoch on its own (``report`` once iterated)."""

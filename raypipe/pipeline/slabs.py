@@ -36,10 +36,32 @@ _MAPPED: dict[int, Slab] = {}
 class Slab:
     """One region: a descriptor of ``capacity`` bytes."""
 
-    __slots__ = ("fd", "capacity")
+    __slots__ = ("fd", "capacity", "_writable")
 
     def __init__(self, fd: int, capacity: int):
         self.fd, self.capacity = fd, capacity
+        self._writable: mmap.mmap | None = None
+
+    def writable(self) -> memoryview:
+        """The whole slab, writable, for a process that fills it itself (images received from another
+        node's worker): mapped once and kept with the slab, since mapping 19 MB costs about a
+        millisecond each time (``python bench/profiles.py slab-cost``)."""
+        if self._writable is None or len(self._writable) != self.capacity:
+            self._unmap()
+            self._writable = mmap.mmap(self.fd, self.capacity, flags=mmap.MAP_SHARED | _POPULATE)
+        return memoryview(self._writable)
+
+    def _unmap(self) -> None:
+        if self._writable is not None:
+            try:
+                self._writable.close()
+            except BufferError:  # a view of it lives on: the mapping goes with that view
+                pass
+            self._writable = None
+
+    def close(self) -> None:
+        self._unmap()
+        os.close(self.fd)
 
 
 class SlabPool:
@@ -83,9 +105,10 @@ class SlabPool:
                 self._free.remove(grown)
         if grown is not None:
             try:
+                grown._unmap()  # a writable mapping of the old size
                 os.ftruncate(grown.fd, capacity)  # no view maps a free slab: nothing sees it change
             except BaseException:
-                os.close(grown.fd)
+                grown.close()
                 raise
             grown.capacity = capacity
             return grown
@@ -127,7 +150,7 @@ class SlabPool:
             self._collect()
             free, self._free = self._free, []
         for slab in free:
-            os.close(slab.fd)
+            slab.close()
         self._close_returned()
 
     def _collect(self) -> None:
@@ -140,7 +163,7 @@ class SlabPool:
             self._free.append(self._returned.popleft())
         while len(self._free) > self.keep:
             smallest = min(range(len(self._free)), key=lambda i: self._free[i].capacity)
-            os.close(self._free.pop(smallest).fd)
+            self._free.pop(smallest).close()
 
     def _close_returned(self) -> None:
         while True:
@@ -148,7 +171,7 @@ class SlabPool:
                 slab = self._returned.popleft()
             except IndexError:
                 return
-            os.close(slab.fd)
+            slab.close()
 
 
 def slab_of(images: np.ndarray) -> Slab | None:

@@ -1,0 +1,354 @@
+"""``backend="nodes"``: raypipe's worker processes on the cluster's nodes, their images streamed over TCP.
+
+The placement is a pure function (``node_slots``); the handshake refuses a peer without the secret
+before anything of it is read; on a simulated cluster (``ray.cluster_utils``) the batches are those of
+the local path, the images come from the other nodes' workers, and a node lost mid-epoch loses no
+sample.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
+from raypipe.pipeline.node_workers import HOST_ENV, EligibleNode, node_slots
+from raypipe.pipeline.peer_auth import SECRET_ENV, PeerAuthError, new_secret, prove_client, prove_server
+
+
+def _nodes(*cpus: float) -> list[EligibleNode]:
+    return [EligibleNode(f"n{i}", c, "127.0.0.1") for i, c in enumerate(cpus)]
+
+
+# -- placement ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cpus", [(2,), (3, 3), (16, 16, 16, 16), (48,), (96, 32, 32)])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+def test_ranks_share_the_slots_without_taking_one_twice(cpus, world_size):
+    nodes = _nodes(*cpus)
+    shares = [node_slots(nodes, here="elsewhere", reserved_cpus=0, cpus_per_task=1.0, rank=r, world_size=world_size)
+              for r in range(world_size)]  # fmt: skip
+    for i, node in enumerate(nodes):
+        on_node = [s[node.node_id].workers for s in shares if node.node_id in s]
+        if sum(cpus) >= world_size:  # a slot for every rank: none is shared, none left over
+            assert sum(on_node) == cpus[i]
+        for s in shares:
+            if node.node_id in s:  # each worker asks for at most its slot
+                assert s[node.node_id].cpus <= s[node.node_id].workers * 1.0 + 1e-9
+    assert all(sum(share.workers for share in s.values()) >= 1 for s in shares)  # every rank progresses
+    totals = [sum(share.workers for share in s.values()) for s in shares]
+    assert max(totals) - min(totals) <= 1  # the deal is even
+
+
+def test_slots_alternate_over_nodes_so_one_rank_uses_every_node():
+    shares = node_slots(_nodes(4, 4), here="x", reserved_cpus=0, cpus_per_task=1.0, rank=0, world_size=2)
+    assert {k: v.workers for k, v in shares.items()} == {"n0": 2, "n1": 2}
+
+
+def test_what_the_consumer_holds_is_taken_from_its_own_node_only():
+    nodes = _nodes(2, 2)
+    shares = node_slots(nodes, here="n0", reserved_cpus=1.25, cpus_per_task=1.0, rank=0, world_size=1)
+    # n0 has 0.75 CPUs left: one worker of 0.75; n1 both of its
+    assert shares["n0"].workers == 1 and shares["n0"].cpus == pytest.approx(0.75)
+    assert shares["n1"].workers == 2 and shares["n1"].cpus == pytest.approx(2.0)
+
+
+def test_a_share_that_does_not_divide_asks_for_what_is_there():
+    shares = node_slots(_nodes(3), here="x", reserved_cpus=0, cpus_per_task=2.0, rank=0, world_size=1)
+    # 3 CPUs hold 1.5 tasks of 2: two workers (halves round up) of 1.5 CPUs, never more than the node has
+    assert shares["n0"].workers == 2 and shares["n0"].cpus == pytest.approx(3.0)
+
+
+def test_num_tasks_goes_round_the_deal_again():
+    shares = node_slots(_nodes(1, 1), here="x", reserved_cpus=0, cpus_per_task=1.0, rank=0, world_size=1, workers=5)
+    assert sum(s.workers for s in shares.values()) == 5
+
+
+def test_no_slot_anywhere_still_runs_one_worker():
+    shares = node_slots(_nodes(1, 2), here="n1", reserved_cpus=2.0, cpus_per_task=4.0, rank=3, world_size=4)
+    assert sum(s.workers for s in shares.values()) == 1
+    assert node_slots([], here="x", reserved_cpus=0, cpus_per_task=1.0, rank=0, world_size=1) == {}
+
+
+# -- the handshake --------------------------------------------------------------------------------------
+
+
+def _handshake(server_secret: bytes, client_secret: bytes) -> tuple[object, object]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    results: dict[str, object] = {}
+
+    def serve():
+        conn, _ = listener.accept()
+        try:
+            prove_server(conn, server_secret, timeout_s=5)
+            results["server"] = "ok"
+        except PeerAuthError as exc:
+            results["server"] = exc
+        finally:
+            conn.close()
+
+    t = threading.Thread(target=serve)
+    t.start()
+    client = socket.create_connection(listener.getsockname())
+    try:
+        prove_client(client, client_secret, timeout_s=5)
+        results["client"] = "ok"
+    except PeerAuthError as exc:
+        results["client"] = exc
+    finally:
+        client.close()
+        t.join(10)
+        listener.close()
+    return results["server"], results["client"]
+
+
+def test_both_ends_with_the_secret_connect():
+    secret = new_secret()
+    assert _handshake(secret, secret) == ("ok", "ok")
+
+
+def test_a_peer_without_the_secret_is_refused_by_both_ends():
+    server, client = _handshake(new_secret(), new_secret())
+    assert isinstance(server, PeerAuthError)
+    assert isinstance(client, PeerAuthError)  # the consumer never answered the worker's challenge
+
+
+def test_a_silent_peer_is_dropped_after_the_timeout():
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    conn, _ = listener.accept()
+    try:
+        with pytest.raises(PeerAuthError):
+            prove_server(conn, new_secret(), timeout_s=0.3)
+    finally:
+        for s in (conn, client, listener):
+            s.close()
+
+
+def test_a_worker_told_a_wrong_secret_ends_without_serving():
+    """The worker process itself: it answers, the consumer refuses, the worker exits (no request read)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    read, write = os.pipe()
+    env = dict(os.environ, **{SECRET_ENV: new_secret().hex()})
+    proc = subprocess.Popen([sys.executable, "-m", "raypipe.pipeline._local_worker", "--connect", "127.0.0.1",
+                             str(listener.getsockname()[1]), str(read)], pass_fds=(read,), env=env,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    os.close(read)
+    try:
+        listener.settimeout(60)
+        conn, _ = listener.accept()
+        with pytest.raises(PeerAuthError):
+            prove_server(conn, new_secret(), timeout_s=30)
+        conn.close()
+        assert proc.wait(timeout=60) != 0
+        assert b"PeerAuthError" in proc.stderr.read()
+    finally:
+        os.close(write)
+        proc.kill()
+        proc.wait()
+        listener.close()
+
+
+def test_a_worker_ends_with_its_launcher():
+    """The lifeline: a connected worker whose launcher's pipe closes ends at once."""
+    secret = new_secret()
+    listener = socket.create_server(("127.0.0.1", 0))
+    read, write = os.pipe()
+    env = dict(os.environ, **{SECRET_ENV: secret.hex()})
+    proc = subprocess.Popen([sys.executable, "-m", "raypipe.pipeline._local_worker", "--connect", "127.0.0.1",
+                             str(listener.getsockname()[1]), str(read)], pass_fds=(read,), env=env)  # fmt: skip
+    os.close(read)
+    try:
+        listener.settimeout(60)
+        conn, _ = listener.accept()
+        prove_server(conn, secret, timeout_s=30)
+        assert proc.poll() is None
+        os.close(write)
+        write = None
+        assert proc.wait(timeout=30) == 0
+        conn.settimeout(30)
+        while conn.recv(1 << 16):  # its "ready" frame, then the end of the connection (a timeout fails)
+            pass
+        conn.close()
+    finally:
+        if write is not None:
+            os.close(write)
+        proc.kill()
+        proc.wait()
+        listener.close()
+
+
+# -- configuration --------------------------------------------------------------------------------------
+
+
+def test_nodes_backend_needs_a_ray_cluster(sample_dir):
+    import ray
+
+    from raypipe.pipeline import Pipeline
+
+    if ray.is_initialized():
+        ray.shutdown()
+    pipe = Pipeline(str(sample_dir), TrainAugment(input_size=32), config=PipelineConfig(batch_size=8),
+                    execution=ExecutionConfig(backend="nodes"))  # fmt: skip
+    with pytest.raises(RuntimeError, match="backend='nodes' runs on a Ray cluster"):
+        pipe.stream()
+
+
+# -- on a simulated cluster -----------------------------------------------------------------------------
+
+PREPROCESS = {"preprocess": 0.001}
+
+
+def _batches(data, backend: str, *, epochs: int, on_batch=None) -> tuple[list, list]:
+    from raypipe.pipeline import EpochSource, Pipeline
+
+    pipe = Pipeline(str(data), TrainAugment(input_size=64), config=PipelineConfig(batch_size=8, seed=3),
+                    execution=ExecutionConfig(chunk_rows=8, backend=backend,
+                                              resources=PREPROCESS if backend == "nodes" else {}))  # fmt: skip
+    source = EpochSource(pipe, end_epoch=epochs)
+    out = []
+    for epoch in range(epochs):
+        if epoch == 1 and backend == "nodes":
+            _wait_for_remote_workers()  # the first epoch is made here while they start: the others on them
+        source.set_epoch(epoch)
+        for i, batch in enumerate(source):
+            out.append((epoch, batch["sample_id"].copy(), batch["image"].copy()))
+            if on_batch is not None:
+                on_batch(epoch, i)
+    reports = list(source.reports)
+    source.close()
+    return out, reports
+
+
+def _wait_for_remote_workers(timeout_s: float = 120.0) -> None:
+    import time
+
+    from raypipe.pipeline.node_workers import NodeWorkers
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pool = NodeWorkers._shared
+        if pool is not None and sum(w.ready and w.inline for w in pool._alive()) >= pool.count:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the other nodes' workers did not connect")
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    from raypipe.sample_data import write_sample_data
+
+    out = tmp_path_factory.mktemp("photos")
+    write_sample_data(out, classes=4, per_class=40, seed=2)
+    return out
+
+
+def _cluster(cpu_nodes: int):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    os.environ[HOST_ENV] = "127.0.0.1"  # the simulated nodes are this machine: the loopback interface only
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    nodes = [cluster.add_node(num_cpus=1, resources={"preprocess": 1}) for _ in range(cpu_nodes)]
+    ray.init(address=cluster.address, logging_level="WARNING")
+    cluster.wait_for_nodes()
+    return cluster, nodes
+
+
+def _same(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for (ea, ia, xa), (eb, ib, xb) in zip(a, b, strict=True):
+        assert ea == eb
+        np.testing.assert_array_equal(ia, ib)
+        np.testing.assert_array_equal(xa, xb)
+
+
+@pytest.mark.isolated
+@pytest.mark.timeout(300)
+def test_node_workers_give_the_local_batches_from_the_other_nodes(photos):
+    import ray
+
+    from raypipe.pipeline.node_workers import NodeWorkers
+
+    local, _ = _batches(photos, "local", epochs=3)
+    cluster, _ = _cluster(cpu_nodes=2)
+    try:
+        head = ray.get_runtime_context().get_node_id()
+        got, reports = _batches(photos, "nodes", epochs=3)
+        pool = NodeWorkers._shared
+        assert pool.remote_workers >= 2 and pool.received_chunks > 0  # images came over the connections
+        assert set(pool._slots) and head not in pool._slots  # no worker on the trainer's node (no resource)
+        assert [(r.emitted, r.num_skipped) for r in reports] == [(160, 0)] * len(reports)
+        NodeWorkers.shutdown_shared()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        os.environ.pop(HOST_ENV, None)
+    _same(got, local)
+
+
+@pytest.mark.isolated
+@pytest.mark.timeout(300)
+def test_a_node_lost_mid_epoch_loses_no_sample(photos):
+    import ray
+
+    from raypipe.pipeline.node_workers import NodeWorkers
+
+    local, _ = _batches(photos, "local", epochs=3)
+    cluster, nodes = _cluster(cpu_nodes=2)
+    removed = {}
+
+    def on_batch(epoch: int, i: int) -> None:
+        pool = NodeWorkers._shared
+        if "at" not in removed and epoch >= 1 and i == 2 and pool.received_chunks > 0:
+            removed["at"] = pool.received_chunks
+            cluster.remove_node(nodes[1])
+
+    try:
+        got, reports = _batches(photos, "nodes", epochs=3, on_batch=on_batch)
+        pool = NodeWorkers._shared
+        assert removed, "the node was never removed: no chunk came from the other nodes"
+        assert pool.received_chunks > removed["at"]  # the other node's workers went on
+        assert [(r.emitted, r.num_skipped) for r in reports] == [(160, 0)] * len(reports)
+        NodeWorkers.shutdown_shared()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        os.environ.pop(HOST_ENV, None)
+    _same(got, local)
+
+
+@pytest.mark.isolated
+@pytest.mark.timeout(300)
+def test_a_feeder_on_node_workers_hands_over_slabs(photos):
+    import ray
+
+    from raypipe import FeederSource
+    from raypipe.pipeline import Pipeline
+
+    local, _ = _batches(photos, "local", epochs=2)
+    cluster, _ = _cluster(cpu_nodes=1)
+    try:
+        pipe = Pipeline(str(photos), TrainAugment(input_size=64), config=PipelineConfig(batch_size=8, seed=3),
+                        execution=ExecutionConfig(chunk_rows=8, backend="nodes", resources=PREPROCESS))  # fmt: skip
+        source = FeederSource(pipe, end_epoch=2)
+        got = []
+        try:
+            assert source.runs_on_local_workers  # the feeder's chunks are slabs, handed over as such
+            for epoch in range(2):
+                source.set_epoch(epoch)
+                got += [(epoch, b["sample_id"].copy(), np.array(b["image"])) for b in source]
+        finally:
+            source.close()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        os.environ.pop(HOST_ENV, None)
+    _same(got, local)
