@@ -1,5 +1,6 @@
 """The paths a trainer's batches can take, in one run: local workers, Ray on one node (the README's API),
-Ray across simulated nodes, and timm's loader, on the same images, each in a fresh process, in turn::
+Ray tasks across simulated nodes, node workers (``backend="nodes"``) across the same nodes, and timm's
+loader, on the same images, each in a fresh process, in turn::
 
     python bench/photolike.py /tmp/photo4k --classes 8 --per-class 500
     python bench/cluster_paths.py /tmp/photo4k --rounds 2 --timm-workers 2 4
@@ -11,9 +12,10 @@ measured epochs (after one unmeasured epoch), the machine's CPU per image and ho
 each process (trainer, feeder, augmentation workers, Ray's daemons, other: whatever else ran).
 
 ``--compression`` prints what compressing a chunk's images losslessly for the network would cost (bytes
-and CPU per image). ``--scaling 1 2 4 --node-cpus 3`` runs the cross-node path alone with each number of CPU nodes, and
-prints the images/s per augmentation CPU against one node's (the device machine's 16 cores:
-``bench/gpu_session.sh``'s ``scaling`` step).
+and CPU per image). ``--scaling 1 2 4 --node-cpus 3`` runs a cross-node path alone (``--scaling-path``:
+``ray-nodes``, Ray tasks, or ``nodes``, node workers) with each number of CPU nodes, and prints the
+images/s per augmentation CPU against one node's (the device machine's 16 cores: ``bench/gpu_session.sh``'s
+``scaling`` and ``scaling_nodes`` steps).
 """
 
 from __future__ import annotations
@@ -106,11 +108,13 @@ def main() -> None:
                    help="ray-node's augmentation as Ray tasks (backend='ray', as a rank on a cluster it joined), "
                         "not the private local Ray's local worker processes")  # fmt: skip
     p.add_argument("--rounds", type=int, default=2, help="each path this many times, in turn")
-    p.add_argument("--paths", nargs="+", default=["local", "ray-node", "ray-nodes"])
+    p.add_argument("--paths", nargs="+", default=["local", "ray-node", "ray-nodes", "nodes"])
     p.add_argument("--timm-workers", type=int, nargs="*", default=[], help="also timm's loader with N workers")
     p.add_argument("--nodes", type=int, default=1, help="CPU nodes of the ray-nodes path")
     p.add_argument("--node-cpus", type=int, default=2, help="CPUs of each simulated CPU node")
-    p.add_argument("--scaling", type=int, nargs="*", help="run ray-nodes alone with each of these node counts")
+    p.add_argument("--scaling", type=int, nargs="*", help="run a cross-node path alone with each of these node counts")
+    p.add_argument("--scaling-path", choices=["ray-nodes", "nodes"], default="ray-nodes",
+                   help="the path --scaling runs: Ray tasks, or node workers (backend='nodes')")  # fmt: skip
     p.add_argument("--compression", action="store_true",
                    help="only what compressing a chunk's images for the network would cost")
     p.add_argument("--timeout", type=float, default=900, help="seconds one measuring process may take")
@@ -128,7 +132,7 @@ def main() -> None:
             print(f"{name}: {r['ratio']:.3f} of the bytes, {r['compress_ms_per_image']:.2f} ms per image to compress, "
                   f"{r['decompress_ms_per_image']:.2f} ms to decompress")  # fmt: skip
     elif a.scaling:
-        results = {n: _measure(a, f"ray-nodes:{n}") for n in a.scaling}
+        results = {n: _measure(a, f"{a.scaling_path}:{n}") for n in a.scaling}
         print(_scaling_table(results, a.node_cpus))
         figures = results
     else:

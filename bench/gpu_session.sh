@@ -6,7 +6,8 @@
 #
 # Logs and the figures' JSON go to $OUT (default /tmp/raypipe-gpu). STEPS picks the steps (default
 # "cuda_tests gpu_check first_batch gpu_train"; gpu_train_block128 also runs raypipe with 128-row blocks;
-# scaling runs bench/cluster_paths.py --scaling on the machine's cores, 1, 2 and 4 CPU nodes of 3 CPUs);
+# scaling runs bench/cluster_paths.py --scaling on the machine's cores, 1, 2 and 4 CPU nodes of 3 CPUs, Ray tasks;
+# scaling_nodes the same on node workers, --scaling-path nodes);
 # GPU_TRAIN_ARGS passes options to gpu_train. Each step has its own time limit and a failure does not
 # stop the next one; the exit status is the number of failed steps.
 #
@@ -65,7 +66,7 @@ wants cuda_tests && step cuda_tests 180 python3 -m pytest -q -p no:cacheprovider
     $(grep -l needs_cuda tests/test_*.py)
 wants gpu_check && step gpu_check 120 python3 bench/gpu_check.py
 DATA=/tmp/raypipe-gpu-data
-if wants first_batch || wants gpu_train || wants gpu_train_block128 || wants scaling; then
+if wants first_batch || wants gpu_train || wants gpu_train_block128 || wants scaling || wants scaling_nodes; then
     python3 -c "from raypipe.sample_data import write_sample_data as w; import os
 w('$DATA', classes=12, per_class=1667, workers=os.cpu_count())" && echo "sample data: $DATA"
 fi
@@ -82,6 +83,8 @@ wants gpu_train_block128 && step gpu_train_block128 150 python3 bench/gpu_train.
 # images/s per augmentation CPU at 4 nodes against 1 node's.
 wants scaling && step scaling 300 python3 bench/cluster_paths.py $DATA --scaling 1 2 4 --node-cpus 3 --epochs 3 \
     --json "$OUT/scaling.json"
+wants scaling_nodes && step scaling_nodes 300 python3 bench/cluster_paths.py $DATA --scaling 1 2 4 --node-cpus 3 \
+    --epochs 3 --scaling-path nodes --json "$OUT/scaling_nodes.json"
 nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader | tee -a "$OUT/nvidia-smi.csv"
 echo "failed steps: $failed"
 exit "$failed"

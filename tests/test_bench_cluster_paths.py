@@ -44,7 +44,7 @@ def _check(r: dict) -> None:
 def test_the_three_paths_and_timm_in_one_run(tiny_folder, tmp_path):
     stdout, rounds = _run([str(tiny_folder), "--rounds", "1", "--nodes", "1", "--node-cpus", "1",
                            "--timm-workers", "1"], tmp_path)  # fmt: skip
-    assert list(rounds[0]) == ["local", "ray-node", "ray-nodes", "timm-1"]
+    assert list(rounds[0]) == ["local", "ray-node", "ray-nodes", "nodes", "timm-1"]
     for r in rounds[0].values():
         _check(r)
     # the README's API runs a feeder process (its CPU may round to 0 at this size), local workers none
@@ -55,8 +55,10 @@ def test_the_three_paths_and_timm_in_one_run(tiny_folder, tmp_path):
 
 
 @pytest.mark.timeout(420)
-def test_the_scaling_mode_runs_each_node_count(tiny_folder, tmp_path):
-    stdout, results = _run([str(tiny_folder), "--scaling", "1", "2", "--node-cpus", "1"], tmp_path)
+@pytest.mark.parametrize("path", ["ray-nodes", "nodes"])
+def test_the_scaling_mode_runs_each_node_count(tiny_folder, tmp_path, path):
+    stdout, results = _run([str(tiny_folder), "--scaling", "1", "2", "--node-cpus", "1", "--scaling-path", path],
+                           tmp_path)  # fmt: skip
     assert sorted(results) == ["1", "2"]
     for r in results.values():
         _check(r)

@@ -352,3 +352,44 @@ def test_a_feeder_on_node_workers_hands_over_slabs(photos):
         cluster.shutdown()
         os.environ.pop(HOST_ENV, None)
     _same(got, local)
+
+
+@pytest.mark.isolated
+@pytest.mark.timeout(300)
+def test_a_node_that_joins_gets_workers_at_the_next_budget_refresh(photos, monkeypatch):
+    import time
+
+    import ray
+
+    from raypipe.pipeline import stream
+    from raypipe.pipeline.node_workers import NodeWorkers
+
+    monkeypatch.setattr(stream, "BUDGET_REFRESH_S", 0.2)
+    local, _ = _batches(photos, "local", epochs=4)
+    cluster, _ = _cluster(cpu_nodes=1)
+    joined = {}
+
+    def on_batch(epoch: int, i: int) -> None:
+        if epoch == 1 and i == 0:
+            joined["node"] = cluster.add_node(num_cpus=1, resources={"preprocess": 1})
+            cluster.wait_for_nodes()
+        if epoch == 2 and i == 0:  # the refresh has had an epoch's batches to see the node
+            pool = NodeWorkers._shared
+            deadline = time.monotonic() + 60
+            while len(pool._launchers) < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+                pool.size_tasks(1.0)  # what the stream's refresh calls, should the epoch be over
+            _wait_for_remote_workers()  # the new node's worker connected: the last epochs run on both
+
+    try:
+        got, reports = _batches(photos, "nodes", epochs=4, on_batch=on_batch)
+        pool = NodeWorkers._shared
+        assert joined["node"].node_id in pool._launchers  # the new node has its launcher
+        assert pool.count == 2 and pool.remote_workers >= 2
+        assert [(r.emitted, r.num_skipped) for r in reports] == [(160, 0)] * 4
+        NodeWorkers.shutdown_shared()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        os.environ.pop(HOST_ENV, None)
+    _same(got, local)

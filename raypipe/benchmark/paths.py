@@ -152,10 +152,13 @@ def _start_nodes(nodes: int, node_cpus: int, trainer_cpus: int, store_mb: int):
     import ray
     from ray.cluster_utils import Cluster
 
+    from raypipe.pipeline.node_workers import HOST_ENV
     from raypipe.runtime import worker_pool_env
 
     # the raylets read the worker settings raypipe's own clusters have (runtime.worker_pool_env)
     os.environ.update(worker_pool_env(trainer_cpus + nodes * node_cpus))
+    # every simulated node is this machine: node workers connect over the loopback interface
+    os.environ.setdefault(HOST_ENV, "127.0.0.1")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": trainer_cpus,
                                                             "object_store_memory": store_mb << 20})  # fmt: skip
     for _ in range(nodes):
