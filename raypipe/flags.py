@@ -125,8 +125,10 @@ def add_pipeline_args(p: argparse.ArgumentParser) -> None:
                    help=f"sharded sources: rows shuffled together, whole shards {d('pipeline', 'shuffle_window')}")
     g = p.add_argument_group("execution")
     g.add_argument("--backend", choices=BACKENDS,
-                   help="where the augmentation tasks run: ray (the cluster), local (worker processes of this "
-                        "machine) or auto: ray when connected to Ray or RAY_ADDRESS is set, else local "
+                   help="where the augmentation tasks run: ray (Ray tasks on the cluster), local (worker processes "
+                        "of this machine), nodes (raypipe's worker processes on the cluster's nodes, their images "
+                        "streamed to the trainer's node) or auto: ray when connected to Ray or RAY_ADDRESS is set, "
+                        "else local "
                         f"{d('execution', 'backend')}")  # fmt: skip
     g.add_argument("--num-tasks", type=int, help="augmentation tasks at once (default: this rank's share of the CPUs)")
     g.add_argument("--cpus-per-task", type=float,

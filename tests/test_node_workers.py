@@ -23,7 +23,7 @@ from raypipe.pipeline.peer_auth import SECRET_ENV, PeerAuthError, new_secret, pr
 
 
 def _nodes(*cpus: float) -> list[EligibleNode]:
-    return [EligibleNode(f"n{i}", c, "127.0.0.1") for i, c in enumerate(cpus)]
+    return [EligibleNode(f"n{i}", c) for i, c in enumerate(cpus)]
 
 
 # -- placement ------------------------------------------------------------------------------------------

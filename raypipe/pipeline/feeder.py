@@ -20,7 +20,9 @@ into the object store, Ray's core-worker threads run beside it; docs/performance
 are slabs of shared memory, and a batch of one chunk goes to the trainer as the slab's descriptor
 (``raypipe.pipeline.handover``): no copy there either. On a cluster the feeder's tasks are Ray tasks,
 spread over its nodes as they come and go; ``ExecutionConfig(backend="local")`` keeps a feeder's
-tasks on its own node there too.
+tasks on its own node there too, and ``backend="nodes"`` runs them on raypipe's own worker processes
+on the cluster's nodes, whose images arrive in this process's slabs
+(``raypipe.pipeline.node_workers``) and go to the trainer as local workers' do.
 
 The feeder runs exactly the ``EpochSource`` the trainer would have run (same shard, same order, same
 accounting), so the batches are identical either way.

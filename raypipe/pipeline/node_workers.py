@@ -70,7 +70,6 @@ MAX_LAUNCHER_RESTARTS = 8
 class EligibleNode:
     node_id: str
     cpus: float
-    address: str  # where the node's services listen (Ray's NodeManagerAddress)
 
 
 def eligible_nodes(resources: Mapping[str, float]) -> list[EligibleNode]:
@@ -79,7 +78,7 @@ def eligible_nodes(resources: Mapping[str, float]) -> list[EligibleNode]:
     for node in ray.nodes():
         have = node.get("Resources", {})
         if node.get("Alive") and offers(have, resources) and have.get("CPU", 0) > 0:
-            out.append(EligibleNode(node["NodeID"], float(have["CPU"]), node["NodeManagerAddress"]))
+            out.append(EligibleNode(node["NodeID"], float(have["CPU"])))
     return sorted(out, key=lambda n: n.node_id)
 
 
