@@ -393,3 +393,22 @@ def test_a_node_that_joins_gets_workers_at_the_next_budget_refresh(photos, monke
         cluster.shutdown()
         os.environ.pop(HOST_ENV, None)
     _same(got, local)
+
+
+@pytest.mark.timeout(300)
+def test_raypipe_run_on_node_workers_gives_the_local_digest(sample_dir, tmp_path):
+    """``raypipe run --backend nodes`` starts its private Ray in the background (``connect(wait=False)``):
+    the node workers wait for it, and on that one node they are local workers, with the same images."""
+    import json
+
+    digests = {}
+    for backend in ("local", "nodes"):
+        out = tmp_path / f"{backend}.json"
+        proc = subprocess.run([sys.executable, "-m", "raypipe", "run", str(sample_dir), "--epochs", "1", "-b", "16",
+                               "--img-size", "40", "--backend", backend, "--json", str(out)],
+                              capture_output=True, text=True, timeout=240, cwd=tmp_path)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        epoch = json.loads(out.read_text())["epochs"][0]
+        assert epoch["emitted"] == 48
+        digests[backend] = epoch["content_sha256"]
+    assert digests["nodes"] == digests["local"]

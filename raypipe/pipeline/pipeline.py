@@ -243,6 +243,7 @@ class Pipeline:
 
         from raypipe.pipeline.node_workers import NodeWorkers
 
+        runtime.wait_connected()  # a connect(wait=False) under way (``raypipe run``) finishes first
         if not ray.is_initialized():
             raise RuntimeError("backend='nodes' runs on a Ray cluster: call raypipe.connect() (or ray.init) first")
         ex = self.execution
