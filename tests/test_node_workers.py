@@ -296,11 +296,15 @@ def test_node_workers_give_the_local_batches_from_the_other_nodes(photos):
 
 @pytest.mark.isolated
 @pytest.mark.timeout(300)
-def test_a_node_lost_mid_epoch_loses_no_sample(photos):
+def test_a_node_lost_mid_epoch_loses_no_sample(photos, monkeypatch):
+    import time
+
     import ray
 
+    from raypipe.pipeline import stream
     from raypipe.pipeline.node_workers import NodeWorkers
 
+    monkeypatch.setattr(stream, "BUDGET_REFRESH_S", 0.2)  # the refresh notices the launcher's end
     local, _ = _batches(photos, "local", epochs=3)
     cluster, nodes = _cluster(cpu_nodes=2)
     removed = {}
@@ -316,6 +320,12 @@ def test_a_node_lost_mid_epoch_loses_no_sample(photos):
         pool = NodeWorkers._shared
         assert removed, "the node was never removed: no chunk came from the other nodes"
         assert pool.received_chunks > removed["at"]  # the other node's workers went on
+        lost = nodes[1].node_id
+        deadline = time.monotonic() + 60
+        while lost in pool._launchers and time.monotonic() < deadline:
+            time.sleep(0.2)
+            pool.size_tasks(1.0)
+        assert lost not in pool._launchers and len(pool._launchers) == 1  # dropped, not started again
         assert [(r.emitted, r.num_skipped) for r in reports] == [(160, 0)] * len(reports)
         NodeWorkers.shutdown_shared()
     finally:

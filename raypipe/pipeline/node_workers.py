@@ -221,7 +221,8 @@ class NodeWorkers(LocalWorkers):
         self._slots = slots
         address = os.environ.get(HOST_ENV) or _node_address(here)
         self._secret = new_secret()
-        self._listener = socket.create_server((address, 0), backlog=128)
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        self._listener = socket.create_server((address, 0), family=family, backlog=128)
         self.address = (address, self._listener.getsockname()[1])
         self._launchers: dict[str, tuple[object, object]] = {}  # node id -> (actor, its run() reference)
         self._first_wait_until: float | None = None
@@ -323,10 +324,10 @@ class NodeWorkers(LocalWorkers):
     def _drop_ended_launchers(self) -> None:
         if not self._launchers:
             return
-        runs = {id(ref): node for node, (_, ref) in self._launchers.items()}
-        ended, _ = ray.wait([ref for _, ref in self._launchers.values()], num_returns=len(runs), timeout=0)
+        runs = {ref: node for node, (_, ref) in self._launchers.items()}
+        ended, _ = ray.wait(list(runs), num_returns=len(runs), timeout=0)
         for ref in ended:
-            node = runs[id(ref)]
+            node = runs[ref]
             log.warning("the raypipe launcher on node %s ended; its node gets another if it is still there", node)
             del self._launchers[node]
 
