@@ -442,3 +442,20 @@ def test_a_chunk_is_answered_while_another_thread_still_views_its_images(monkeyp
     assert np.all(view == 7)  # what the worker wrote, read through the parent's mapping
     del view
     pool.close()
+
+
+def test_the_pool_keeps_a_slab_for_each_chunk_a_stream_holds(tmp_path):
+    """A free slab for each worker, each finished chunk held ahead and the consumer's: a stream that
+    has that many in use at once, as at every epoch's boundary, gets them all back again, not new pages."""
+    pool = LocalWorkers(2, str(tmp_path), prefetch_chunks=2)
+    try:
+        held = [pool.slabs.take(1 << 20) for _ in range(5)]  # 2 workers' + 2 ahead + the consumer's
+        for slab in held:
+            pool.slabs.give_back(slab)
+        made = pool.slabs.made
+        again = [pool.slabs.take(1 << 20) for _ in range(5)]
+        assert pool.slabs.made == made == 5  # every one reused
+        for slab in again:
+            pool.slabs.give_back(slab)
+    finally:
+        pool.shutdown()

@@ -124,12 +124,11 @@ class LocalWorkers:
     _shared_lock = threading.Lock()
     queues_while_starting = True  # a chunk submitted during the start waits for the first worker up
 
-    def __init__(self, count: int, directory: str):
+    def __init__(self, count: int, directory: str, *, prefetch_chunks: int = 0):
         self.count = count
         self.directory = directory
-        # free slabs kept: one per worker and one more covers a steady stream (a slab comes back as
-        # the trainer is done with a chunk, about when the next one is sent)
-        self.slabs = SlabPool(directory, keep=count + 1)
+        self.prefetch_chunks = prefetch_chunks
+        self.slabs = SlabPool(directory, keep=self._slabs_kept(count))
         self._lock = threading.Lock()
         # A task's slab is taken from it by one thread only (its answer, its worker's loss, shutdown):
         # given back twice, one slab would take two chunks at once.
@@ -144,17 +143,26 @@ class LocalWorkers:
         self.restarts = 0  # workers replaced after they died
         self.received_chunks = 0  # chunks whose images came on the connection (another node's workers)
 
+    def _slabs_kept(self, count: int) -> int:
+        """Free slabs kept: one for each worker's chunk, each finished chunk the stream holds ahead
+        (``prefetch_chunks``) and the one its consumer reads. Fewer, and a feeder (which also holds the
+        chunk whose batch the trainer maps) closed a slab and made a new one about once an epoch, whose
+        pages cost about three times a reused slab's (``python bench/profiles.py slab-cost``); these
+        are no more than the first epoch makes."""
+        return count + self.prefetch_chunks + 1
+
     @classmethod
-    def shared(cls, count: int, directory: str) -> LocalWorkers:
+    def shared(cls, count: int, directory: str, *, prefetch_chunks: int = 0) -> LocalWorkers:
         """This process's pool, made (not started) on first use, running chunks on ``count`` workers:
         the latest stream's count (a pipeline over a local folder after one over an object store runs
         one worker per core again, not two)."""
         with cls._shared_lock:
             pool = cls._shared
             if pool is None or pool._closed:
-                pool = cls._shared = cls(count, directory)
+                pool = cls._shared = cls(count, directory, prefetch_chunks=prefetch_chunks)
                 atexit.register(pool.shutdown)
-            elif count != pool.count:
+            elif count != pool.count or prefetch_chunks != pool.prefetch_chunks:
+                pool.prefetch_chunks = prefetch_chunks
                 pool._resize(count)
             return pool
 
@@ -282,7 +290,7 @@ class LocalWorkers:
         beyond it stay, idle, for a later stream that wants them again."""
         with self._lock:
             self.count = count
-            self.slabs.keep = count + 1
+            self.slabs.keep = self._slabs_kept(count)
             if self._started:
                 while len(self._alive()) < count:
                     self._workers.append(self._spawn())

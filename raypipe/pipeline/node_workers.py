@@ -213,11 +213,11 @@ class NodeWorkers(LocalWorkers):
     _shared_key: tuple | None = None
 
     def __init__(self, slots_fn: Callable[[], dict[str, NodeShare]], here: str, directory: str, *,
-                 resources: Mapping[str, float]):  # fmt: skip
+                 resources: Mapping[str, float], prefetch_chunks: int = 0):  # fmt: skip
         self._slots_fn, self._here = slots_fn, here
         self._resources = dict(resources)
         slots = slots_fn()
-        super().__init__(sum(s.workers for s in slots.values()), directory)
+        super().__init__(sum(s.workers for s in slots.values()), directory, prefetch_chunks=prefetch_chunks)
         self._slots = slots
         address = os.environ.get(HOST_ENV) or _node_address(here)
         self._secret = new_secret()
@@ -281,6 +281,7 @@ class NodeWorkers(LocalWorkers):
         with self._lock:
             self._slots = slots
             self.count = sum(s.workers for s in slots.values())
+            self.slabs.keep = self._slabs_kept(self.count)
             self._drop_ended_launchers()
             self._start_launchers()
 

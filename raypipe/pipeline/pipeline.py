@@ -226,7 +226,7 @@ class Pipeline:
             workers = RayTasks(options)
         else:
             local, count, directory = self.local_budget(world_size=world_size, reserved_cpus=reserved_cpus)
-            workers = LocalWorkers.shared(count, directory)
+            workers = LocalWorkers.shared(count, directory, prefetch_chunks=ex.prefetch_chunks)
 
             def budget() -> RankBudget:
                 return local
@@ -255,7 +255,8 @@ class Pipeline:
         key = (tuple(sorted(ex.resources.items())), ex.cpus_per_task, ex.num_tasks, rank, world_size, reserved_cpus)
         here = ray.get_runtime_context().get_node_id()
         directory = shared_memory_dir(0)[0]
-        pool = NodeWorkers.shared_for(key, lambda: NodeWorkers(slots, here, directory, resources=ex.resources))
+        pool = NodeWorkers.shared_for(key, lambda: NodeWorkers(slots, here, directory, resources=ex.resources,
+                                                               prefetch_chunks=ex.prefetch_chunks))
 
         def budget() -> RankBudget:
             workers = max(1, pool.count)
