@@ -256,8 +256,10 @@ def _cluster(cpu_nodes: int):
 
     os.environ[HOST_ENV] = "127.0.0.1"  # the simulated nodes are this machine: the loopback interface only
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    nodes = [cluster.add_node(num_cpus=1, resources={"preprocess": 1}) for _ in range(cpu_nodes)]
+    # connected before the other nodes start: this process's node is the head (with several raylets on
+    # one address, a driver may attach to any of them)
     ray.init(address=cluster.address, logging_level="WARNING")
+    nodes = [cluster.add_node(num_cpus=1, resources={"preprocess": 1}) for _ in range(cpu_nodes)]
     cluster.wait_for_nodes()
     return cluster, nodes
 
@@ -422,3 +424,50 @@ def test_raypipe_run_on_node_workers_gives_the_local_digest(sample_dir, tmp_path
         assert epoch["emitted"] == 48
         digests[backend] = epoch["content_sha256"]
     assert digests["nodes"] == digests["local"]
+
+
+@pytest.mark.isolated
+@pytest.mark.timeout(300)
+def test_with_no_node_to_run_on_a_launcher_waits_for_one(photos, monkeypatch):
+    """A preprocessing group scaled to zero: a launcher asks Ray for any node with the resources (the
+    request an autoscaler acts on); when one joins, the launcher runs there, and the next refresh pins
+    the node's own launcher in its place."""
+    import time
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from raypipe.pipeline import stream
+    from raypipe.pipeline.node_workers import ANY_NODE, NodeWorkers
+
+    monkeypatch.setattr(stream, "BUDGET_REFRESH_S", 0.2)
+    local, _ = _batches(photos, "local", epochs=3)
+    os.environ[HOST_ENV] = "127.0.0.1"
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})  # no node offers "preprocess"
+    ray.init(address=cluster.address, logging_level="WARNING")
+    seen = {}
+
+    def on_batch(epoch: int, i: int) -> None:
+        pool = NodeWorkers._shared
+        if epoch == 0 and i == 3:  # the workers' start is released once the consumer asks for a second chunk
+            seen["waiting"] = ANY_NODE in pool._launchers and pool.count == 0
+            seen["node"] = cluster.add_node(num_cpus=1, resources={"preprocess": 1})
+            cluster.wait_for_nodes()
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and seen["node"].node_id not in pool._launchers:
+                time.sleep(0.2)
+                pool.size_tasks(1.0)
+
+    try:
+        got, reports = _batches(photos, "nodes", epochs=3, on_batch=on_batch)
+        pool = NodeWorkers._shared
+        assert seen["waiting"]  # before the node: one launcher asking for any node, no slot
+        assert seen["node"].node_id in pool._launchers and ANY_NODE not in pool._launchers
+        assert pool.received_chunks > 0
+        assert [(r.emitted, r.num_skipped) for r in reports] == [(160, 0)] * 3
+        NodeWorkers.shutdown_shared()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        os.environ.pop(HOST_ENV, None)
+    _same(got, local)

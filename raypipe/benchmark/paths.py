@@ -161,9 +161,11 @@ def _start_nodes(nodes: int, node_cpus: int, trainer_cpus: int, store_mb: int):
     os.environ.setdefault(HOST_ENV, "127.0.0.1")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": trainer_cpus,
                                                             "object_store_memory": store_mb << 20})  # fmt: skip
+    # connected before the CPU nodes start, so that the trainer's node is the head: with several raylets
+    # on one address a driver may attach to any of them
+    ray.init(address=cluster.address, logging_level="ERROR")
     for _ in range(nodes):
         cluster.add_node(num_cpus=node_cpus, resources={PREPROCESS: node_cpus}, object_store_memory=store_mb << 20)
-    ray.init(address=cluster.address, logging_level="ERROR")
     cluster.wait_for_nodes()
     return cluster
 

@@ -20,6 +20,9 @@ them into the consumer's slab:
 - The slabs are the consumer's, so a feeder hands a batch over to the trainer as the slab's descriptor
   (``raypipe.pipeline.handover``) as it does on one node.
 
+While no node offers the tasks' resources (a preprocessing group scaled to zero), one launcher of one
+worker asks Ray for any node that does: its pending request is what an autoscaler acts on.
+
 A node that is lost (its launcher ends, the connection drops or goes quiet for half a minute) takes
 its workers with it (a worker ends when its launcher does); the chunks they held go to the other
 workers, as a dead local worker's do, and the same per-sample seeds give the same images. A worker
@@ -62,6 +65,8 @@ HOST_ENV = "RAYPIPE_NODE_WORKERS_HOST"
 # How long the consumer makes chunks itself while no worker has answered yet (their nodes' Python
 # starts and imports the stage); after it, chunks wait in the queue for the workers.
 FIRST_WORKER_WAIT_S = 60.0
+# The key of the launcher that asks for any node, while no node offers the tasks' resources.
+ANY_NODE = "any"
 # Restarts of a node's workers a launcher makes before it leaves the dead ones dead (a broken node).
 MAX_LAUNCHER_RESTARTS = 8
 
@@ -213,9 +218,9 @@ class NodeWorkers(LocalWorkers):
     _shared_key: tuple | None = None
 
     def __init__(self, slots_fn: Callable[[], dict[str, NodeShare]], here: str, directory: str, *,
-                 resources: Mapping[str, float], prefetch_chunks: int = 0):  # fmt: skip
+                 resources: Mapping[str, float], task_cpus: float = 1.0, prefetch_chunks: int = 0):  # fmt: skip
         self._slots_fn, self._here = slots_fn, here
-        self._resources = dict(resources)
+        self._resources, self._task_cpus = dict(resources), task_cpus
         slots = slots_fn()
         super().__init__(sum(s.workers for s in slots.values()), directory, prefetch_chunks=prefetch_chunks)
         self._slots = slots
@@ -310,7 +315,19 @@ class NodeWorkers(LocalWorkers):
         self._start_launchers()
 
     def _start_launchers(self) -> None:
-        """A launcher for each other node with slots and none running (holding the lock)."""
+        """A launcher for each other node with slots and none running (holding the lock). With no node
+        to run on at all (a preprocessing group scaled to zero), one launcher of one worker goes to
+        wherever Ray can place it: its pending request is what asks an autoscaler for a node, and once
+        the node is there, the next refresh gives it its slots and ends this one."""
+        if not self._slots:
+            if ANY_NODE not in self._launchers:
+                options = {"num_cpus": self._task_cpus, "resources": dict(self._resources)}
+                actor = _Launcher.options(**options).remote(*self.address, self._secret, 1)
+                self._launchers[ANY_NODE] = (actor, actor.run.remote())
+            return
+        if ANY_NODE in self._launchers:
+            actor, _ = self._launchers.pop(ANY_NODE)
+            actor.close.remote()  # its worker's chunk goes to the others
         for node, share in self._slots.items():
             if node == self._here or node in self._launchers:
                 continue

@@ -256,6 +256,7 @@ class Pipeline:
         here = ray.get_runtime_context().get_node_id()
         directory = shared_memory_dir(0)[0]
         pool = NodeWorkers.shared_for(key, lambda: NodeWorkers(slots, here, directory, resources=ex.resources,
+                                                               task_cpus=ex.cpus_per_task,
                                                                prefetch_chunks=ex.prefetch_chunks))
 
         def budget() -> RankBudget:
