@@ -1,7 +1,5 @@
 """``python -m raypipe``: the ``raypipe`` console script."""
 
-import sys
+from raypipe.cli.main import console_main
 
-from raypipe.cli.main import main
-
-sys.exit(main())
+console_main()

@@ -22,9 +22,11 @@ __all__ = [
     "FIRST_ANSWER_S",
     "LISTING_S",
     "call_with_deadline",
+    "threads_left_behind",
 ]
 
 T = TypeVar("T")
+_LEFT_BEHIND: list[threading.Thread] = []  # threads of calls that timed out (see call_with_deadline)
 
 
 def _seconds(name: str, default: float) -> float:
@@ -81,7 +83,14 @@ def call_with_deadline(fn: Callable[[], T], seconds: float, on_timeout: Callable
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
+        _LEFT_BEHIND.append(thread)
         raise TimeoutError(on_timeout())
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+def threads_left_behind() -> bool:
+    """Whether a call that timed out is still running on its thread: blocked in a network client's
+    native code, where the interpreter's shutdown can crash the process (``raypipe.cli.main.console_main``)."""
+    return any(t.is_alive() for t in _LEFT_BEHIND)

@@ -8,6 +8,7 @@ sample.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -241,6 +242,19 @@ def _wait_for_remote_workers(timeout_s: float = 120.0) -> None:
     raise AssertionError("the other nodes' workers did not connect")
 
 
+def _refresh_until(done, timeout_s: float = 60.0) -> None:
+    """Call the pool's refresh (what the stream calls at each budget refresh) until ``done(pool)``."""
+    import time
+
+    from raypipe.pipeline.node_workers import NodeWorkers
+
+    pool = NodeWorkers._shared
+    deadline = time.monotonic() + timeout_s
+    while not done(pool) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        pool.size_tasks(1.0)
+
+
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
     from raypipe.sample_data import write_sample_data
@@ -250,18 +264,34 @@ def photos(tmp_path_factory):
     return out
 
 
+@contextlib.contextmanager
 def _cluster(cpu_nodes: int):
+    """A simulated cluster: the head (1 CPU, this process's node) and ``cpu_nodes`` nodes of 1 CPU that
+    offer ``preprocess``; yields (cluster, those nodes), and ends this process's node workers, Ray and
+    the cluster after."""
     import ray
     from ray.cluster_utils import Cluster
 
+    from raypipe.pipeline.node_workers import NodeWorkers
+
     os.environ[HOST_ENV] = "127.0.0.1"  # the simulated nodes are this machine: the loopback interface only
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    # connected before the other nodes start: this process's node is the head (with several raylets on
-    # one address, a driver may attach to any of them)
-    ray.init(address=cluster.address, logging_level="WARNING")
-    nodes = [cluster.add_node(num_cpus=1, resources={"preprocess": 1}) for _ in range(cpu_nodes)]
-    cluster.wait_for_nodes()
-    return cluster, nodes
+    try:
+        # connected before the other nodes start: this process's node is the head (with several raylets
+        # on one address, a driver may attach to any of them)
+        ray.init(address=cluster.address, logging_level="WARNING")
+        nodes = [cluster.add_node(num_cpus=1, resources={"preprocess": 1}) for _ in range(cpu_nodes)]
+        cluster.wait_for_nodes()
+        yield cluster, nodes
+        NodeWorkers.shutdown_shared()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        os.environ.pop(HOST_ENV, None)
+
+
+def _every_sample_once(reports: list, epochs: int) -> None:
+    assert [(r.emitted, r.num_skipped) for r in reports] == [(160, 0)] * epochs
 
 
 def _same(a: list, b: list) -> None:
@@ -280,74 +310,55 @@ def test_node_workers_give_the_local_batches_from_the_other_nodes(photos):
     from raypipe.pipeline.node_workers import NodeWorkers
 
     local, _ = _batches(photos, "local", epochs=3)
-    cluster, _ = _cluster(cpu_nodes=2)
-    try:
+    with _cluster(cpu_nodes=2):
         head = ray.get_runtime_context().get_node_id()
         got, reports = _batches(photos, "nodes", epochs=3)
         pool = NodeWorkers._shared
         assert pool.remote_workers >= 2 and pool.received_chunks > 0  # images came over the connections
         assert set(pool._slots) and head not in pool._slots  # no worker on the trainer's node (no resource)
-        assert [(r.emitted, r.num_skipped) for r in reports] == [(160, 0)] * len(reports)
-        NodeWorkers.shutdown_shared()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        os.environ.pop(HOST_ENV, None)
+    _every_sample_once(reports, 3)
     _same(got, local)
 
 
 @pytest.mark.isolated
 @pytest.mark.timeout(300)
 def test_a_node_lost_mid_epoch_loses_no_sample(photos, monkeypatch):
-    import time
 
-    import ray
 
     from raypipe.pipeline import stream
     from raypipe.pipeline.node_workers import NodeWorkers
 
     monkeypatch.setattr(stream, "BUDGET_REFRESH_S", 0.2)  # the refresh notices the launcher's end
     local, _ = _batches(photos, "local", epochs=3)
-    cluster, nodes = _cluster(cpu_nodes=2)
     removed = {}
+    with _cluster(cpu_nodes=2) as (cluster, nodes):
 
-    def on_batch(epoch: int, i: int) -> None:
-        pool = NodeWorkers._shared
-        if "at" not in removed and epoch >= 1 and i == 2 and pool.received_chunks > 0:
-            removed["at"] = pool.received_chunks
-            cluster.remove_node(nodes[1])
+        def on_batch(epoch: int, i: int) -> None:
+            pool = NodeWorkers._shared
+            if "at" not in removed and epoch >= 1 and i == 2 and pool.received_chunks > 0:
+                removed["at"] = pool.received_chunks
+                cluster.remove_node(nodes[1])
 
-    try:
         got, reports = _batches(photos, "nodes", epochs=3, on_batch=on_batch)
         pool = NodeWorkers._shared
         assert removed, "the node was never removed: no chunk came from the other nodes"
         assert pool.received_chunks > removed["at"]  # the other node's workers went on
         lost = nodes[1].node_id
-        deadline = time.monotonic() + 60
-        while lost in pool._launchers and time.monotonic() < deadline:
-            time.sleep(0.2)
-            pool.size_tasks(1.0)
+        _refresh_until(lambda pool: lost not in pool._launchers)
         assert lost not in pool._launchers and len(pool._launchers) == 1  # dropped, not started again
-        assert [(r.emitted, r.num_skipped) for r in reports] == [(160, 0)] * len(reports)
-        NodeWorkers.shutdown_shared()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        os.environ.pop(HOST_ENV, None)
+    _every_sample_once(reports, 3)
     _same(got, local)
 
 
 @pytest.mark.isolated
 @pytest.mark.timeout(300)
 def test_a_feeder_on_node_workers_hands_over_slabs(photos):
-    import ray
 
     from raypipe import FeederSource
     from raypipe.pipeline import Pipeline
 
     local, _ = _batches(photos, "local", epochs=2)
-    cluster, _ = _cluster(cpu_nodes=1)
-    try:
+    with _cluster(cpu_nodes=1):
         pipe = Pipeline(str(photos), TrainAugment(input_size=64), config=PipelineConfig(batch_size=8, seed=3),
                         execution=ExecutionConfig(chunk_rows=8, backend="nodes", resources=PREPROCESS))  # fmt: skip
         source = FeederSource(pipe, end_epoch=2)
@@ -359,51 +370,35 @@ def test_a_feeder_on_node_workers_hands_over_slabs(photos):
                 got += [(epoch, b["sample_id"].copy(), np.array(b["image"])) for b in source]
         finally:
             source.close()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        os.environ.pop(HOST_ENV, None)
     _same(got, local)
 
 
 @pytest.mark.isolated
 @pytest.mark.timeout(300)
 def test_a_node_that_joins_gets_workers_at_the_next_budget_refresh(photos, monkeypatch):
-    import time
 
-    import ray
 
     from raypipe.pipeline import stream
     from raypipe.pipeline.node_workers import NodeWorkers
 
     monkeypatch.setattr(stream, "BUDGET_REFRESH_S", 0.2)
     local, _ = _batches(photos, "local", epochs=4)
-    cluster, _ = _cluster(cpu_nodes=1)
     joined = {}
+    with _cluster(cpu_nodes=1) as (cluster, _):
 
-    def on_batch(epoch: int, i: int) -> None:
-        if epoch == 1 and i == 0:
-            joined["node"] = cluster.add_node(num_cpus=1, resources={"preprocess": 1})
-            cluster.wait_for_nodes()
-        if epoch == 2 and i == 0:  # the refresh has had an epoch's batches to see the node
-            pool = NodeWorkers._shared
-            deadline = time.monotonic() + 60
-            while len(pool._launchers) < 2 and time.monotonic() < deadline:
-                time.sleep(0.2)
-                pool.size_tasks(1.0)  # what the stream's refresh calls, should the epoch be over
-            _wait_for_remote_workers()  # the new node's worker connected: the last epochs run on both
+        def on_batch(epoch: int, i: int) -> None:
+            if epoch == 1 and i == 0:
+                joined["node"] = cluster.add_node(num_cpus=1, resources={"preprocess": 1})
+                cluster.wait_for_nodes()
+            if epoch == 2 and i == 0:  # the refresh has had an epoch's batches to see the node
+                _refresh_until(lambda pool: len(pool._launchers) == 2)
+                _wait_for_remote_workers()  # the new node's worker connected: the last epochs run on both
 
-    try:
         got, reports = _batches(photos, "nodes", epochs=4, on_batch=on_batch)
         pool = NodeWorkers._shared
         assert joined["node"].node_id in pool._launchers  # the new node has its launcher
         assert pool.count == 2 and pool.remote_workers >= 2
-        assert [(r.emitted, r.num_skipped) for r in reports] == [(160, 0)] * 4
-        NodeWorkers.shutdown_shared()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        os.environ.pop(HOST_ENV, None)
+    _every_sample_once(reports, 4)
     _same(got, local)
 
 
@@ -432,42 +427,28 @@ def test_with_no_node_to_run_on_a_launcher_waits_for_one(photos, monkeypatch):
     """A preprocessing group scaled to zero: a launcher asks Ray for any node with the resources (the
     request an autoscaler acts on); when one joins, the launcher runs there, and the next refresh pins
     the node's own launcher in its place."""
-    import time
 
-    import ray
-    from ray.cluster_utils import Cluster
 
     from raypipe.pipeline import stream
     from raypipe.pipeline.node_workers import ANY_NODE, NodeWorkers
 
     monkeypatch.setattr(stream, "BUDGET_REFRESH_S", 0.2)
     local, _ = _batches(photos, "local", epochs=3)
-    os.environ[HOST_ENV] = "127.0.0.1"
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})  # no node offers "preprocess"
-    ray.init(address=cluster.address, logging_level="WARNING")
     seen = {}
+    with _cluster(cpu_nodes=0) as (cluster, _):  # no node offers "preprocess"
 
-    def on_batch(epoch: int, i: int) -> None:
-        pool = NodeWorkers._shared
-        if epoch == 0 and i == 3:  # the workers' start is released once the consumer asks for a second chunk
-            seen["waiting"] = ANY_NODE in pool._launchers and pool.count == 0
-            seen["node"] = cluster.add_node(num_cpus=1, resources={"preprocess": 1})
-            cluster.wait_for_nodes()
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and seen["node"].node_id not in pool._launchers:
-                time.sleep(0.2)
-                pool.size_tasks(1.0)
+        def on_batch(epoch: int, i: int) -> None:
+            pool = NodeWorkers._shared
+            if epoch == 0 and i == 3:  # the workers' start is released once the consumer asks for a second chunk
+                seen["waiting"] = ANY_NODE in pool._launchers and pool.count == 0
+                seen["node"] = cluster.add_node(num_cpus=1, resources={"preprocess": 1})
+                cluster.wait_for_nodes()
+                _refresh_until(lambda pool: seen["node"].node_id in pool._launchers)
 
-    try:
         got, reports = _batches(photos, "nodes", epochs=3, on_batch=on_batch)
         pool = NodeWorkers._shared
         assert seen["waiting"]  # before the node: one launcher asking for any node, no slot
         assert seen["node"].node_id in pool._launchers and ANY_NODE not in pool._launchers
         assert pool.received_chunks > 0
-        assert [(r.emitted, r.num_skipped) for r in reports] == [(160, 0)] * 3
-        NodeWorkers.shutdown_shared()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        os.environ.pop(HOST_ENV, None)
+    _every_sample_once(reports, 3)
     _same(got, local)

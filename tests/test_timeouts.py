@@ -22,7 +22,7 @@ from raypipe.sources.paths import open_root
 pytestmark = pytest.mark.timeout(240)
 
 REPO = Path(__file__).resolve().parent.parent
-RUN = "import sys; from raypipe.cli.main import main; sys.exit(main())"
+RUN = "from raypipe.cli.main import console_main; console_main()"
 
 
 def _raypipe_run(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -198,3 +198,15 @@ def test_filesystems_from_uris_carry_the_timeouts_to_the_workers(monkeypatch):
     gcs = pickle.loads(pickle.dumps(open_root("gs://bucket/prefix").filesystem))
     assert gcs.__reduce__()[1][0]["retry_time_limit"].total_seconds() == timeouts.GCS_RETRY_S
     assert open_root("file:///tmp").is_local  # a local URI keeps the fast local path
+
+
+def test_a_call_that_timed_out_is_known_to_be_left_behind_until_it_returns():
+    release = __import__("threading").Event()
+    with pytest.raises(TimeoutError, match="stuck"):
+        timeouts.call_with_deadline(release.wait, 0.05, lambda: "stuck")
+    assert timeouts.threads_left_behind()  # console_main then ends the process without the shutdown
+    release.set()
+    deadline = time.monotonic() + 10
+    while timeouts.threads_left_behind() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not timeouts.threads_left_behind()

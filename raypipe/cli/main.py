@@ -22,10 +22,11 @@ import functools
 import gc
 import importlib
 import logging
+import os
 import sys
 import traceback
 
-from raypipe import __version__
+from raypipe import __version__, timeouts
 
 __all__ = ["main", "build_parser", "COMMANDS", "HelpFormatter", "ArgumentParser"]
 
@@ -160,5 +161,18 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
+def console_main() -> None:
+    """The ``raypipe`` command: ``main``, then the exit with its status. Where a wait timed out and left
+    its thread in a network client's native code (``raypipe.timeouts``), the interpreter's shutdown can
+    crash the process under it (seen: a GCS listing ended with signal 11 after its one-line error), so
+    the process then ends at once, its output flushed, with the same status."""
+    status = main()
+    if timeouts.threads_left_behind():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()
