@@ -81,30 +81,29 @@ def test_no_slot_anywhere_still_runs_one_worker():
 # -- the handshake --------------------------------------------------------------------------------------
 
 
+def _outcome(prove, sock: socket.socket, secret: bytes) -> object:
+    """"ok", or the ``PeerAuthError`` one end's proof raised; the socket is closed either way."""
+    try:
+        prove(sock, secret, timeout_s=5)
+        return "ok"
+    except PeerAuthError as exc:
+        return exc
+    finally:
+        sock.close()
+
+
 def _handshake(server_secret: bytes, client_secret: bytes) -> tuple[object, object]:
     listener = socket.create_server(("127.0.0.1", 0))
     results: dict[str, object] = {}
 
     def serve():
-        conn, _ = listener.accept()
-        try:
-            prove_server(conn, server_secret, timeout_s=5)
-            results["server"] = "ok"
-        except PeerAuthError as exc:
-            results["server"] = exc
-        finally:
-            conn.close()
+        results["server"] = _outcome(prove_server, listener.accept()[0], server_secret)
 
     t = threading.Thread(target=serve)
     t.start()
-    client = socket.create_connection(listener.getsockname())
     try:
-        prove_client(client, client_secret, timeout_s=5)
-        results["client"] = "ok"
-    except PeerAuthError as exc:
-        results["client"] = exc
+        results["client"] = _outcome(prove_client, socket.create_connection(listener.getsockname()), client_secret)
     finally:
-        client.close()
         t.join(10)
         listener.close()
     return results["server"], results["client"]
