@@ -122,7 +122,7 @@ def mean_entropy(batches: list[np.ndarray], classes: int) -> float:
 
 def shuffled_entropy(labels: np.ndarray, epochs: int, batch_size: int, classes: int) -> float:
     """The same mean for a global shuffle of the same labels (the order a folder gets)."""
-    from raypipe.pipeline.order import epoch_order
+    from raypipe.plan.order import epoch_order
 
     batches = []
     for e in range(epochs):
@@ -155,7 +155,7 @@ def start_workers_again(on_ray: bool) -> None:
         ray.shutdown()
         connect_again()
     else:
-        from raypipe.pipeline.local_workers import LocalWorkers
+        from raypipe.workers.local import LocalWorkers
 
         LocalWorkers.shutdown_shared()
 

@@ -269,8 +269,8 @@ def raypipe_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, 
 def dropin_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, closers: list):
     from raypipe.benchmark.contenders import _timm_kwargs
     from raypipe.config import ExecutionConfig
-    from raypipe.pipeline.local_workers import LocalWorkers
     from raypipe.timm import create_loader
+    from raypipe.workers.local import LocalWorkers
 
     ex = ExecutionConfig(backend="local", chunk_rows=args.chunk_rows, worker_nice=args.worker_nice,
                          worker_sched_idle=args.worker_sched_idle, cpus_per_task=args.cpus_per_task)  # fmt: skip

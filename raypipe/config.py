@@ -212,7 +212,7 @@ class PipelineConfig:
     seed: int = 0
     # Sharded sources (Parquet row groups, tar shards): rows are shuffled inside windows of about this
     # many rows (whole shards), so each shard is read once per epoch; 2048 mixes a class-sorted file's
-    # batches 0.97-1.0x as well as a global shuffle (raypipe.pipeline.order).
+    # batches 0.97-1.0x as well as a global shuffle (raypipe.plan.order).
     shuffle_window: int = 2048
     # An epoch fails when more than this share of its rows is skipped (None: never). Real corruption is
     # rarer than 1 %; a broken mount, a wrong column or a bad export is far worse and must not train on.
@@ -271,9 +271,9 @@ class ExecutionConfig:
     # Extra Ray resources each augmentation task asks for, to steer it to preprocessing nodes.
     resources: Mapping[str, float] = field(default_factory=dict)
     # Where the augmentation tasks run: "ray" (Ray tasks on the connected cluster's nodes), "local"
-    # (worker processes of this machine, no Ray: raypipe.pipeline.local_workers), "nodes" (raypipe's
+    # (worker processes of this machine, no Ray: raypipe.workers.local), "nodes" (raypipe's
     # worker processes on each node of the connected cluster that offers `resources`, their images
-    # streamed to this process: raypipe.pipeline.node_workers), or "auto": Ray when this process is
+    # streamed to this process: raypipe.workers.node), or "auto": Ray when this process is
     # connected to it (or connecting, or RAY_ADDRESS names a cluster), else local.
     backend: str = "auto"
 

@@ -130,7 +130,7 @@ def _run_report(sample_dir, tmp_path, name: str, *flags: str) -> list[dict]:
 def test_run_not_connected_to_ray_runs_on_local_workers(sample_dir, tmp_path, monkeypatch, no_ray):
     import ray
 
-    from raypipe.pipeline.local_workers import LocalWorkers
+    from raypipe.workers.local import LocalWorkers
 
     if ray.is_initialized():
         ray.shutdown()  # an earlier test's; the ray_local fixture starts it again when needed

@@ -61,7 +61,7 @@ class _WorkerKiller(threading.Thread):
         while not self.stop.is_set():
             for pid in pids:
                 title = _title(pid)
-                if title.startswith("ray::_augment_chunk"):  # the task's name (stream.py)
+                if title.startswith("ray::_augment_chunk"):  # the task's name (raypipe/workers/ray_tasks.py)
                     os.kill(pid, signal.SIGKILL)
                     self.killed.append(pid)
                     return

@@ -14,8 +14,8 @@ from raypipe import runtime
 from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 from raypipe.pipeline.feeder import feeder_execution
-from raypipe.pipeline.handover import HandoverError, SlabReceiver, SlabSender
-from raypipe.pipeline.slabs import SlabPool
+from raypipe.workers.handover import HandoverError, SlabReceiver, SlabSender
+from raypipe.workers.slabs import SlabPool
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from raypipe.integrations.epochs import EqualBatches, eval_rows_per_rank, train_batches_per_rank
-from raypipe.pipeline.order import rank_slice
+from raypipe.plan.order import rank_slice
 
 
 class FakeSource:

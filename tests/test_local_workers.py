@@ -14,7 +14,7 @@ import pytest
 
 from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline import EpochSource, Pipeline
-from raypipe.pipeline.local_workers import LocalWorkerDiedError, LocalWorkers, WorkerTraceback, shared_memory_dir
+from raypipe.workers.local import LocalWorkerDiedError, LocalWorkers, WorkerTraceback, shared_memory_dir
 
 AUG = TrainAugment(input_size=(32, 32))
 LOCAL = ExecutionConfig(backend="local", chunk_rows=7, num_tasks=2)
@@ -328,7 +328,7 @@ def _ids(batches):
 def test_the_pool_runs_chunks_on_the_latest_streams_count_of_workers(sample_dir, tmp_path, monkeypatch):
     """The process's pool follows its latest stream: after a pipeline with four workers (two tasks per
     core over an object store), one with two runs its chunks on two, not on four."""
-    import raypipe.pipeline.local_workers as local_workers
+    import raypipe.workers.local as local_workers
 
     LocalWorkers.shutdown_shared()
     used: list[int] = []
@@ -418,8 +418,8 @@ def test_a_chunk_is_answered_while_another_thread_still_views_its_images(monkeyp
     """The stage's thread pool hands back a chunk's block before its worker thread drops the task that
     holds ``out``: the worker answers all the same, and the mapping goes with that last view."""
     import raypipe.stages.augment as augment
-    from raypipe.pipeline import _local_worker
-    from raypipe.pipeline.slabs import SlabPool
+    from raypipe.workers import worker_process as _local_worker
+    from raypipe.workers.slabs import SlabPool
 
     held = []
 

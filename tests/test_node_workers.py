@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
-from raypipe.pipeline.node_workers import HOST_ENV, EligibleNode, node_slots
-from raypipe.pipeline.peer_auth import SECRET_ENV, PeerAuthError, new_secret, prove_client, prove_server
+from raypipe.workers.node import HOST_ENV, EligibleNode, node_slots
+from raypipe.workers.peer_auth import SECRET_ENV, PeerAuthError, new_secret, prove_client, prove_server
 
 
 def _nodes(*cpus: float) -> list[EligibleNode]:
@@ -137,7 +137,7 @@ def test_a_worker_told_a_wrong_secret_ends_without_serving():
     listener = socket.create_server(("127.0.0.1", 0))
     read, write = os.pipe()
     env = dict(os.environ, **{SECRET_ENV: new_secret().hex()})
-    proc = subprocess.Popen([sys.executable, "-m", "raypipe.pipeline._local_worker", "--connect", "127.0.0.1",
+    proc = subprocess.Popen([sys.executable, "-m", "raypipe.workers.worker_process", "--connect", "127.0.0.1",
                              str(listener.getsockname()[1]), str(read)], pass_fds=(read,), env=env,
                             stderr=subprocess.PIPE)  # fmt: skip
     os.close(read)
@@ -162,7 +162,7 @@ def test_a_worker_ends_with_its_launcher():
     listener = socket.create_server(("127.0.0.1", 0))
     read, write = os.pipe()
     env = dict(os.environ, **{SECRET_ENV: secret.hex()})
-    proc = subprocess.Popen([sys.executable, "-m", "raypipe.pipeline._local_worker", "--connect", "127.0.0.1",
+    proc = subprocess.Popen([sys.executable, "-m", "raypipe.workers.worker_process", "--connect", "127.0.0.1",
                              str(listener.getsockname()[1]), str(read)], pass_fds=(read,), env=env)  # fmt: skip
     os.close(read)
     try:
@@ -174,7 +174,10 @@ def test_a_worker_ends_with_its_launcher():
         write = None
         assert proc.wait(timeout=30) == 0
         conn.settimeout(30)
-        while conn.recv(1 << 16):  # its "ready" frame, then the end of the connection (a timeout fails)
+        try:
+            while conn.recv(1 << 16):  # its "ready" frame, then the end of the connection (a timeout fails)
+                pass
+        except ConnectionResetError:  # an end too: a process that exits with bytes unread resets it
             pass
         conn.close()
     finally:
@@ -230,12 +233,12 @@ def _batches(data, backend: str, *, epochs: int, on_batch=None) -> tuple[list, l
 def _wait_for_remote_workers(timeout_s: float = 120.0) -> None:
     import time
 
-    from raypipe.pipeline.node_workers import NodeWorkers
+    from raypipe.workers.node import NodeWorkers
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         pool = NodeWorkers._shared
-        if pool is not None and sum(w.ready and w.inline for w in pool._alive()) >= pool.count:
+        if pool is not None and pool.pool.ready_count(remote_only=True) >= pool.count:
             return
         time.sleep(0.1)
     raise AssertionError("the other nodes' workers did not connect")
@@ -245,7 +248,7 @@ def _refresh_until(done, timeout_s: float = 60.0) -> None:
     """Call the pool's refresh (what the stream calls at each budget refresh) until ``done(pool)``."""
     import time
 
-    from raypipe.pipeline.node_workers import NodeWorkers
+    from raypipe.workers.node import NodeWorkers
 
     pool = NodeWorkers._shared
     deadline = time.monotonic() + timeout_s
@@ -271,7 +274,7 @@ def _cluster(cpu_nodes: int):
     import ray
     from ray.cluster_utils import Cluster
 
-    from raypipe.pipeline.node_workers import NodeWorkers
+    from raypipe.workers.node import NodeWorkers
 
     os.environ[HOST_ENV] = "127.0.0.1"  # the simulated nodes are this machine: the loopback interface only
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
@@ -306,15 +309,15 @@ def _same(a: list, b: list) -> None:
 def test_node_workers_give_the_local_batches_from_the_other_nodes(photos):
     import ray
 
-    from raypipe.pipeline.node_workers import NodeWorkers
+    from raypipe.workers.node import NodeWorkers
 
     local, _ = _batches(photos, "local", epochs=3)
     with _cluster(cpu_nodes=2):
         head = ray.get_runtime_context().get_node_id()
         got, reports = _batches(photos, "nodes", epochs=3)
         pool = NodeWorkers._shared
-        assert pool.remote_workers >= 2 and pool.received_chunks > 0  # images came over the connections
-        assert set(pool._slots) and head not in pool._slots  # no worker on the trainer's node (no resource)
+        assert pool.pool.remote_workers >= 2 and pool.pool.received_chunks > 0  # images came over the connections
+        assert set(pool.slots) and head not in pool.slots  # no worker on the trainer's node (no resource)
     _every_sample_once(reports, 3)
     _same(got, local)
 
@@ -325,7 +328,7 @@ def test_a_node_lost_mid_epoch_loses_no_sample(photos, monkeypatch):
 
 
     from raypipe.pipeline import stream
-    from raypipe.pipeline.node_workers import NodeWorkers
+    from raypipe.workers.node import NodeWorkers
 
     monkeypatch.setattr(stream, "BUDGET_REFRESH_S", 0.2)  # the refresh notices the launcher's end
     local, _ = _batches(photos, "local", epochs=3)
@@ -334,17 +337,17 @@ def test_a_node_lost_mid_epoch_loses_no_sample(photos, monkeypatch):
 
         def on_batch(epoch: int, i: int) -> None:
             pool = NodeWorkers._shared
-            if "at" not in removed and epoch >= 1 and i == 2 and pool.received_chunks > 0:
-                removed["at"] = pool.received_chunks
+            if "at" not in removed and epoch >= 1 and i == 2 and pool.pool.received_chunks > 0:
+                removed["at"] = pool.pool.received_chunks
                 cluster.remove_node(nodes[1])
 
         got, reports = _batches(photos, "nodes", epochs=3, on_batch=on_batch)
         pool = NodeWorkers._shared
         assert removed, "the node was never removed: no chunk came from the other nodes"
-        assert pool.received_chunks > removed["at"]  # the other node's workers went on
+        assert pool.pool.received_chunks > removed["at"]  # the other node's workers went on
         lost = nodes[1].node_id
-        _refresh_until(lambda pool: lost not in pool._launchers)
-        assert lost not in pool._launchers and len(pool._launchers) == 1  # dropped, not started again
+        _refresh_until(lambda pool: lost not in pool.launched_nodes)
+        assert lost not in pool.launched_nodes and len(pool.launched_nodes) == 1  # dropped, not started again
     _every_sample_once(reports, 3)
     _same(got, local)
 
@@ -378,7 +381,7 @@ def test_a_node_that_joins_gets_workers_at_the_next_budget_refresh(photos, monke
 
 
     from raypipe.pipeline import stream
-    from raypipe.pipeline.node_workers import NodeWorkers
+    from raypipe.workers.node import NodeWorkers
 
     monkeypatch.setattr(stream, "BUDGET_REFRESH_S", 0.2)
     local, _ = _batches(photos, "local", epochs=4)
@@ -390,13 +393,13 @@ def test_a_node_that_joins_gets_workers_at_the_next_budget_refresh(photos, monke
                 joined["node"] = cluster.add_node(num_cpus=1, resources={"preprocess": 1})
                 cluster.wait_for_nodes()
             if epoch == 2 and i == 0:  # the refresh has had an epoch's batches to see the node
-                _refresh_until(lambda pool: len(pool._launchers) == 2)
+                _refresh_until(lambda pool: len(pool.launched_nodes) == 2)
                 _wait_for_remote_workers()  # the new node's worker connected: the last epochs run on both
 
         got, reports = _batches(photos, "nodes", epochs=4, on_batch=on_batch)
         pool = NodeWorkers._shared
-        assert joined["node"].node_id in pool._launchers  # the new node has its launcher
-        assert pool.count == 2 and pool.remote_workers >= 2
+        assert joined["node"].node_id in pool.launched_nodes  # the new node has its launcher
+        assert pool.count == 2 and pool.pool.remote_workers >= 2
     _every_sample_once(reports, 4)
     _same(got, local)
 
@@ -429,7 +432,7 @@ def test_with_no_node_to_run_on_a_launcher_waits_for_one(photos, monkeypatch):
 
 
     from raypipe.pipeline import stream
-    from raypipe.pipeline.node_workers import ANY_NODE, NodeWorkers
+    from raypipe.workers.node import ANY_NODE, NodeWorkers
 
     monkeypatch.setattr(stream, "BUDGET_REFRESH_S", 0.2)
     local, _ = _batches(photos, "local", epochs=3)
@@ -439,15 +442,15 @@ def test_with_no_node_to_run_on_a_launcher_waits_for_one(photos, monkeypatch):
         def on_batch(epoch: int, i: int) -> None:
             pool = NodeWorkers._shared
             if epoch == 0 and i == 3:  # the workers' start is released once the consumer asks for a second chunk
-                seen["waiting"] = ANY_NODE in pool._launchers and pool.count == 0
+                seen["waiting"] = ANY_NODE in pool.launched_nodes and pool.count == 0
                 seen["node"] = cluster.add_node(num_cpus=1, resources={"preprocess": 1})
                 cluster.wait_for_nodes()
-                _refresh_until(lambda pool: seen["node"].node_id in pool._launchers)
+                _refresh_until(lambda pool: seen["node"].node_id in pool.launched_nodes)
 
         got, reports = _batches(photos, "nodes", epochs=3, on_batch=on_batch)
         pool = NodeWorkers._shared
         assert seen["waiting"]  # before the node: one launcher asking for any node, no slot
-        assert seen["node"].node_id in pool._launchers and ANY_NODE not in pool._launchers
-        assert pool.received_chunks > 0
+        assert seen["node"].node_id in pool.launched_nodes and ANY_NODE not in pool.launched_nodes
+        assert pool.pool.received_chunks > 0
     _every_sample_once(reports, 3)
     _same(got, local)

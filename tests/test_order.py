@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from raypipe.pipeline.budget import rank_budget
-from raypipe.pipeline.order import RankPlan, chunk_bounds, doubling_bounds, epoch_order, rank_slice
+from raypipe.plan.order import RankPlan, chunk_bounds, doubling_bounds, epoch_order, rank_slice
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 7])

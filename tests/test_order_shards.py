@@ -4,7 +4,7 @@ layouts; and the same order from per-shard counts (an index) as from a per-row s
 import numpy as np
 import pytest
 
-from raypipe.pipeline.order import EpochOrder, RankPlan, ShardRuns, epoch_order
+from raypipe.plan.order import EpochOrder, RankPlan, ShardRuns, epoch_order
 
 
 def reference_order(n, *, seed, epoch, shuffle, shards=None, window_rows=1):

@@ -170,11 +170,13 @@ def test_a_stalled_chunk_says_so(ray_local, sample_dir, monkeypatch, caplog):
     import logging
     import threading
 
+    import ray
+
     from raypipe.pipeline import stream as stream_module
 
     monkeypatch.setattr(stream_module, "STALL_WARN_S", 0.2)
     gate = threading.Event()
-    original = stream_module.ray.wait
+    original = ray.wait
 
     def slow_wait(refs, timeout=None):  # the first chunk "hangs" until the gate opens
         if not gate.is_set():
@@ -183,7 +185,7 @@ def test_a_stalled_chunk_says_so(ray_local, sample_dir, monkeypatch, caplog):
             return [], refs
         return original(refs, timeout=timeout)
 
-    monkeypatch.setattr(stream_module.ray, "wait", slow_wait)
+    monkeypatch.setattr(ray, "wait", slow_wait)
     with caplog.at_level(logging.WARNING, logger="raypipe.pipeline.stream"):
         _, rep = run_epoch(Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16)), epoch=3)
     assert rep.emitted == 48  # still waited for it after the warning

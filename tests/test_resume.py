@@ -13,8 +13,8 @@ import pytest
 
 from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline import EpochSource, Pipeline
-from raypipe.pipeline.order import rank_slice
-from raypipe.pipeline.position import StateMismatchError, _split, remaining_after
+from raypipe.plan.order import rank_slice
+from raypipe.plan.position import StateMismatchError, _split, remaining_after
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -9,7 +9,7 @@ import pytest
 from wrapped_fs import WrappedFS
 
 from raypipe.sources import ReadOptions, open_source
-from raypipe.sources.folder import _list_remote
+from raypipe.sources.folder import list_remote
 from raypipe.sources.paths import open_root
 from raypipe.testing import S3Server
 
@@ -39,9 +39,9 @@ def test_concurrent_listing_equals_one_recursive_listing(tree, monkeypatch):
     with S3Server(tree, latency_ms=5) as server:
         fs = server.filesystem()
         root = open_root("s3://bkt/tree", filesystem=fs)
-        flat = _list_remote(root, ReadOptions(list_in_flight=1))
+        flat = list_remote(root, ReadOptions(list_in_flight=1))
         server.reset_counts()
-        concurrent = _list_remote(root, ReadOptions(list_in_flight=3))
+        concurrent = list_remote(root, ReadOptions(list_in_flight=3))
         # one delimited listing of the root, then one listing per class prefix (each a single page here)
         assert server.count("ListObjectsV2") == 1 + 5
         assert sorted(flat[0]) == sorted(concurrent[0]) == ["a", "b", "c", "d10", "d2"]
@@ -81,9 +81,9 @@ def test_a_failing_prefix_listing_is_retried(tree):
     root = open_root(str(tree / "bkt" / "tree"), filesystem=fs)
     assert not root.is_local
     options = ReadOptions(list_in_flight=2, backoff_s=0.001)
-    classes, files, _ = _list_remote(root, options)
+    classes, files, _ = list_remote(root, options)
     assert sorted(classes) == ["a", "b", "c", "d10", "d2"] and files["d2"] == ["d2/q.jpg", "d2/r/s/t.bmp"]
     assert all(n == 2 for n in handler.attempts.values()) and len(handler.attempts) == 1 + 5
     fresh = open_root(str(tree / "bkt" / "tree"), filesystem=pafs.PyFileSystem(_FlakyListing()))
     with pytest.raises(ConnectionResetError):
-        _list_remote(fresh, ReadOptions(list_in_flight=2, retries=0))
+        list_remote(fresh, ReadOptions(list_in_flight=2, retries=0))

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from raypipe.pipeline.slabs import SlabPool
+from raypipe.workers.slabs import SlabPool
 
 
 def _write(slab, data: bytes) -> None:
@@ -144,7 +144,7 @@ def test_views_pin_their_pixels_while_later_chunks_reuse_slabs(tmp_path):
 
 
 def test_the_room_for_slabs_is_memory_where_they_are_memfds(monkeypatch):
-    from raypipe.pipeline.slabs import slab_room
+    from raypipe.workers.slabs import slab_room
 
     sentinel = 12345  # a directory's free space, e.g. a container's 64 MB /dev/shm
     if hasattr(os, "memfd_create") and os.path.exists("/proc/meminfo"):

@@ -135,12 +135,14 @@ def test_remote_shards_are_fetched_in_few_requests(ray_local, sample_dir, tmp_pa
 
 
 def test_a_bug_in_a_task_fails_the_epoch_with_its_own_type(ray_local, sample_dir, monkeypatch):
-    from raypipe.pipeline import stream as stream_module
+    import ray
+
+    from raypipe.workers import ray_tasks
 
     def broken(rows, spec):
         raise ZeroDivisionError("a bug of ours")
 
-    monkeypatch.setattr(stream_module, "_augment_chunk", stream_module.ray.remote(max_retries=0)(broken))
+    monkeypatch.setattr(ray_tasks, "_augment_chunk", ray.remote(max_retries=0)(broken))
     pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4))
     with pytest.raises(ZeroDivisionError, match="a bug of ours"):
         list(pipe.epoch(0))

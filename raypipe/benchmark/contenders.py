@@ -117,11 +117,11 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
 def _patch_timm_posterize(transform) -> None:
     """timm's rand-augment asks Pillow >= 12 for 0-bit posterize, which raises; give timm the same fix
     raypipe's kernels use (black image, as older Pillow did) so both sides run the same policy."""
-    from raypipe.kernels.autoaug import _patch_posterize
+    from raypipe.kernels.autoaug import patch_posterize
 
     for t in getattr(transform, "transforms", [transform]):
         if hasattr(t, "ops") or hasattr(t, "policy"):
-            _patch_posterize(t)
+            patch_posterize(t)
 
 
 def _timm_kwargs(aug: TrainAugment) -> dict:

@@ -106,7 +106,7 @@ def _listing_child(manifest: str, chunk_rows: int = 128) -> dict:
 def _plan_child(n: int, world_size: int, chunk_rows: int, shard_rows: int) -> dict:
     import numpy as np
 
-    from raypipe.pipeline.order import RankPlan
+    from raypipe.plan.order import RankPlan
 
     shards = np.arange(n, dtype=np.int64) // shard_rows if shard_rows else None
     base = _reset_peak()
@@ -151,7 +151,7 @@ def _shard_listing_child(folder: str, world_size: int, chunk_rows: int, window_r
                          read_rows: bool) -> dict:  # fmt: skip
     import numpy as np
 
-    from raypipe.pipeline.order import RankPlan
+    from raypipe.plan.order import RankPlan
     from raypipe.sources import open_source
 
     base = _reset_peak()

@@ -150,7 +150,7 @@ def _reused(src: np.ndarray, fd: int) -> None:
 def slab_cost(rows: int = 128, size: int = 224, repeat: int = 30) -> None:
     """What a chunk's shared memory costs beside the copy of its images, new each time or reused.
 
-    The local workers hand each chunk's images to the trainer in shared memory (``raypipe.pipeline.slabs``).
+    The local workers hand each chunk's images to the trainer in shared memory (``raypipe.workers.slabs``).
     This times, for one chunk of ``--rows`` images of ``--size`` px, the way the trainer and a worker use
     that memory, without the decoding around it:
 
@@ -215,7 +215,7 @@ def _kind(proc) -> str:
     for key, name in (("gcs_server", "GCS"), ("raylet", "raylet"), ("dashboard/agent.py", "dashboard agent"),
                       ("runtime_env/agent", "runtime-env agent"), ("log_monitor", "log monitor"),
                       ("monitor.py", "autoscaler monitor"), ("dashboard.py", "dashboard"),
-                      ("default_worker", "Ray worker"), ("_local_worker", "local worker")):  # fmt: skip
+                      ("default_worker", "Ray worker"), ("workers.worker_process", "local worker")):  # fmt: skip
         if key in cmd:
             return name
     return proc.name()
@@ -266,7 +266,7 @@ def _start_ray(data: str, settle: float) -> dict:
 
 
 def _start_local(data: str, settle: float) -> dict:
-    from raypipe.pipeline.local_workers import LocalWorkers, local_cpus, shared_memory_dir
+    from raypipe.workers.local import LocalWorkers, local_cpus, shared_memory_dir
 
     start = time.perf_counter()
     cores = local_cpus()

@@ -14,7 +14,7 @@ NCHW batches), with raypipe's defaults (worker priorities included):
   The nodes share this machine's cores, so their CPUs are a scheduling limit, not cores of their own.
 - ``nodes``: the same cluster and ``FeederSource`` with ``ExecutionConfig(backend="nodes")``: raypipe's
   worker processes on the CPU nodes, their images streamed to the feeder over TCP
-  (``raypipe.pipeline.node_workers``) instead of Ray tasks' objects.
+  (``raypipe.workers.node``) instead of Ray tasks' objects.
 
 ``run_path`` measures one path in this process; ``bench/cluster_paths.py`` runs each in a process of its
 own, in turn, and prints the table.
@@ -39,7 +39,7 @@ PREPROCESS = "preprocess"
 _CLOCK = os.sysconf("SC_CLK_TCK")
 # Ray titles a worker process by its task, and "ray::IDLE" between tasks: in these runs a worker that is
 # no actor (the feeder, Ray's agents) runs raypipe's chunks only.
-_AUGMENTATION_TITLES = ("ray::IDLE", "ray::_augment_chunk", "ray::_set_up_stage")
+_AUGMENTATION_TITLES = ("ray::IDLE", "ray::_augment_chunk", "ray::_set_up_stage", "ray::Launcher")
 
 
 def process_role(proc: psutil.Process, trainer_pid: int) -> str:
@@ -52,7 +52,7 @@ def process_role(proc: psutil.Process, trainer_pid: int) -> str:
         return "other"
     if "_Feeder" in cmd:
         return "feeder"
-    if "raypipe.pipeline._local_worker" in cmd or cmd.startswith(_AUGMENTATION_TITLES) or "_Launcher" in cmd:
+    if "raypipe.workers.worker_process" in cmd or cmd.startswith(_AUGMENTATION_TITLES):
         return "augmentation"
     if name in ("raylet", "gcs_server") or cmd.startswith("ray::") or "/ray/" in cmd:
         return "ray daemons"  # the raylets, GCS, dashboard and its agents, log monitor
@@ -152,8 +152,8 @@ def _start_nodes(nodes: int, node_cpus: int, trainer_cpus: int, store_mb: int):
     import ray
     from ray.cluster_utils import Cluster
 
-    from raypipe.pipeline.node_workers import HOST_ENV
     from raypipe.runtime import worker_pool_env
+    from raypipe.workers.node import HOST_ENV
 
     # the raylets read the worker settings raypipe's own clusters have (runtime.worker_pool_env)
     os.environ.update(worker_pool_env(trainer_cpus + nodes * node_cpus))

@@ -1,5 +1,5 @@
 """Listing a remote image folder of many objects: one recursive listing (pages in turn) against class
-prefixes listed concurrently (``sources.folder._list_remote``), over ``raypipe.testing.s3server`` in a
+prefixes listed concurrently (``sources.folder.list_remote``), over ``raypipe.testing.s3server`` in a
 process of its own. ``python bench/profiles.py s3-folder-listing --help`` runs it.
 """
 
@@ -50,7 +50,7 @@ def folder_listing(prefixes: int = 100, objects: int = 1000, latency_ms: float =
     import psutil
     import pyarrow as pa
 
-    from raypipe.sources.folder import _list_remote
+    from raypipe.sources.folder import list_remote
     from raypipe.sources.paths import open_root
     from raypipe.sources.remote import ReadOptions
 
@@ -83,7 +83,7 @@ def folder_listing(prefixes: int = 100, objects: int = 1000, latency_ms: float =
                 served = psutil.Process(server.proc.pid)
                 root = open_root("s3://bench/folder", filesystem=server.filesystem())
                 s0, c0, t0 = sum(served.cpu_times()[:2]), time.process_time(), time.perf_counter()
-                _, files, _ = _list_remote(root, ReadOptions(list_in_flight=n))
+                _, files, _ = list_remote(root, ReadOptions(list_in_flight=n))
                 seconds = time.perf_counter() - t0
                 server_s, client_s = sum(served.cpu_times()[:2]) - s0, time.process_time() - c0
             finally:

@@ -66,9 +66,9 @@ def first_images(
     """The first ``count`` good images of epoch ``epoch`` (fewer if the dataset has fewer) as a packed
     batch (``image``, ``label``, ``sample_id``); None when no image could be read."""
     from raypipe.config import PipelineConfig
-    from raypipe.pipeline.order import RankPlan
+    from raypipe.plan.order import RankPlan
 
-    # the order a one-rank epoch of the pipeline reads (raypipe.pipeline.order: no Ray needed)
+    # the order a one-rank epoch of the pipeline reads (raypipe.plan.order: no Ray needed)
     window = PipelineConfig().shuffle_window
     order = RankPlan.for_rows(rows, seed=seed, shuffle=shuffle, chunk_rows=count, window_rows=window).rows(epoch)
     parts: list[dict[str, np.ndarray]] = []

@@ -25,7 +25,7 @@ from typing import Any
 from raypipe.device import from_timm_args
 from raypipe.integrations.epochs import EqualBatches, eval_rows_per_rank, train_batches_per_rank
 from raypipe.pipeline import EpochSource, FeederSource, Pipeline
-from raypipe.pipeline.order import rank_slice
+from raypipe.plan.order import rank_slice
 
 __all__ = ["RankLoader", "EpochSampler"]
 
@@ -143,7 +143,7 @@ class RankLoader:
 
     def state_dict(self) -> dict:
         """This rank's position: the epoch, the batches the trainer took, the source's position after
-        them (JSON-serialisable; ``raypipe.pipeline.position``)."""
+        them (JSON-serialisable; ``raypipe.plan.position``)."""
         return self.device_loader.state_dict()
 
     def load_state_dict(self, state) -> None:

@@ -156,7 +156,7 @@ def create_loader(
     rank, world_size = _world(distributed, rank, world_size)
     execution = execution_for(execution, device)
     rows, shown = rows_of(dataset, class_map=class_map)
-    from raypipe.pipeline.identity import check_same_listing
+    from raypipe.plan.same_listing import check_same_listing
 
     check_same_listing(rows.digest(), rank=rank, world_size=world_size)  # each rank listed on its own
     augment = augment_of(

@@ -29,7 +29,7 @@ from raypipe.kernels import aa_arrays
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["aa_hparams", "build_auto_augment", "apply_auto_augment", "jitter_enabled"]
+__all__ = ["aa_hparams", "build_auto_augment", "apply_auto_augment", "jitter_enabled", "patch_posterize"]
 
 
 # timm.data.transforms' str_to_pil_interp, which imports torch to offer it
@@ -100,7 +100,7 @@ def timm_policy(policy: str, input_size: tuple[int, int], mean: tuple[float, ...
         op = timm_aa.augment_and_mix_transform(policy, hp)
     else:
         op = timm_aa.auto_augment_transform(policy, hp)
-    _patch_posterize(op)
+    patch_posterize(op)
     return op
 
 
@@ -122,7 +122,7 @@ def _ops(op) -> list:
     return ops
 
 
-def _patch_posterize(op) -> None:
+def patch_posterize(op) -> None:
     for o in _ops(op):
         if getattr(o, "name", "").startswith("Posterize"):
             o.aug_fn = _posterize

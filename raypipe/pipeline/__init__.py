@@ -1,7 +1,7 @@
-"""The execution layer: a rank's epoch order, its chunks run as Ray tasks, exact packing, accounting.
+"""The pipeline: a rank's plan run as chunks on its workers, packed into exact batches, accounted for.
 
-Names are imported lazily (PEP 562): the epoch order (``raypipe.pipeline.order``) is plain NumPy, and
-importing it must not import Ray.
+Names are imported lazily (PEP 562): importing the package imports neither Ray nor torch. The plan's
+names (``RankPlan``, ``epoch_order``, ``StateMismatchError``) are ``raypipe.plan``'s, kept here too.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ _EXPORTS = {
     "rank_budget": "raypipe.pipeline.budget",
     "FeederDiedError": "raypipe.pipeline.feeder",
     "FeederSource": "raypipe.pipeline.feeder",
-    "RankPlan": "raypipe.pipeline.order",
-    "epoch_order": "raypipe.pipeline.order",
+    "RankPlan": "raypipe.plan.order",
+    "epoch_order": "raypipe.plan.order",
     "BatchSpec": "raypipe.pipeline.pack",
     "Packer": "raypipe.pipeline.pack",
     "EpochRun": "raypipe.pipeline.pipeline",
     "EpochSource": "raypipe.pipeline.pipeline",
     "Pipeline": "raypipe.pipeline.pipeline",
-    "StateMismatchError": "raypipe.pipeline.position",
+    "StateMismatchError": "raypipe.plan.position",
 }
 
 __all__ = sorted(_EXPORTS)

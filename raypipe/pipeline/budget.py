@@ -20,8 +20,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from raypipe.workers.resources import in_steps, offers
+
 __all__ = [
-    "RankBudget", "rank_budget", "tasks_for_share", "eligible_resources", "runs_tasks_here", "offers", "STORE_SHARE",
+    "RankBudget", "rank_budget", "tasks_for_share", "eligible_resources", "runs_tasks_here", "STORE_SHARE",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -29,9 +31,6 @@ log = logging.getLogger(__name__)
 # The part of the object store the ranks' chunks in flight may fill together: the rest is left to the
 # trainers' own objects and to Ray (spilling starts when the store is full, and slows everything).
 STORE_SHARE = 0.5
-# Ray keeps resource amounts in fixed point, this many steps to a unit: a task's request is rounded down
-# to a step, so that n tasks of a share never ask for more than the share.
-RESOURCE_STEPS = 10_000
 
 
 @dataclass(frozen=True)
@@ -58,12 +57,12 @@ def tasks_for_share(share: float, cpus_per_task: float) -> int:
 def task_cpus_for(share: float, workers: int, cpus_per_task: float) -> float:
     """Pure: what each of ``workers`` tasks asks for so that together they ask for ``share``: an equal
     part of it, at most ``cpus_per_task`` (no task asks for more than it was sized for), rounded down
-    to a step of Ray's (``RESOURCE_STEPS``). A share of nothing (the trainers hold every eligible CPU) asks for
+    to a step of Ray's (``in_steps``). A share of nothing (the trainers hold every eligible CPU) asks for
     ``cpus_per_task``: the task waits for a CPU rather than run on one that is taken."""
     if share <= 0:
         return float(cpus_per_task)
     part = min(float(cpus_per_task), share / workers)
-    return max(1, math.floor(part * RESOURCE_STEPS + 1e-6)) / RESOURCE_STEPS
+    return in_steps(part)
 
 
 def rank_budget(
@@ -128,9 +127,3 @@ def runs_tasks_here(resources: Mapping[str, float]) -> bool:
         if node.get("NodeID") == here:
             return offers(node.get("Resources", {}), resources)
     return False
-
-
-def offers(have: Mapping[str, float], resources: Mapping[str, float]) -> bool:
-    """Pure: whether a node with ``have`` (``ray.nodes()``' ``Resources``) can hold a task asking for
-    ``resources``."""
-    return all(have.get(name, 0.0) >= amount for name, amount in resources.items())

@@ -18,11 +18,11 @@ nothing will join, so the feeder runs them on local worker processes instead, as
 without Ray does: a Ray task costs more CPU per image than the whole local path (its result is put
 into the object store, Ray's core-worker threads run beside it; docs/performance.md). Their chunks
 are slabs of shared memory, and a batch of one chunk goes to the trainer as the slab's descriptor
-(``raypipe.pipeline.handover``): no copy there either. On a cluster the feeder's tasks are Ray tasks,
+(``raypipe.workers.handover``): no copy there either. On a cluster the feeder's tasks are Ray tasks,
 spread over its nodes as they come and go; ``ExecutionConfig(backend="local")`` keeps a feeder's
 tasks on its own node there too, and ``backend="nodes"`` runs them on raypipe's own worker processes
 on the cluster's nodes, whose images arrive in this process's slabs
-(``raypipe.pipeline.node_workers``) and go to the trainer as local workers' do.
+(``raypipe.workers.node``) and go to the trainer as local workers' do.
 
 The feeder runs exactly the ``EpochSource`` the trainer would have run (same shard, same order, same
 accounting), so the batches are identical either way.
@@ -43,11 +43,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raypipe import runtime
 from raypipe.config import ExecutionConfig
 from raypipe.pipeline.accounting import EpochReport
-from raypipe.pipeline.handover import HandoverError, SlabReceiver, SlabSender
-from raypipe.pipeline.local_workers import LocalWorkers
-from raypipe.pipeline.node_workers import NodeWorkers
 from raypipe.pipeline.pipeline import EpochSource, Pipeline
-from raypipe.pipeline.slabs import SlabPool, slab_of
+from raypipe.workers.handover import HandoverError, SlabReceiver, SlabSender
+from raypipe.workers.local import LocalWorkers
+from raypipe.workers.node import NodeWorkers
+from raypipe.workers.slabs import SlabPool, slab_of
 
 __all__ = ["FeederSource", "FeederDiedError", "FEEDER_CPUS", "feeder_execution", "on_ray_backend"]
 

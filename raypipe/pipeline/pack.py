@@ -4,7 +4,7 @@ Blocks arrive in the rank's order with any number of rows, some of them skip rec
 the good rows ``i * batch_size`` … ``(i + 1) * batch_size - 1`` of the rank's order (the last one
 partial unless ``drop_last``): ``image`` uint8 (N, H, W, C) C-contiguous, ``label`` int64,
 ``sample_id`` int64. That is a function of the order and of which rows are bad, never of where the
-work was cut into chunks, so a run resumed at any batch (``raypipe.pipeline.position``) goes on with
+work was cut into chunks, so a run resumed at any batch (``raypipe.plan.position``) goes on with
 the batches an uninterrupted one makes. A batch that is consecutive good rows of one block is passed
 on as a view of it, without a copy; one that spans a block's end or a bad row is copied. So a short or
 partly bad block costs one copied batch, and the blocks after it are views again.

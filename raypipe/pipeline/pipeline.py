@@ -1,8 +1,8 @@
 """A dataset plus its transform, and the consumer that turns a rank's chunk stream into batches.
 
-    listing rows ─▶ RankPlan (order.py) ─▶ ChunkStream (stream.py): tasks, in order ─────▶ EpochSource
-    (sources/)      this rank's chunks      read + decode + augment on any node          Packer ─▶ batches
-                    of every epoch                                                       EpochLedger counts
+    listing rows ─▶ RankPlan (plan/order.py) ─▶ ChunkStream (stream.py): tasks, in order ─────▶ EpochSource
+    (sources/)      this rank's chunks           read + decode + augment on any node          Packer ─▶ batches
+                    of every epoch                                                            EpochLedger counts
 
 ``EpochSource`` is what a trainer iterates: each ``iter()`` is the next epoch, taken from one stream
 that spans the run, so an epoch starts as soon as the previous one's last batch is out.
@@ -25,15 +25,14 @@ from raypipe.pipeline.accounting import EpochLedger, EpochReport
 from raypipe.pipeline.budget import (
     RankBudget,
     eligible_resources,
-    offers,
     rank_budget,
     runs_tasks_here,
     tasks_for_share,
 )
-from raypipe.pipeline.local_workers import LocalWorkers, local_cpus, shared_memory_dir
-from raypipe.pipeline.order import RankPlan
 from raypipe.pipeline.pack import BatchSpec, Packer
-from raypipe.pipeline.position import (
+from raypipe.pipeline.stream import Chunk, ChunkStream
+from raypipe.plan.order import RankPlan
+from raypipe.plan.position import (
     EpochState,
     PlanIdentity,
     remaining_after,
@@ -41,12 +40,14 @@ from raypipe.pipeline.position import (
     resumed_batches,
     shard_layout_digest,
 )
-from raypipe.pipeline.slabs import slab_room
-from raypipe.pipeline.stream import Chunk, ChunkStream, RayTasks
 from raypipe.sources import open_source
 from raypipe.sources.remote import reads_store_objects
 from raypipe.sources.table import TableColumns
 from raypipe.stages.augment import StageSpec
+from raypipe.workers.local import LocalWorkers, local_cpus, shared_memory_dir
+from raypipe.workers.ray_tasks import RayTasks
+from raypipe.workers.resources import offers
+from raypipe.workers.slabs import slab_room
 
 __all__ = ["Pipeline", "EpochSource", "EpochRun"]
 
@@ -106,7 +107,7 @@ class Pipeline:
 
     def identity(self) -> PlanIdentity:
         """What this pipeline's orders and batches depend on besides epoch and ranks (made once: it hashes
-        the listing), which a saved position must match (``raypipe.pipeline.position``)."""
+        the listing), which a saved position must match (``raypipe.plan.position``)."""
         if self._identity is None:
             cfg, runs = self.config, self.plan().runs
             self._identity = PlanIdentity(
@@ -155,11 +156,11 @@ class Pipeline:
         return self.uses_ray() and self.execution.backend != "nodes"
 
     def node_slots(self, *, rank: int, world_size: int, reserved_cpus: float) -> dict:
-        """Where this rank's node workers run (``raypipe.pipeline.node_workers.node_slots``) on the
+        """Where this rank's node workers run (``raypipe.workers.node.node_slots``) on the
         cluster as it is now; ``reserved_cpus`` are held on this process's node only."""
         import ray
 
-        from raypipe.pipeline.node_workers import eligible_nodes, node_slots
+        from raypipe.workers.node import eligible_nodes, node_slots
 
         ex = self.execution
         return node_slots(
@@ -241,7 +242,7 @@ class Pipeline:
         (its workers are those its slots give, the chunks in flight those and ``prefetch_chunks``)."""
         import ray
 
-        from raypipe.pipeline.node_workers import NodeWorkers
+        from raypipe.workers.node import NodeWorkers
 
         runtime.wait_connected()  # a connect(wait=False) under way (``raypipe run``) finishes first
         if not ray.is_initialized():
@@ -327,7 +328,7 @@ class EpochSource:
 
     ``state_dict()`` is the rank's position (after the batches it yielded, or after ``batches`` of them
     in the epoch it reads); ``load_state_dict(state)`` makes the next ``iter()`` go on from there, on
-    the same or, given every rank's state, another number of ranks (``raypipe.pipeline.position``).
+    the same or, given every rank's state, another number of ranks (``raypipe.plan.position``).
     A resumed epoch counts its batches on from the state's, so a position saved after a resume is
     saved and resumed the same way.
     """

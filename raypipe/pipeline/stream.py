@@ -3,7 +3,7 @@
 One ``ChunkStream`` spans a rank's whole run. It walks the epochs' chunks (``order.RankPlan``) in
 order and keeps at most ``in_flight`` of them submitted as tasks, each reading, decoding and
 augmenting one chunk: Ray tasks on any node of the cluster (``RayTasks``), or, for a run that is not
-connected to Ray, worker processes of this machine (``local_workers.LocalWorkers``), which take the
+connected to Ray, worker processes of this machine (``raypipe.workers.local.LocalWorkers``), which take the
 same chunks in the same order, so the batches are the same. The consumer takes the results strictly
 in submission order::
 
@@ -48,16 +48,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import ray
 
-from raypipe import runtime
 from raypipe.pipeline.budget import RankBudget
-from raypipe.pipeline.order import WHOLE_SHARD_KINDS, EpochChunks, RankPlan
 from raypipe.pipeline.window_read import WindowRead
+from raypipe.plan.order import WHOLE_SHARD_KINDS, EpochChunks, RankPlan
 from raypipe.sources.table import TableColumns
-from raypipe.stages.augment import StageSpec, augment_block, stage_for
+from raypipe.stages.augment import augment_block, stage_for
+from raypipe.workers.protocol import Workers
 
-__all__ = ["Chunk", "ChunkStream", "RayTasks", "STALL_WARN_S"]
+__all__ = ["Chunk", "ChunkStream", "STALL_WARN_S"]
 
 log = logging.getLogger(__name__)
 
@@ -67,69 +66,6 @@ STALL_WARN_S = 120.0
 # How often the rank's budget is taken again from the cluster: an autoscaler adds (or removes) nodes
 # while a run goes on, and the rank's share should follow them.
 BUDGET_REFRESH_S = 30.0
-
-
-@ray.remote(max_retries=3)  # a worker that died (OOM, node lost) is retried; same output: per-sample seeds
-def _augment_chunk(rows: dict[str, np.ndarray], spec: StageSpec) -> dict[str, np.ndarray]:
-    return augment_block(rows, spec)
-
-
-@ray.remote(max_retries=3)
-def _set_up_stage(spec: StageSpec) -> None:
-    stage_for(spec)  # cached in the worker process: its first chunk finds it made
-
-
-class RayTasks:
-    """The stream's workers as Ray tasks (``task_options``: their resources), behind the same methods as
-    ``LocalWorkers``."""
-
-    queues_while_starting = False  # no task can be sent before Ray is up
-
-    def __init__(self, task_options: dict):
-        self._options = dict(task_options)
-        self.size_tasks(self._options.get("num_cpus", 1.0))
-
-    def size_tasks(self, cpus: float) -> None:
-        """Each task from now on asks for ``cpus`` (the rank's ``RankBudget.task_cpus``)."""
-        options = {**self._options, "num_cpus": cpus}
-        self._task = _augment_chunk.options(**options)  # a wrapper: needs no cluster yet
-        self._set_up_task = _set_up_stage.options(**options)
-
-    @staticmethod
-    def starting() -> bool:
-        return runtime.starting()
-
-    @staticmethod
-    def release_start() -> None:
-        runtime.release_start()
-
-    def set_up(self, spec: StageSpec, count: int) -> list:
-        return [self._set_up_task.remote(spec) for _ in range(count)]
-
-    def submit(self, rows: dict[str, np.ndarray], spec: StageSpec):
-        return self._task.remote(rows, spec)
-
-    @staticmethod
-    def all_done(refs: list) -> bool:
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        return len(ready) == len(refs)
-
-    @staticmethod
-    def wait(ref, timeout: float) -> bool:
-        ready, _ = ray.wait([ref], timeout=timeout)
-        return bool(ready)
-
-    @staticmethod
-    def get(ref):
-        return ray.get(ref)
-
-    @staticmethod
-    def cancel(ref) -> None:
-        # Not ray.cancel: a cancel that races with the task's reply fails a check in Ray's core worker
-        # and ends the whole process ("Tried to complete task that was not pending", seen on Ray 2.60;
-        # ray-project/ray#54846). A chunk is seconds of work: dropping its reference lets it finish and
-        # its result go, within the window of chunks in flight.
-        del ref
 
 
 @dataclass(frozen=True)
@@ -157,7 +93,7 @@ class Chunk:
     last: bool
     rows: int
     block: dict[str, np.ndarray]
-    ref: ray.ObjectRef | None = None
+    ref: object | None = None
     start: int = 0
 
 
@@ -171,7 +107,7 @@ class ChunkStream:
         plan: RankPlan,
         spec_for_epoch,
         budget: Callable[[], RankBudget],
-        workers,
+        workers: Workers,
         *,
         start_epoch: int = 0,
         end_epoch: int | None = None,
@@ -183,7 +119,7 @@ class ChunkStream:
         self._budget_fn = budget
         self.budget: RankBudget | None = None  # taken from the cluster once it is up
         self._budget_at = 0.0
-        self._workers = workers  # RayTasks or LocalWorkers
+        self._workers = workers
         self._setting_up: list | None = None  # the workers' set-up tasks, once they are up
         self.workers_set_up = False
         self.local_chunks = 0  # chunks this process made itself (cluster starting, workers setting up)
@@ -275,7 +211,7 @@ class ChunkStream:
         epoch, index, last, start, n, ref = self._pending.popleft()
         block = self._wait(ref, epoch, index) if ref is not None else None
         self._submit()  # refill the window before the consumer starts on this chunk
-        return Chunk(epoch, index, last, n, block, ref if isinstance(ref, ray.ObjectRef) else None, start)
+        return Chunk(epoch, index, last, n, block, self._workers.shared_ref(ref) if ref is not None else None, start)
 
     def _make_here(self) -> bool:
         """Whether the consumer makes the next chunk itself: while the workers start and then, for a

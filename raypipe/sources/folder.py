@@ -28,7 +28,7 @@ from raypipe.sources.paths import DatasetRoot, path_value, printable
 from raypipe.sources.remote import ReadOptions, with_retries
 from raypipe.sources.table import SourceRows, listed_stamp, make_rows
 
-__all__ = ["IMG_EXTENSIONS", "list_image_folder"]
+__all__ = ["IMG_EXTENSIONS", "list_image_folder", "list_remote"]
 
 # torchvision.datasets.folder.IMG_EXTENSIONS, matched case-insensitively like torchvision does.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -65,7 +65,7 @@ def _walk_order(relpath: str) -> list[tuple[int, str]]:
     return [(1, d) for d in dirs[1:]] + [(0, name)]
 
 
-def _list_remote(
+def list_remote(
     root: DatasetRoot, options: ReadOptions | None = None
 ) -> tuple[list[str], dict[str, list[str]], dict[str, tuple[int, int]]]:
     """Class names, each class's files, and each file's (size, mtime_ns) as the listing gives them.
@@ -92,7 +92,7 @@ def _list_remote(
 
 
 def _gathered(root: DatasetRoot, infos) -> tuple[list[str], dict[str, list[str]], dict[str, tuple[int, int]]]:
-    """``_list_remote``'s result from the listed entries under the root (in any order)."""
+    """``list_remote``'s result from the listed entries under the root (in any order)."""
     classes: set[str] = set()
     files: dict[str, list[str]] = {}
     stamps: dict[str, tuple[int, int]] = {}
@@ -124,7 +124,7 @@ def list_image_folder(root: DatasetRoot, *, class_order: str = "natural", class_
         found_classes = _classes_local(root)
         per_class, stamps = None, {}  # not known without a stat per file, which the cache never needs
     else:
-        found_classes, per_class, stamps = _list_remote(root)
+        found_classes, per_class, stamps = list_remote(root)
     if not found_classes:
         raise ValueError(f"image folder {root.uri!r} has no class sub-folders (expected root/<class>/<image>)")
     extra = {}

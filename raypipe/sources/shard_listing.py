@@ -5,7 +5,7 @@ billion. Listed by shard (``ShardListing``), an indexed WebDataset holds a few n
 (its path, size, time, samples, where its rows start in the index), read from raypipe's index footer;
 each shard's sample rows (member offsets and sizes, labels, known skips) are read from the index file
 when a chunk of that shard is planned (``ShardColumns.take``: the row groups that hold them, the last
-few shards' rows kept). An epoch's plan needs only the samples per shard (``raypipe.pipeline.order``).
+few shards' rows kept). An epoch's plan needs only the samples per shard (``raypipe.plan.order``).
 
 Chosen by ``list_webdataset(by_shard=…)``: True, or None with more than ``BY_SHARD_ROWS`` samples in
 the index. It needs every shard in raypipe's index and unchanged since it was indexed (the listing by

@@ -182,6 +182,13 @@ class SourceRows:
             keys[lo:hi] = _path_keys(offsets - offsets[0], np.frombuffer(data, np.uint8), rows[lo:hi])
         return keys
 
+    def shard_ids(self) -> np.ndarray | None:
+        """Each row's shard number (a read-only view where the column allows), or None where the
+        listing has no ``shard`` column (each row its own shard)."""
+        if "shard" not in self.table.column_names:
+            return None
+        return column_array(self.table.column("shard"))
+
     @property
     def num_shards(self) -> int:
         """Shards (units read as a whole, see the module docstring) in the listing."""

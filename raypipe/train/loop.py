@@ -1,6 +1,6 @@
 """The per-worker training loop Ray Train runs on every rank.
 
-Each rank r of N reads its own slice of every epoch (``raypipe.pipeline.order``: the r-th of N
+Each rank r of N reads its own slice of every epoch (``raypipe.plan.order``: the r-th of N
 contiguous, equal (±1) slices of the epoch's seeded order), so each sample is trained on exactly once
 per epoch across ranks (docs/training.md). Slices differ by at most one row and by their skipped
 images, so ranks may take different numbers of steps: DDP's ``Join`` lets a rank that ran out shadow
@@ -30,7 +30,7 @@ import torch.distributed as dist
 from raypipe.device import DeviceLoader, from_timm_args
 from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 from raypipe.pipeline.feeder import FEEDER_CPUS
-from raypipe.pipeline.identity import check_same_listing
+from raypipe.plan.same_listing import check_same_listing
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.metrics import RankEpoch, RunDir, combine, format_line
 from raypipe.train.resume import (

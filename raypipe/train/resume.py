@@ -5,7 +5,7 @@ A checkpoint (``state.pt``) is written by rank 0 at the end of every epoch (``st
 ``--checkpoint-steps N``, after every N-th optimizer step of an epoch at which every rank is sure to
 arrive (``last_safe_step``). A mid-epoch checkpoint also holds every rank's train-loader position
 (``DeviceLoader.state_dict``) and, with ``--record-ids``, the ids each rank trained on so far in the
-epoch; the loader positions resume on any number of ranks (``raypipe.pipeline.position``).
+epoch; the loader positions resume on any number of ranks (``raypipe.plan.position``).
 """
 
 from __future__ import annotations

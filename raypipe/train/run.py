@@ -20,7 +20,7 @@ from ray.train.torch import TorchTrainer
 
 from raypipe.pipeline.accounting import SkipLimitError
 from raypipe.pipeline.feeder import FEEDER_CPUS, on_ray_backend
-from raypipe.pipeline.identity import ListingMismatchError
+from raypipe.plan.same_listing import ListingMismatchError
 from raypipe.sources import SourceRows
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.data import job_rows

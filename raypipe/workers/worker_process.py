@@ -1,15 +1,15 @@
 """The worker process of ``LocalWorkers`` and ``NodeWorkers``.
 
-``python -m raypipe.pipeline._local_worker SOCKET_FD``: a worker of this machine's trainer. It reads
+``python -m raypipe.workers.worker_process SOCKET_FD``: a worker of this machine's trainer. It reads
 requests from a Unix socket shared with the trainer and answers on it, one at a time, in order
 (frames: an 8-byte length, then a pickle; both ends are raypipe's own code in processes of one
 user). A chunk's request carries the descriptor of the shared memory its images go into
-(``raypipe.pipeline.slabs``) as the socket's ancillary data.
+(``raypipe.workers.slabs``) as the socket's ancillary data.
 
-``python -m raypipe.pipeline._local_worker --connect HOST PORT LIFELINE_FD``: a worker on another node
-of the cluster (``raypipe.pipeline.node_workers``), started by that node's launcher. It connects to
+``python -m raypipe.workers.worker_process --connect HOST PORT LIFELINE_FD``: a worker on another node
+of the cluster (``raypipe.workers.node``), started by that node's launcher. It connects to
 the consumer over TCP, and both ends prove they know the secret the launcher passed in the
-environment before either reads a pickle (``raypipe.pipeline.peer_auth``). No descriptor can cross
+environment before either reads a pickle (``raypipe.workers.peer_auth``). No descriptor can cross
 nodes: a chunk's request comes without one, and the worker writes the images into a buffer of its
 own, reused from chunk to chunk, then sends them as raw bytes right after the answer's frame. It ends
 when the launcher does (the read end of ``LIFELINE_FD`` sees the end of the pipe) or when its
@@ -194,7 +194,7 @@ def _watch_lifeline(fd: int) -> None:
 
 
 def _connect(host: str, port: int) -> socket.socket:
-    from raypipe.pipeline.peer_auth import SECRET_ENV, prove_client, tune_stream_socket
+    from raypipe.workers.peer_auth import SECRET_ENV, prove_client, tune_stream_socket
 
     secret = bytes.fromhex(os.environ.pop(SECRET_ENV))
     sock = socket.create_connection((host, port), timeout=30)

@@ -28,7 +28,7 @@ sample counts where an index gives them (``ShardRuns.from_sizes``):
 Positions: the epoch's order is a sequence of ``n`` positions; a rank's part is a list of position
 ranges (``segments``): its contiguous, equal (±1 row) slice of the order for a fresh epoch
 (``rank_slice``), so each sample is in exactly one rank's epoch and a shard is read by at most two
-ranks; what is left of the ranks' slices when an epoch is resumed (``raypipe.pipeline.position``).
+ranks; what is left of the ranks' slices when an epoch is resumed (``raypipe.plan.position``).
 
 A stream's first epoch (``chunks(epoch, ramp=True)``) cuts its first whole window into pieces that
 double from ``chunk_rows`` (128, 256, 512, … rows): nothing runs ahead of a run's start, and its first
@@ -281,12 +281,11 @@ class RankPlan:
         """The plan for a listing (``raypipe.sources.SourceRows``, or a ``ShardListing``'s samples per
         shard): shard windows for sharded kinds, each one chunk where its shards are read whole or from an
         object store."""
-        from raypipe.sources.table import column_array  # the order itself needs numpy only
-
+        shards = None if rows.by_shard or rows.kind not in SHARDED_KINDS else rows.shard_ids()
         if rows.by_shard:
             runs = ShardRuns.from_sizes(rows.shard_counts)
-        elif rows.kind in SHARDED_KINDS and "shard" in rows.table.column_names:
-            runs = ShardRuns.from_shards(column_array(rows.table.column("shard")))
+        elif shards is not None:
+            runs = ShardRuns.from_shards(shards)
         else:
             runs = None
         return cls(

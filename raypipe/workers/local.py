@@ -1,24 +1,16 @@
-"""LocalWorkers: a rank's augmentation tasks in worker processes of this machine, for a run without Ray.
+"""LocalWorkers: a rank's chunks in worker processes of this machine, for a run without Ray (and inside
+node workers). The same stage on the same chunks in the same order as on Ray, so the same batches:
 
-A trainer on one machine that has not connected to Ray (no ``RAY_ADDRESS``, no ``ray.init``) needs
-none of a cluster's services, and a local Ray costs seconds of several cores to start (GCS, raylet,
-dashboard and runtime-env agents, worker processes: docs/performance.md), which on a small machine
-lands in the trainer's first epochs. These workers are the same stage on the same chunks, taken in
-the same order (``ChunkStream``), so the batches are the same as on Ray; only the processes differ:
+- each worker is a fresh ``python -m raypipe.workers.worker_process`` (not a fork: the trainer has
+  threads and maybe CUDA; not spawn, which imports the trainer's script again), in its own session,
+  with a Unix socket to this process; it ends when its socket does;
+- it writes a chunk's images straight into a slab of shared memory passed with the chunk as a
+  descriptor (``raypipe.workers.slabs``), reused from chunk to chunk; the slab goes back to the pool
+  with the array's last view;
+- a worker that dies is replaced and its chunk sent again, up to ``MAX_RETRIES`` times (same output:
+  per-sample seeds); an exception in the stage fails the chunk with its own type.
 
-- each worker is a fresh ``python -m raypipe.pipeline._local_worker`` (not a fork: the trainer has
-  threads and maybe CUDA; not multiprocessing's spawn, which imports the trainer's script again),
-  with a Unix socket to this process and its own session (a Ctrl-C in the terminal reaches the
-  trainer, which then closes the sockets; a worker ends when its socket does);
-- a worker writes a chunk's images straight into shared memory this process gives it with the chunk
-  (a slab of ``raypipe.pipeline.slabs``: anonymous, passed as a descriptor, reused from chunk to chunk
-  because new pages cost more than the copy); this process maps it read-only, and the slab goes back
-  to the pool with the array's last view, as a Ray object's memory does with its last reference;
-- a worker that dies (killed, out of memory) is replaced and its chunk sent again, up to
-  ``MAX_RETRIES`` times, as Ray retries a task (same output: per-sample seeds); an exception in the
-  stage fails the chunk with its own type, the worker's traceback as its cause.
-
-One pool serves every stream of the process (``shared``); it ends with the process (``shutdown``).
+One pool serves every stream of the process (``shared``); it ends with the process.
 """
 
 from __future__ import annotations
@@ -31,14 +23,14 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Sequence
 
 import numpy as np
 
-from raypipe.pipeline._local_worker import receive, send_with_fds
-from raypipe.pipeline.slabs import SlabPool
+from raypipe.workers.host import local_cpus, shared_memory_dir
+from raypipe.workers.slabs import SlabPool
+from raypipe.workers.worker_process import receive, send_with_fds
 
 __all__ = ["LocalWorkers", "WorkerTraceback", "LocalWorkerDiedError", "shared_memory_dir", "local_cpus",
            "MAX_RETRIES"]  # fmt: skip
@@ -64,31 +56,6 @@ class WorkerTraceback(Exception):
 
 class LocalWorkerDiedError(RuntimeError):
     """A chunk's worker process died on every try."""
-
-
-def local_cpus() -> int:
-    """The cores this process may run on (its affinity mask, as a container's cpuset sets it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def shared_memory_dir(need_bytes: int, candidates: Sequence[str] = ("/dev/shm",)) -> tuple[str, int]:
-    """(directory, free bytes) that size the chunks in flight, and hold the slabs where there is no
-    ``memfd`` (not Linux): the first of ``candidates`` with ``need_bytes`` free, else the temporary
-    directory (disk-backed, its pages in the page cache all the same)."""
-    for path in candidates:
-        try:
-            st = os.statvfs(path)
-        except OSError:
-            continue
-        free = st.f_bavail * st.f_frsize
-        if free >= need_bytes and os.access(path, os.W_OK):
-            return path, free
-    path = tempfile.gettempdir()
-    st = os.statvfs(path)
-    return path, st.f_bavail * st.f_frsize
 
 
 class _Task:
@@ -117,15 +84,16 @@ class _Worker:
 
 
 class LocalWorkers:
-    """A pool of ``count`` worker processes, started by ``release_start()`` (see the module doc). The
-    methods mirror what ``ChunkStream`` asks of Ray: ``submit`` / ``wait`` / ``get`` / ``cancel``."""
+    """A pool of ``count`` worker processes, started by ``release_start()`` (see the module doc); a
+    ``Workers``. A pool of node workers adopts other nodes' workers into it (``adopt``)."""
 
     _shared: LocalWorkers | None = None
     _shared_lock = threading.Lock()
     queues_while_starting = True  # a chunk submitted during the start waits for the first worker up
 
-    def __init__(self, count: int, directory: str, *, prefetch_chunks: int = 0):
-        self.count = count
+    def __init__(self, count: int, directory: str, *, prefetch_chunks: int = 0, processes: int | None = None):
+        self.count = count  # workers that take chunks: this machine's processes and adopted ones
+        self.processes = count if processes is None else processes  # of them, started here
         self.directory = directory
         self.prefetch_chunks = prefetch_chunks
         self.slabs = SlabPool(directory, keep=self._slabs_kept(count))
@@ -141,6 +109,7 @@ class LocalWorkers:
         self._failed_starts = 0
         self._start_error: Exception | None = None
         self.restarts = 0  # workers replaced after they died
+        self.remote_workers = 0  # connections adopted from other nodes' workers
         self.received_chunks = 0  # chunks whose images came on the connection (another node's workers)
 
     def _slabs_kept(self, count: int) -> int:
@@ -163,7 +132,7 @@ class LocalWorkers:
                 atexit.register(pool.shutdown)
             elif count != pool.count or prefetch_chunks != pool.prefetch_chunks:
                 pool.prefetch_chunks = prefetch_chunks
-                pool._resize(count)
+                pool.resize(count)
             return pool
 
     @classmethod
@@ -237,6 +206,10 @@ class LocalWorkers:
             raise task.error
         return task.value
 
+    @staticmethod
+    def shared_ref(task: _Task) -> None:
+        return None  # a slab: handed over as a descriptor, not read by reference
+
     def cancel(self, task: _Task) -> None:
         with self._lock:
             task.cancelled = True
@@ -279,22 +252,45 @@ class LocalWorkers:
                 self._fail_shut_down(task)
         self.slabs.close()
 
+    # -- what a pool of node workers asks -------------------------------------------------------------
+
+    def resize(self, count: int, *, processes: int | None = None) -> None:
+        """Chunks go to ``count`` workers from now on, ``processes`` of them (default ``count``) started
+        here: more are started where there are fewer; those beyond stay, idle, for a later stream that
+        wants them again."""
+        with self._lock:
+            self.count = count
+            self.processes = count if processes is None else processes
+            self.slabs.keep = self._slabs_kept(count)
+            if self._started:
+                while sum(w.proc is not None for w in self._alive()) < self.processes:
+                    self._workers.append(self._spawn())
+            self._dispatch()
+
+    def adopt(self, sock: socket.socket) -> bool:
+        """Take a connection from a worker on another node (one that proved it knows the pool's secret)
+        as a worker whose images come on the connection; False where the pool is shut down."""
+        with self._lock:
+            if self._closed:
+                return False
+            worker = _Worker(None, sock, inline=True)
+            self._workers.append(worker)
+            self.remote_workers += 1
+            threading.Thread(target=self._read, args=(worker,), name="raypipe-node-worker", daemon=True).start()
+            self._dispatch()
+        return True
+
+    def ready_count(self, *, remote_only: bool = False) -> int:
+        """Workers alive that answered (``remote_only``: of those on other nodes)."""
+        with self._lock:
+            return sum(w.ready and (w.inline or not remote_only) for w in self._alive())
+
     # -- inside ---------------------------------------------------------------------------------------
 
     def _start_workers(self) -> None:
-        """Start the pool's workers (called holding the lock)."""
-        self._workers.extend(self._spawn() for _ in range(self.count))
+        """Start the pool's processes (called holding the lock)."""
+        self._workers.extend(self._spawn() for _ in range(self.processes))
 
-    def _resize(self, count: int) -> None:
-        """Chunks go to ``count`` workers from now on: more are started where there are fewer; those
-        beyond it stay, idle, for a later stream that wants them again."""
-        with self._lock:
-            self.count = count
-            self.slabs.keep = self._slabs_kept(count)
-            if self._started:
-                while len(self._alive()) < count:
-                    self._workers.append(self._spawn())
-            self._dispatch()
 
     def _alive(self) -> list[_Worker]:
         return [w for w in self._workers if w.alive]
@@ -307,7 +303,7 @@ class LocalWorkers:
         env["PYTHONPATH"] = os.pathsep.join([p or os.getcwd() for p in sys.path])
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "raypipe.pipeline._local_worker", str(theirs.fileno())],
+                [sys.executable, "-m", "raypipe.workers.worker_process", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env, start_new_session=True,
             )  # fmt: skip
         except BaseException:
@@ -450,7 +446,7 @@ class LocalWorkers:
             self._start_error = LocalWorkerDiedError(
                 f"raypipe's local worker processes end before they start ({self._failed_starts} did, the "
                 f"last with exit code {code}; their errors are on this process's stderr). Run "
-                f"`{sys.executable} -m raypipe.pipeline._local_worker` to see why, or run on Ray "
+                f"`{sys.executable} -m raypipe.workers.worker_process` to see why, or run on Ray "
                 "(ExecutionConfig(backend='ray'))"
             )
             failed += list(self._queue)

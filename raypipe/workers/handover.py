@@ -1,7 +1,7 @@
 """A feeder's batches handed to the trainer's process as shared memory, not as copies.
 
 A feeder whose augmentation runs on local worker processes (``FeederSource``: one node, nothing else
-to run on) holds each chunk's images in a slab (``raypipe.pipeline.slabs``: anonymous shared memory
+to run on) holds each chunk's images in a slab (``raypipe.workers.slabs``: anonymous shared memory
 the workers wrote into). A batch that is rows of one chunk goes to the trainer as that slab's
 descriptor, passed over a Unix socket (``SCM_RIGHTS``), plus the rows' bounds; the trainer maps it
 read-only, as it would map a Ray object, and the images are never copied between the two processes.
@@ -31,7 +31,7 @@ import weakref
 
 import numpy as np
 
-from raypipe.pipeline._local_worker import receive_exactly
+from raypipe.workers.worker_process import receive_exactly
 
 __all__ = ["SlabSender", "SlabReceiver", "HandoverError"]
 

@@ -71,7 +71,7 @@ class SlabPool:
     each slab as it comes back."""
 
     # Whether ``view`` maps every page at once (the reader reads them all). A process that passes the
-    # slabs on unread (a feeder: ``raypipe.pipeline.handover``) maps them lazily: mapping and unmapping
+    # slabs on unread (a feeder: ``raypipe.workers.handover``) maps them lazily: mapping and unmapping
     # a 128-row chunk of 224 px images costs ~1 ms populated, ~0.01 ms lazily (``python bench/profiles.py
     # slab-cost``, docs/performance.md's 2-core VM).
     populate_views = True

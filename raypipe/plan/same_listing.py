@@ -1,9 +1,9 @@
 """Every rank reads the same listing: a digest exchanged at start, a mismatch is an error.
 
-Ranks deal the epoch's rows among themselves by position (``perm[rank::world_size]``). If two ranks
-listed different data (a file added between two listings, another mount, a stale cache) the positions
-mean different samples on each, and images are read twice or never with no error anywhere. The
-listing's digest (``SourceRows.digest``) is compared across ranks before the first epoch.
+Each rank takes a contiguous slice of the epoch's order (``order.rank_slice``), by position. If two
+ranks listed different data (a file added between two listings, another mount, a stale cache) the
+positions mean different samples on each, and images are read twice or never with no error anywhere.
+The listing's digest (``SourceRows.digest``) is compared across ranks before the first epoch.
 """
 
 from __future__ import annotations

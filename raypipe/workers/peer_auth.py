@@ -1,7 +1,7 @@
 """How a consumer and a worker on another node make sure of each other before either reads a pickle.
 
 A ``NodeWorkers`` consumer listens on its node's address for the workers its launchers start
-(``raypipe.pipeline.node_workers``); the requests and answers on such a connection are pickles, which
+(``raypipe.workers.node``); the requests and answers on such a connection are pickles, which
 run code when read. So a connection is used only once both ends have shown they know the secret the
 consumer made and handed to the launchers through Ray: each sends a random challenge, and answers the
 other's with an HMAC of it under the secret (the secret itself never crosses the connection). A peer

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raypipe.pipeline.identity import ListingMismatchError, check_same_listing
+from raypipe.plan.same_listing import ListingMismatchError, check_same_listing
 from raypipe.sources import SourceRows, open_source
 from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.table import column_or_default, make_rows

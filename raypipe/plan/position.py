@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from raypipe.pipeline.order import rank_slice
+from raypipe.plan.order import rank_slice
 
 __all__ = [
     "EpochState",
