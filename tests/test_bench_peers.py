@@ -105,6 +105,9 @@ def test_spdl_without_ffmpeg_says_which_libraries_and_the_apt_command(monkeypatc
     assert why.startswith("not installed: FFmpeg's shared libraries (libavutil, libswscale")
     assert why.endswith(peers.FFMPEG_APT) and "apt-get install" in why
     assert peers.missing("dali") is None  # DALI loads no system library
+    monkeypatch.setattr(peers, "_importable", lambda module: False)  # neither: both commands at once
+    why = peers.missing("spdl")
+    assert why.startswith("not installed: pip install spdl") and why.endswith(peers.FFMPEG_APT)
 
 
 def test_peers_run_only_the_work_they_can_do():

@@ -66,12 +66,11 @@ def missing(key: str) -> str | None:
     """Where ``key``'s library or the system libraries it loads are missing here: "not installed: <the
     command that installs them>"; else None."""
     peer = PEERS[key]
-    if not _importable(peer.module):
-        return f"not installed: {peer.install}"
     absent = [f"lib{name}" for name in peer.libraries if ctypes.util.find_library(name) is None]
-    if absent:
-        return f"not installed: FFmpeg's shared libraries ({', '.join(absent)}): {peer.system_install}"
-    return None
+    libraries = f"FFmpeg's shared libraries ({', '.join(absent)}): {peer.system_install}"
+    if not _importable(peer.module):
+        return f"not installed: {peer.install}" + (f"; it also needs {libraries}" if absent else "")
+    return f"not installed: {libraries}" if absent else None
 
 
 def unavailable(key: str, aug: TrainAugment) -> str | None:
