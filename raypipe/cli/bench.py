@@ -41,8 +41,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="compare raypipe with timm's loader, naive Ray Data, DALI and SPDL on the "
                                      "same images")
     p.add_argument("data", help="any source raypipe reads (an image folder, Parquet, WebDataset shards, a URI); "
-                                "timm and the Ray Data contenders read a local folder copy of a non-folder "
-                                "source")  # fmt: skip
+                                "timm, the Ray Data contenders, DALI and SPDL read a local folder copy of a "
+                                "non-folder source")  # fmt: skip
     add_index_arg(p)
     p.add_argument("--epochs", type=int, default=3, help="epochs per loader; the first is a warm-up")
     p.add_argument("-b", "--batch-size", type=int, default=128,
