@@ -86,6 +86,25 @@ def test_cold_first_batch_counts_from_the_start_and_steady_rate_leaves_out_epoch
     assert again.first_batch_s < 0.1  # no ``started``: from the first epoch's loop
 
 
+def test_cpu_per_image_counts_the_timed_epochs_work():
+    """The machine's busy CPU over the timed epochs, per image: at least the loader's own work (other
+    work on the machine only adds to it); the warm-up epoch's work is left out."""
+
+    def burn(seconds: float) -> None:
+        end = time.process_time() + seconds
+        while time.process_time() < end:
+            pass
+
+    def make_epoch(epoch):
+        for _ in range(20):
+            burn(0.05 if epoch == 0 else 0.005)  # a slow warm-up: 10x the timed epochs' CPU per image
+            yield 1
+
+    r = measure_epochs("fake", make_epoch, epochs=2, count=lambda b: b)
+    assert 4.0 <= r.cpu_ms_per_image < 40.0  # 5 ms of this process's CPU per image (ticks of 10 ms)
+    assert r.as_dict()["cpu_ms_per_image"] == round(r.cpu_ms_per_image, 3)
+
+
 def test_median_and_spread_of_epochs():
     from raypipe.benchmark.measure import Result
 

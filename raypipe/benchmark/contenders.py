@@ -15,7 +15,8 @@ all their worker processes run at the same priority (niceness 0, the default):
    normalised to fp32 in the loop as a user would;
 7. raypipe on Ray Data — the same folder as a Dataset of its listing's rows (path, label, sample id),
    raypipe's augmentation as the transform (``RayDataAugment`` on an actor per core), the same
-   ``iter_torch_batches`` and normalisation.
+   ``iter_torch_batches`` and normalisation;
+8. NVIDIA DALI's CPU pipeline and SPDL, optional, in ``raypipe.benchmark.peers``.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ __all__ = [
 def _timed_pass(name: str, files: list[bytes], fn: Callable[[bytes, int], object], scale: float, note: str) -> Result:
     for i, data in enumerate(files[: min(20, len(files))]):  # warm caches and lazy imports
         fn(data, i)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for i, data in enumerate(files):
         fn(data, i)
     rate = len(files) / (time.perf_counter() - t0)
-    return Result(name=name, images_per_s=rate * scale, first_batch_s=0.0, epoch_rates=[rate * scale], note=note)
+    cpu_ms = 1000 * (time.process_time() - c0) / len(files)  # one process's CPU: this row's only work
+    return Result(name=name, images_per_s=rate * scale, first_batch_s=0.0, epoch_rates=[rate * scale], note=note,
+                  cpu_ms_per_image=cpu_ms)  # fmt: skip
 
 
 def decode_limit(files: list[bytes], cores: int) -> Result:

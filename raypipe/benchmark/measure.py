@@ -1,8 +1,10 @@
 """Measuring a loader as a training loop sees it: each epoch timed from the start of its loop to its last
-batch (epoch starts included), the first batch from the loader's start, peak memory."""
+batch (epoch starts included), the first batch from the loader's start, the machine's CPU per image,
+peak memory."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -12,6 +14,8 @@ from dataclasses import dataclass, field
 import psutil
 
 __all__ = ["Result", "MemorySampler", "measure_epochs", "core_ticks"]
+
+_CLOCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -30,6 +34,12 @@ class Result:
     peak_children_rss_mb: float = 0.0  # worker processes it started (timm's DataLoader workers)
     peak_object_store_mb: float | None = None
     note: str = ""
+    # The whole machine's busy CPU over the warm epochs, per image (every process's, the loader's included)
+    cpu_ms_per_image: float = 0.0
+    # Where this row's images differ from raypipe's (another decoder, another resize filter)
+    differs: str = ""
+    # Why the row has no figure: "not installed: <the install command>", "not run: <why>"
+    skipped: str = ""
 
     @property
     def median_rate(self) -> float:
@@ -55,7 +65,10 @@ class Result:
             "peak_rss_mb": round(self.peak_rss_mb, 1),
             "peak_children_rss_mb": round(self.peak_children_rss_mb, 1),
             "peak_object_store_mb": None if self.peak_object_store_mb is None else round(self.peak_object_store_mb, 1),
+            "cpu_ms_per_image": round(self.cpu_ms_per_image, 3),
             "note": self.note,
+            "differs": self.differs,
+            "skipped": self.skipped,
         }
 
 
@@ -128,11 +141,15 @@ def measure_epochs(
     """Run ``epochs`` epochs (epoch 0 is the warm-up) and summarise the warm ones. ``started`` is the
     ``time.perf_counter()`` at which the contender began (before its Ray or its workers started): the
     cold first batch is counted from there, else from the first epoch's loop. ``on_epoch(epoch, images,
-    seconds)`` is called after each epoch (a progress line)."""
+    seconds)`` is called after each epoch (a progress line). The machine's CPU is read from ``/proc/stat``
+    over the timed epochs: other work on the machine counts too, so take it from a quiet machine."""
     rates, starts, counts, times, after_n, after_s = [], [], [], [], [], []
     cold = 0.0
+    busy0 = busy1 = 0
     with MemorySampler(object_store=object_store) as mem:
         for epoch in range(epochs):
+            if epoch == min(1, epochs - 1):  # the first timed epoch
+                busy0 = core_ticks()[0]
             t0 = time.perf_counter()
             first, first_n, n = None, 0, 0
             for batch in make_epoch(epoch):
@@ -154,6 +171,7 @@ def measure_epochs(
                 starts.append(first - t0)
                 after_n.append(n - first_n)
                 after_s.append(end - first)
+        busy1 = core_ticks()[0]
     return Result(
         name=name,
         # Aggregate, not the median of per-epoch rates: a pipeline that runs ahead across epochs can credit
@@ -167,6 +185,7 @@ def measure_epochs(
         peak_children_rss_mb=mem.peak_children / 2**20,
         peak_object_store_mb=mem.peak_store,
         note=note,
+        cpu_ms_per_image=1000 * (busy1 - busy0) / _CLOCK / sum(counts) if sum(counts) else 0.0,
     )
 
 

@@ -1,10 +1,11 @@
-"""``raypipe bench``: raypipe vs the decode limit, timm's loader, naive Ray Data and raypipe's own
-augmentation inside Ray Data, in one run.
+"""``raypipe bench``: raypipe vs the decode limit, timm's loader, naive Ray Data, raypipe's own
+augmentation inside Ray Data, NVIDIA DALI's CPU pipeline and SPDL, in one run.
 
 The loaders that feed a trainer deliver the same batches (normalised fp32 on the CPU) with their workers
 at the same priority; timm runs at each ``--timm-workers`` setting (1x and 2x the cores by default) and
 the ratios take its fastest. Each epoch is timed as a training loop sees it, from the start of its loop
-to its last batch; the first batch is timed from the contender's start (its Ray, its workers).
+to its last batch; the first batch is timed from the contender's start (its Ray, its workers). DALI and
+SPDL are optional: where one is not installed its row says so, with the command that installs it.
 """
 
 from __future__ import annotations
@@ -25,26 +26,31 @@ SUITES = {
     "RRC224 + hflip": dict(color_jitter=None),
     "RRC224 + hflip + rand-m9-mstd0.5-inc1": dict(color_jitter=None, auto_augment="rand-m9-mstd0.5-inc1"),
 }
-LOADERS = ("decode", "kernel", "raypipe", "packed", "timm", "naive", "raydata")
+LOADERS = ("decode", "kernel", "raypipe", "packed", "timm", "naive", "raydata", "dali", "spdl")
 # Loaders that read a local image folder (a copy of any other source)
-FOLDER_LOADERS = ("timm", "naive", "raydata")
+FOLDER_LOADERS = ("timm", "naive", "raydata", "dali", "spdl")
 # Loaders that start processes (Ray, DataLoader workers) each run in a fresh process: measured in one
 # process, one loader's leftovers (a Ray Data execution's objects, a persistent worker pool) skew the
 # next one's figures.
-ISOLATED = ("raypipe", "packed", "timm", "naive", "raydata")
+ISOLATED = ("raypipe", "packed", "timm", "naive", "raydata", "dali", "spdl")
+# Loaders of other projects, optional (raypipe.benchmark.peers)
+PEER_LOADERS = ("dali", "spdl")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="compare raypipe with timm's loader and naive Ray Data on the same images")
+    p = sub.add_parser("bench", help="compare raypipe with timm's loader, naive Ray Data, DALI and SPDL on the "
+                                     "same images")
     p.add_argument("data", help="any source raypipe reads (an image folder, Parquet, WebDataset shards, a URI); "
-                                "timm and the Ray Data contenders read a local folder copy of a non-folder "
-                                "source")  # fmt: skip
+                                "timm, the Ray Data contenders, DALI and SPDL read a local folder copy of a "
+                                "non-folder source")  # fmt: skip
     add_index_arg(p)
     p.add_argument("--epochs", type=int, default=3, help="epochs per loader; the first is a warm-up")
     p.add_argument("-b", "--batch-size", type=int, default=128,
                    help="images per batch; the data must hold at least one batch")  # fmt: skip
     p.add_argument("--img-size", type=int, default=224, help="output image size (square)")
-    p.add_argument("--only", nargs="+", choices=LOADERS, default=list(LOADERS), help="run only these loaders")
+    p.add_argument("--only", nargs="+", choices=LOADERS, default=list(LOADERS),
+                   help="run only these loaders (dali: NVIDIA DALI's CPU pipeline, spdl: SPDL; rows for those not "
+                        "installed say how to install them)")  # fmt: skip
     p.add_argument("--suites", nargs="+", choices=("plain", "aa"), default=["plain", "aa"],
                    help="plain: RandomResizedCrop + flip; aa: also rand-m9-mstd0.5-inc1")  # fmt: skip
     p.add_argument("--timm-workers", type=int, nargs="+", metavar="N",
@@ -75,7 +81,7 @@ def check_args(args: argparse.Namespace):
     data = open_bench_data(args.data, index=args.index)
     if data.images == 0:
         raise ValueError(f"{args.data}: no images found")
-    batched = {"raypipe", "packed", "timm", "naive", "raydata"} & set(args.only)
+    batched = {"raypipe", "packed", "timm", "naive", "raydata", *PEER_LOADERS} & set(args.only)
     if batched and data.images < args.batch_size:
         # timm's training loader drops the last partial batch: with fewer images than one batch it
         # delivers none and would be shown at 0 img/s.
@@ -108,6 +114,10 @@ def _run_one(name: str, aug: TrainAugment, args: argparse.Namespace, files: list
         return contenders.timm_loader(args.folder, aug, batch_size=b, epochs=e, workers=args.workers, started=started)
     if name == "raydata":
         return contenders.raypipe_on_ray_data(args.folder, aug, batch_size=b, epochs=e, started=started)
+    if name in PEER_LOADERS:
+        from raypipe.benchmark.peers import run_peer
+
+        return run_peer(name, args.folder, aug, batch_size=b, epochs=e, started=started)
     return contenders.naive_ray_data(args.folder, aug, batch_size=b, epochs=e, started=started)
 
 
@@ -126,6 +136,10 @@ def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
         import timm.data  # noqa: F401
     if name in ("naive", "raydata"):
         import ray.data  # noqa: F401
+    if name in PEER_LOADERS:
+        from raypipe.benchmark.peers import load_library
+
+        load_library(name)
 
     # This process was spawned, and spawn's set-up makes spawn its start method too: give it back the
     # platform's default, as a training script has it (a DataLoader's workers are forked on Linux).
@@ -166,12 +180,15 @@ def main(args: argparse.Namespace) -> int:
     data = check_args(args)
     check_json_path(args.json)
     check_json_path(args.plot)
+    from raypipe.benchmark import peers
     from raypipe.benchmark.report import caption, format_table, machine, plot, ratios
 
     cores = os.cpu_count() or 1
     timm_workers = args.timm_workers or sorted({cores, 2 * cores})
-    if set(FOLDER_LOADERS) & set(args.only) and data.folder is None:
-        print(f"making a local folder copy of {args.data} for timm and the Ray Data contenders", flush=True)
+    # a peer that is not installed reads nothing: no copy for it alone
+    readers = [n for n in FOLDER_LOADERS if n in args.only and not (n in PEER_LOADERS and peers.missing(n))]
+    if readers and data.folder is None:
+        print(f"making a local folder copy of {args.data} for the folder readers ({', '.join(readers)})", flush=True)
         data = data.with_folder()
     try:
         files = data.sample_bytes() if {"decode", "kernel"} & set(args.only) else []
@@ -185,6 +202,10 @@ def main(args: argparse.Namespace) -> int:
             for name in LOADERS:
                 if name not in args.only:
                     continue
+                if name in PEER_LOADERS and (why := peers.unavailable(name, aug)):
+                    results[peers.PEERS[name].label] = peers.skipped_row(name, why)
+                    print(f"  {peers.PEERS[name].label:<18}        - {why}", flush=True)
+                    continue
                 runs = [dict(workers=w) for w in timm_workers] if name == "timm" else [{}]
                 for extra in runs:
                     if name in ISOLATED:
@@ -193,7 +214,8 @@ def main(args: argparse.Namespace) -> int:
                         res = _run_one(name, aug, args, files, cores)
                     results[res.name] = res
                     if res.images_per_s > 0:
-                        print(f"  {res.name:<18} {res.images_per_s:8.0f} img/s", flush=True)
+                        print(f"  {res.name:<18} {res.images_per_s:8.0f} img/s "
+                              f"{res.cpu_ms_per_image:6.2f} CPU ms/image", flush=True)  # fmt: skip
                     else:
                         print(f"  {res.name:<18}        - (no batch came out: nothing to time)", flush=True)
             suites[title] = results
