@@ -132,6 +132,33 @@ def test_a_silent_peer_is_dropped_after_the_timeout():
             s.close()
 
 
+def test_a_trickling_peer_is_dropped_at_the_handshakes_deadline():
+    """One deadline for the whole handshake: a byte every 0.1 s never lets a single read time out, and
+    would take 6.4 s to send an answer; the consumer drops it at its 1 s deadline."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    conn, _ = listener.accept()
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.wait(0.1):
+            try:
+                client.send(b"x")
+            except OSError:
+                return
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(PeerAuthError, match="did not finish in time"):
+            prove_server(conn, new_secret(), timeout_s=1.0)
+    finally:
+        stop.set()
+        t.join(5)
+        for s in (conn, client, listener):
+            s.close()
+
+
 def test_a_worker_told_a_wrong_secret_ends_without_serving():
     """The worker process itself: it answers, the consumer refuses, the worker exits (no request read)."""
     listener = socket.create_server(("127.0.0.1", 0))
@@ -454,3 +481,103 @@ def test_with_no_node_to_run_on_a_launcher_waits_for_one(photos, monkeypatch):
         assert pool.pool.received_chunks > 0
     _every_sample_once(reports, 3)
     _same(got, local)
+
+
+# -- hostile peers at the consumer's port ----------------------------------------------------------------
+
+
+def _local_nodes_run(data, epochs: int, on_first_batch=None) -> list:
+    """``backend="nodes"`` on a one-node Ray: the consumer listens for other nodes' workers all the same."""
+    from raypipe.pipeline import EpochSource, Pipeline
+    from raypipe.workers.node import NodeWorkers
+
+    pipe = Pipeline(str(data), TrainAugment(input_size=32), config=PipelineConfig(batch_size=8, seed=5),
+                    execution=ExecutionConfig(chunk_rows=8, backend="nodes"))  # fmt: skip
+    source = EpochSource(pipe, end_epoch=epochs)
+    out = []
+    for epoch in range(epochs):
+        source.set_epoch(epoch)
+        for batch in source:
+            if on_first_batch is not None and not out:
+                on_first_batch(NodeWorkers._shared)
+            out.append((epoch, batch["sample_id"].copy(), batch["image"].copy()))
+    source.close()
+    return out
+
+
+def test_hostile_peers_at_the_worker_port_are_dropped_and_the_epochs_are_exact(ray_local, sample_dir, monkeypatch):
+    """Whatever connects to the port without the secret (a wrong secret, random bytes, a first frame and
+    then nothing, a byte a second) is dropped within the handshake's deadline, nothing of it read as a
+    pickle, and the epochs' ids and pixels are an undisturbed run's."""
+    import time
+
+    from raypipe.workers import peer_auth
+    from raypipe.workers.node import NodeWorkers
+
+    monkeypatch.setattr(peer_auth, "AUTH_TIMEOUT_S", 2.0)
+    monkeypatch.setenv(HOST_ENV, "127.0.0.1")  # the consumer listens on loopback only
+    try:
+        undisturbed = _local_nodes_run(sample_dir, epochs=2)
+    finally:
+        NodeWorkers.shutdown_shared()
+    peers: dict[str, socket.socket] = {}
+    outcomes: dict[str, object] = {}
+    stop = threading.Event()
+
+    def attack(pool) -> None:
+        address = pool.address
+        wrong = socket.create_connection(address)
+        try:
+            prove_client(wrong, new_secret(), timeout_s=5)
+            outcomes["wrong secret"] = "accepted"
+        except PeerAuthError as exc:
+            outcomes["wrong secret"] = exc
+        wrong.close()
+        peers["random bytes"] = socket.create_connection(address)
+        peers["random bytes"].sendall(os.urandom(4096))
+        peers["first frame, then nothing"] = socket.create_connection(address, timeout=20)
+        peers["first frame, then nothing"].recv(32)  # the consumer's challenge
+        peers["first frame, then nothing"].sendall(os.urandom(16))  # part of an answer, and no more
+        peers["a byte a second"] = trickler = socket.create_connection(address)
+
+        def trickle():
+            while not stop.wait(1.0):
+                try:
+                    trickler.send(b"\x80")  # a pickle's first byte, were anything read as one
+                except OSError:
+                    return
+
+        threading.Thread(target=trickle, daemon=True).start()
+
+    attacker: list[threading.Thread] = []
+
+    def start_attack(pool) -> None:  # beside the epochs: the consumer goes on while they connect
+        attacker.append(threading.Thread(target=attack, args=(pool,), daemon=True))
+        attacker[0].start()
+
+    try:
+        disturbed = _local_nodes_run(sample_dir, epochs=2, on_first_batch=start_attack)
+        attacker[0].join(30)
+        assert not attacker[0].is_alive()
+        pool = NodeWorkers._shared
+        deadline = time.monotonic() + 2.0 + 10.0
+        for name, peer in peers.items():  # each is closed by the consumer: its reads end
+            peer.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                while peer.recv(4096):
+                    pass
+                outcomes[name] = "dropped"
+            except ConnectionResetError:
+                outcomes[name] = "dropped"
+            except TimeoutError:
+                outcomes[name] = "still open"
+        assert pool.pool.remote_workers == 0  # none became a worker
+    finally:
+        stop.set()
+        for peer in peers.values():
+            peer.close()
+        NodeWorkers.shutdown_shared()
+    assert isinstance(outcomes.pop("wrong secret"), PeerAuthError)
+    assert outcomes == dict.fromkeys(["random bytes", "first frame, then nothing", "a byte a second"], "dropped")
+    _same(undisturbed, disturbed)
+

@@ -5,7 +5,8 @@ A ``NodeWorkers`` consumer listens on its node's address for the workers its lau
 run code when read. So a connection is used only once both ends have shown they know the secret the
 consumer made and handed to the launchers through Ray: each sends a random challenge, and answers the
 other's with an HMAC of it under the secret (the secret itself never crosses the connection). A peer
-that fails, or says nothing for ``AUTH_TIMEOUT_S``, is dropped before anything else is read.
+that fails, or has not finished within ``AUTH_TIMEOUT_S`` (one deadline for the whole handshake, so a
+peer that trickles a byte at a time is dropped too), is dropped before anything else is read.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import hmac
 import secrets
 import socket
+import time
 
 __all__ = ["SECRET_ENV", "AUTH_TIMEOUT_S", "PeerAuthError", "new_secret", "prove_server", "prove_client",
            "tune_stream_socket"]  # fmt: skip
@@ -40,24 +42,34 @@ def _proof(secret: bytes, side: bytes, nonce: bytes) -> bytes:
     return hmac.new(secret, side + nonce, hashlib.sha256).digest()
 
 
-def _read(sock: socket.socket, n: int) -> bytes:
+def _read(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """``n`` bytes, all by ``deadline`` (``time.monotonic()``)."""
     data = b""
     while len(data) < n:
-        more = sock.recv(n - len(data))
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            sock.settimeout(left)
+            more = sock.recv(n - len(data))
+        except TimeoutError:
+            raise PeerAuthError("the handshake did not finish in time") from None
         if not more:
             raise PeerAuthError("the connection ended during the handshake")
         data += more
     return data
 
 
-def prove_server(sock: socket.socket, secret: bytes, timeout_s: float = AUTH_TIMEOUT_S) -> None:
+def prove_server(sock: socket.socket, secret: bytes, timeout_s: float | None = None) -> None:
     """The consumer's side, on a connection it accepted: raises ``PeerAuthError`` unless the worker
-    answers its challenge (then answers the worker's)."""
+    answers its challenge (then answers the worker's) within ``timeout_s`` (None: ``AUTH_TIMEOUT_S``)."""
+    timeout_s = AUTH_TIMEOUT_S if timeout_s is None else timeout_s
+    deadline = time.monotonic() + timeout_s
     sock.settimeout(timeout_s)
     try:
         challenge = secrets.token_bytes(_NONCE)
         sock.sendall(challenge)
-        answer = _read(sock, _DIGEST + _NONCE)
+        answer = _read(sock, _DIGEST + _NONCE, deadline)
         if not hmac.compare_digest(answer[:_DIGEST], _proof(secret, _WORKER, challenge)):
             raise PeerAuthError("a worker connected without the secret")
         sock.sendall(_proof(secret, _CONSUMER, answer[_DIGEST:]))
@@ -72,13 +84,14 @@ def prove_server(sock: socket.socket, secret: bytes, timeout_s: float = AUTH_TIM
             pass
 
 
-def prove_client(sock: socket.socket, secret: bytes, timeout_s: float = AUTH_TIMEOUT_S) -> None:
+def prove_client(sock: socket.socket, secret: bytes, timeout_s: float | None = None) -> None:
     """The worker's side: answers the consumer's challenge, then checks the consumer's answer to its own."""
-    sock.settimeout(timeout_s)
-    challenge = _read(sock, _NONCE)
+    deadline = time.monotonic() + (AUTH_TIMEOUT_S if timeout_s is None else timeout_s)
+    challenge = _read(sock, _NONCE, deadline)
     mine = secrets.token_bytes(_NONCE)
+    sock.settimeout(max(0.001, deadline - time.monotonic()))
     sock.sendall(_proof(secret, _WORKER, challenge) + mine)
-    if not hmac.compare_digest(_read(sock, _DIGEST), _proof(secret, _CONSUMER, mine)):
+    if not hmac.compare_digest(_read(sock, _DIGEST, deadline), _proof(secret, _CONSUMER, mine)):
         raise PeerAuthError("the consumer did not prove it knows the secret")
     sock.settimeout(None)
 
