@@ -12,7 +12,7 @@ from raypipe.sources.cache import CacheConfig
 from raypipe.sources.folder import IMG_EXTENSIONS, list_image_folder
 from raypipe.sources.manifest import list_manifest
 from raypipe.sources.parquet import list_parquet
-from raypipe.sources.paths import DatasetRoot, _is_uri, open_root
+from raypipe.sources.paths import DatasetRoot, is_uri, open_root
 from raypipe.sources.raydata import is_ray_dataset, list_ray_dataset
 from raypipe.sources.reader import BlockReader
 from raypipe.sources.remote import ReadOptions
@@ -126,7 +126,7 @@ def open_source(
     args = dict(kind=kind, image_column=image_column, label_column=label_column, path_column=path_column,
                 root=root, filesystem=filesystem, class_order=class_order, class_map=class_map,
                 index=index, by_shard=by_shard)  # fmt: skip
-    if filesystem is None and not _is_uri(data):
+    if filesystem is None and not is_uri(data):
         return _list(data, **args)
     # Remote: a missing credential or a silent endpoint must end in seconds (raypipe.timeouts)
     _first_answer(data, filesystem)

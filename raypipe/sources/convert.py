@@ -255,14 +255,14 @@ def _write_index(root: DatasetRoot, names: list[str], results: list[dict]) -> No
     """raypipe's shard index of the shards just written, from what their writers recorded (nothing is read
     back): the rows a listing of the shards would make."""
     from raypipe.sources.shard_index import INDEX_NAME, write_index
-    from raypipe.sources.webdataset import _Listing, _Member, _record
+    from raypipe.sources.tar_members import Member, TarListing, shard_record
 
     records = []
     for name, result in zip(names, results, strict=True):
         info = result["index"]
-        listing = _Listing(members=[_Member(*m) for m in info["members"]], labels=dict(info["labels"]),
-                           file_size=info["stamp"][0])  # fmt: skip
-        records.append(_record(name, tuple(info["stamp"]), listing))
+        listing = TarListing(members=[Member(*m) for m in info["members"]], labels=dict(info["labels"]),
+                             file_size=info["stamp"][0])  # fmt: skip
+        records.append(shard_record(name, tuple(info["stamp"]), listing))
     where = os.path.join(root.root, INDEX_NAME) if root.is_local else posixpath.join(root.root, INDEX_NAME)
     write_index(records, where, root=root, filesystem=root.filesystem)
 

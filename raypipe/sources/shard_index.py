@@ -32,7 +32,16 @@ import pyarrow.parquet as pq
 from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.table import column_array, int64_array, string_array
 
-__all__ = ["INDEX_NAME", "ShardRecord", "index_meta", "read_index", "stamp_matches", "write_index"]
+__all__ = [
+    "INDEX_NAME",
+    "ShardRecord",
+    "index_location",
+    "index_meta",
+    "local_stamp",
+    "read_index",
+    "stamp_matches",
+    "write_index",
+]
 
 INDEX_NAME = "raypipe-index.parquet"
 _FORMAT = "raypipe-webdataset-index"
@@ -76,6 +85,24 @@ def stamp_matches(indexed: tuple[int, int], current: tuple[int, int]) -> bool:
     if a < 0 or b < 0 or a == b:
         return True
     return (a % 10**9 == 0 or b % 10**9 == 0) and a // 10**9 == b // 10**9
+
+
+def local_stamp(root: DatasetRoot, rel: str) -> tuple[int, int]:
+    """(size, mtime_ns) of a shard under a local root, as the index records them."""
+    st = os.stat(os.path.join(root.root, rel))
+    return st.st_size, st.st_mtime_ns
+
+
+def index_location(path: str, root: DatasetRoot, filesystem: pafs.FileSystem | None
+                   ) -> tuple[pafs.FileSystem | None, str]:  # fmt: skip
+    """(filesystem, path) of an index file: a URI is read through the dataset's filesystem (or the one it
+    names), a plain path from local disk."""
+    if "://" not in path:
+        return None, path
+    if filesystem is not None or not root.is_local:
+        return filesystem or root.filesystem, path.split("://", 1)[1]
+    fs, where = pafs.FileSystem.from_uri(path)
+    return fs, where
 
 
 def _index_path(root: DatasetRoot, where: str) -> str:

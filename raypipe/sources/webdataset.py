@@ -38,30 +38,32 @@ import logging
 import os
 import posixpath
 import re
-import tarfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
-from raypipe.kernels.errors import BAD_LABEL, NULL_IMAGE, TRUNCATED, SkipImage
-from raypipe.sources.folder import IMG_EXTENSIONS
+from raypipe.kernels.errors import SkipImage
 from raypipe.sources.foreign_index import DaliMember, dali_index_for, parse_dali_index, parse_wids
 from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.remote import ReadOptions, with_retries
-from raypipe.sources.shard_index import INDEX_NAME, ShardRecord, read_index, stamp_matches
+from raypipe.sources.shard_index import (
+    INDEX_NAME,
+    ShardRecord,
+    index_location,
+    local_stamp,
+    read_index,
+    stamp_matches,
+)
 from raypipe.sources.shard_listing import BY_SHARD_ROWS, ShardListing, footer_rows, listing_by_shard, read_footer
 from raypipe.sources.table import SourceRows, listed_stamp, make_rows
+from raypipe.sources.tar_members import Member, Ranges, TarListing, member_ext, shard_record, walk
 
 __all__ = ["expand_braces", "has_braces", "list_webdataset", "scan_shards", "shard_paths"]
 
 log = logging.getLogger(__name__)
 
-_IMAGE_EXTS = frozenset(e.lstrip(".") for e in IMG_EXTENSIONS)
-_BLOCK = 512
 _WINDOW = 4 * 1024 * 1024  # remote listing: bytes per ranged read
-_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
@@ -180,114 +182,6 @@ def _tar_files(root: DatasetRoot, where: str, *, recursive: bool) -> dict[str, t
     return {r: found[r] for r in sorted(found)}
 
 
-@dataclass
-class _Member:
-    name: str
-    offset: int  # of the data
-    size: int
-
-
-@dataclass
-class _Listing:
-    members: list[_Member] = field(default_factory=list)
-    labels: dict[int, str] = field(default_factory=dict)  # index in members -> a .cls member's text
-    file_size: int = 0
-    stopped_at: int | None = None  # where the listing stopped early (None: a complete archive)
-    reason: str = ""
-
-
-class _Ranges:
-    """Reads byte ranges of one file; remote reads fetch a window around them to save requests."""
-
-    def __init__(self, read_at: Callable[[int, int], bytes], size: int, window: int):
-        self._read_at, self.size, self._window = read_at, size, window
-        self._start, self._buf = 0, b""
-
-    def read(self, pos: int, n: int) -> bytes:
-        if self._start <= pos and pos + n <= self._start + len(self._buf):
-            return self._buf[pos - self._start:pos - self._start + n]
-        if n >= self._window:
-            return self._read_at(pos, n)
-        self._start, self._buf = pos, self._read_at(pos, min(self._window, max(0, self.size - pos)))
-        return self._buf[:n]
-
-
-def _pax(data: bytes) -> dict[str, str]:
-    """The records of a pax extended header (``"<len> <key>=<value>\\n"`` each)."""
-    out, pos = {}, 0
-    while pos < len(data):
-        space = data.find(b" ", pos)
-        if space < 0:
-            break
-        try:
-            length = int(data[pos:space])
-        except ValueError:
-            break
-        if length <= 0:
-            break
-        key, _, value = data[space + 1:pos + length - 1].partition(b"=")
-        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-        pos += length
-    return out
-
-
-def _walk(ranges: _Ranges) -> _Listing:
-    """The regular members of a tar archive, from its headers; stops (and says where) at the first header
-    that cannot be read, and at a member whose data the file does not hold in full."""
-    out = _Listing(file_size=ranges.size)
-    pos, long_name, pax = 0, None, {}
-    while True:
-        header = ranges.read(pos, _BLOCK) if pos < ranges.size else b""
-        if not header:
-            out.stopped_at, out.reason = pos, "the shard ends without tar's end-of-archive marker"
-            return out
-        if len(header) < _BLOCK:
-            out.stopped_at, out.reason = pos, "the shard ends inside a member's header"
-            return out
-        if header.count(0) == _BLOCK:
-            return out  # end-of-archive marker
-        try:
-            info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
-        except tarfile.HeaderError as e:
-            out.stopped_at, out.reason = pos, f"unreadable tar header ({e})"
-            return out
-        size = int(pax.get("size", info.size)) if info.type not in (tarfile.XHDTYPE, tarfile.XGLTYPE) else info.size
-        data = pos + _BLOCK
-        if info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE):
-            body = ranges.read(data, size)
-            if len(body) < size:
-                out.stopped_at, out.reason = pos, "the shard ends inside an extended header"
-                return out
-            if info.type == tarfile.GNUTYPE_LONGNAME:
-                long_name = body.rstrip(b"\0").decode("utf-8", "surrogateescape")
-            else:
-                pax = _pax(body)
-        elif info.type in _REGULAR:
-            name = pax.get("path") or long_name or info.name
-            out.members.append(_Member(name, data, size))
-            if _ext(name) == "cls":
-                out.labels[len(out.members) - 1] = ranges.read(data, min(size, 64)).decode("utf-8", "replace")
-            if data + size > ranges.size:
-                out.stopped_at, out.reason = data, f"the shard ends inside member {name!r}"
-                return out
-            long_name, pax = None, {}
-        else:  # directories, links, global headers, GNU long link names: not samples
-            if info.type not in (tarfile.XGLTYPE, tarfile.GNUTYPE_LONGLINK):
-                long_name, pax = None, {}
-        pos = data + -(-size // _BLOCK) * _BLOCK
-
-
-def _key(name: str) -> str:
-    folder, _, base = name.rpartition("/")
-    stem = base.split(".", 1)[0]
-    return f"{folder}/{stem}" if folder else stem
-
-
-def _ext(name: str) -> str:
-    base = name.rpartition("/")[2]
-    return base.split(".", 1)[1].lower() if "." in base else ""
-
-
 def _open_shard(root: DatasetRoot, rel: str, options: ReadOptions) -> tuple[Callable[[int, int], bytes], int, Callable]:
     """(read_at(pos, n), the shard's size, close) for a shard inside the root."""
     try:
@@ -301,64 +195,19 @@ def _open_shard(root: DatasetRoot, rel: str, options: ReadOptions) -> tuple[Call
     return (lambda pos, n: with_retries(lambda: handle.read_at(n, pos), options)), handle.size(), handle.close
 
 
-def _list_shard(root: DatasetRoot, rel: str, options: ReadOptions) -> _Listing:
+def _list_shard(root: DatasetRoot, rel: str, options: ReadOptions) -> TarListing:
     read_at, size, close = _open_shard(root, rel, options)
     try:
-        return _walk(_Ranges(read_at, size, 0 if root.is_local else _WINDOW))
+        return walk(Ranges(read_at, size, 0 if root.is_local else _WINDOW))
     finally:
         close()
-
-
-def _label(text: str | None, key: str) -> tuple[int, str | None]:
-    if text is None:
-        return -1, f"{BAD_LABEL}: no {key}.cls member"
-    try:
-        value = int(text.strip())
-    except ValueError:
-        return -1, f"{BAD_LABEL}: {key}.cls holds {text.strip()[:32]!r}"
-    return (value, None) if value >= 0 else (-1, f"{BAD_LABEL}: {key}.cls holds {value}")
-
-
-def _record(rel: str, stamp: tuple[int, int], listing: _Listing) -> ShardRecord:
-    """A shard's rows (everything but the columns the dataset sets) from its members."""
-    samples: dict[str, dict] = {}
-    for index, m in enumerate(listing.members):
-        sample = samples.setdefault(_key(m.name), {})
-        ext = _ext(m.name)
-        if ext in _IMAGE_EXTS and "image" not in sample:
-            sample["image"] = m
-        elif ext == "cls" and "cls" not in sample:
-            sample["cls"] = listing.labels[index]
-    rec = ShardRecord(rel, listing.file_size, stamp[1], [], [], [], [], [], keys=len(samples),
-                      stopped_at=listing.stopped_at, reason=listing.reason)  # fmt: skip
-    for key, sample in samples.items():
-        if "image" not in sample and "cls" not in sample:
-            continue
-        label, error = _label(sample.get("cls"), key)
-        image = sample.get("image")
-        if image is None:
-            error = f"{NULL_IMAGE}: {key} has no image member ({', '.join(sorted(_IMAGE_EXTS))})"
-        elif image.offset + image.size > listing.file_size:
-            short = image.offset + image.size - listing.file_size
-            error = f"{TRUNCATED}: the shard ends {short} bytes before the end of {image.name}"
-        rec.labels.append(label)
-        rec.errors.append(error)
-        rec.offsets.append(image.offset if image else -1)
-        rec.sizes.append(image.size if image else -1)
-        rec.members.append(image.name if image else f"{key}.cls")
-    return rec
 
 
 def _scan(root: DatasetRoot, rel: str, stamp: tuple[int, int], options: ReadOptions) -> ShardRecord:
     """One shard's record, from its tar headers (and ``.cls`` members)."""
     if root.is_local:  # before reading: a shard rewritten meanwhile then no longer matches the record
-        stamp = _local_stamp(root, rel)
-    return _record(rel, stamp, _list_shard(root, rel, options))
-
-
-def _local_stamp(root: DatasetRoot, rel: str) -> tuple[int, int]:
-    st = os.stat(os.path.join(root.root, rel))
-    return st.st_size, st.st_mtime_ns
+        stamp = local_stamp(root, rel)
+    return shard_record(rel, stamp, _list_shard(root, rel, options))
 
 
 def scan_shards(root: DatasetRoot, stamps: dict[str, tuple[int, int]], options: ReadOptions | None = None
@@ -383,10 +232,10 @@ def _dali_record(root: DatasetRoot, rel: str, stamp: tuple[int, int], samples: l
         for number, sample in enumerate(samples):
             for m in sample:
                 name = m.name if m.name is not None else f"#{number}.{m.ext}"  # v1.1 names no member
-                if _ext(name) == "cls" and m.offset + m.size <= size:
+                if member_ext(name) == "cls" and m.offset + m.size <= size:
                     labels[len(members)] = read_at(m.offset, min(m.size, 64)).decode("utf-8", "replace")
-                members.append(_Member(name, m.offset, m.size))
-        return _record(rel, stamp, _Listing(members=members, labels=labels, file_size=size))
+                members.append(Member(name, m.offset, m.size))
+        return shard_record(rel, stamp, TarListing(members=members, labels=labels, file_size=size))
     finally:
         close()
 
@@ -446,7 +295,7 @@ def _given_index(root: DatasetRoot, index, rels: list[str], filesystem: pafs.Fil
         return records, {}, root.display(INDEX_NAME)
     paths = [index] if isinstance(index, str) else list(index)
     if len(paths) == 1 and paths[0].endswith(".parquet"):
-        fs, where = _index_location(paths[0], root, filesystem)
+        fs, where = index_location(paths[0], root, filesystem)
         index_root, records = read_index(where, fs)
         if index_root != root.root:  # made under another root: its paths rebased onto this one
             sep = os.sep if root.is_local else "/"
@@ -469,7 +318,7 @@ def _given_index(root: DatasetRoot, index, rels: list[str], filesystem: pafs.Fil
         rel = by_stem.get(p.rpartition("/")[2])
         if rel is None:
             raise ValueError(f"DALI index {p!r} names no shard of this dataset (SHARD.idx for SHARD.tar)")
-        fs, where = _index_location(p, root, filesystem)
+        fs, where = index_location(p, root, filesystem)
         if fs is None:
             with open(where, encoding="utf-8") as f:
                 text = f.read()
@@ -490,21 +339,9 @@ def _raypipe_index(root: DatasetRoot, index, filesystem: pafs.FileSystem | None
             root.filesystem.get_file_info(where).type == pafs.FileType.File  # fmt: skip
         return (root.filesystem, where, root.display(INDEX_NAME)) if exists else None
     if isinstance(index, str) and index.endswith(".parquet"):
-        fs, where = _index_location(index, root, filesystem)
+        fs, where = index_location(index, root, filesystem)
         return fs, where, index
     return None
-
-
-def _index_location(path: str, root: DatasetRoot, filesystem: pafs.FileSystem | None
-                    ) -> tuple[pafs.FileSystem | None, str]:  # fmt: skip
-    """(filesystem, path) of an index file: a URI is read through the dataset's filesystem (or the one it
-    names), a plain path from local disk."""
-    if "://" not in path:
-        return None, path
-    if filesystem is not None or not root.is_local:
-        return filesystem or root.filesystem, path.split("://", 1)[1]
-    fs, where = pafs.FileSystem.from_uri(path)
-    return fs, where
 
 
 def list_webdataset(
@@ -531,13 +368,13 @@ def list_webdataset(
             meta = read_footer(fs, where)
             total = footer_rows(meta)
             if by_shard or (total is not None and total > BY_SHARD_ROWS):
-                current = {rel: _local_stamp(root, rel) for rel in rels} if root.is_local else stamps
+                current = {rel: local_stamp(root, rel) for rel in rels} if root.is_local else stamps
                 return listing_by_shard(root, rels, current, (fs, where), meta, shown)
         if by_shard:
             raise ValueError(f"{data!r}: by_shard=True needs raypipe's shard index (`raypipe index {data}` writes "
                              f"{INDEX_NAME} beside the shards, or give index=PATH.parquet)")  # fmt: skip
     indexed, dali, source = _given_index(root, index, rels, filesystem, options)
-    current = {rel: _local_stamp(root, rel) for rel in rels} if root.is_local else stamps
+    current = {rel: local_stamp(root, rel) for rel in rels} if root.is_local else stamps
     records: dict[str, ShardRecord] = {}
     stale = []
     for rel in rels:
