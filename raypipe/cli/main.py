@@ -3,9 +3,10 @@
 Exit status:
 
 - 0: done.
-- 1: the command ran and failed: an epoch exceeded its skip limit (``SkipLimitError``), a Ray worker,
-  node or feeder was lost, a Ray task raised; or ``scan`` found images it could not read. One short
-  message on stderr that names the underlying exception's type.
+- 1: the command ran and failed: an epoch exceeded its skip limit (``SkipLimitError``), a shard changed
+  since it was listed (``ShardChangedError``), a Ray worker, node or feeder was lost, a Ray task raised;
+  or ``scan`` found images it could not read. One short message on stderr that names the underlying
+  exception's type.
 - 2: a user error: a bad path, flag value or YAML file (``ValueError``, ``OSError``, argparse's own
   checks), found before anything starts where it can be. One line on stderr.
 - 130: interrupted.
@@ -35,7 +36,8 @@ COMMANDS = ("sample", "scan", "run", "preview", "convert", "index", "bench", "cl
 
 _MAX_FAILURE_LINES = 6
 # raypipe's own "the run failed" exceptions, by module (checked only once their module is imported).
-_RUN_FAILURES = (("raypipe.pipeline.accounting", "SkipLimitError"), ("raypipe.pipeline.feeder", "FeederDiedError"))
+_RUN_FAILURES = (("raypipe.pipeline.accounting", "SkipLimitError"), ("raypipe.pipeline.feeder", "FeederDiedError"),
+                 ("raypipe.sources.tar_members", "ShardChangedError"))  # fmt: skip
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

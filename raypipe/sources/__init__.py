@@ -19,6 +19,7 @@ from raypipe.sources.remote import ReadOptions
 from raypipe.sources.shard_index import INDEX_NAME
 from raypipe.sources.shard_listing import ShardListing
 from raypipe.sources.table import ROW_SCHEMA, SourceRows
+from raypipe.sources.tar_members import ShardChangedError
 from raypipe.sources.webdataset import has_braces, list_webdataset
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "CacheConfig",
     "DatasetRoot",
     "ReadOptions",
+    "ShardChangedError",
     "ShardListing",
     "SourceRows",
     "detect_kind",

@@ -1,27 +1,48 @@
-"""Tar members: a shard's regular members walked from its tar headers, and its samples' record made
-from them (what ``sources.webdataset`` lists and ``sources.convert`` indexes from what it wrote).
+"""Tar members: a shard's regular members walked from its tar headers, its samples' record made from
+them (what ``sources.webdataset`` lists and ``sources.convert`` indexes from what it wrote), and the
+check a read makes of the 512-byte header before a member's data (``header_mismatch``).
 
 Members are grouped into samples by key, as WebDataset does: the key is the member's path up to the
 first dot of its base name (``a.b/x.seg.png`` has key ``a.b/x`` and extension ``seg.png``). A sample's
 image is its first member with an image extension; keys with neither an image nor a ``.cls`` member
-are not samples.
+are not samples. A member's ``header_crc`` is the CRC-32 of its own header block (the one right before
+its data): a read that finds another block there reads a shard its listing no longer describes.
 """
 
 from __future__ import annotations
 
 import tarfile
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from raypipe.kernels.errors import BAD_LABEL, NULL_IMAGE, TRUNCATED
 from raypipe.sources.folder import IMG_EXTENSIONS
 from raypipe.sources.shard_index import ShardRecord
 
-__all__ = ["BLOCK", "Member", "Ranges", "TarListing", "member_ext", "shard_record", "walk"]
+if TYPE_CHECKING:
+    from raypipe.sources.paths import DatasetRoot
+
+__all__ = [
+    "BLOCK",
+    "Member",
+    "MemberHeaders",
+    "Ranges",
+    "ShardChangedError",
+    "TarListing",
+    "header_crc",
+    "header_mismatch",
+    "member_ext",
+    "shard_record",
+    "walk",
+]
 
 BLOCK = 512  # tar's block: a header, and the unit member data is padded to
 _IMAGE_EXTS = frozenset(e.lstrip(".") for e in IMG_EXTENSIONS)
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
+_USTAR_NAME = 100  # bytes of a name a ustar header holds in full (longer ones: an extended header)
+_OCTAL_SIZE = 8**11  # sizes from here on do not fit the header's octal field
 
 
 @dataclass
@@ -29,6 +50,7 @@ class Member:
     name: str
     offset: int  # of the data
     size: int
+    header_crc: int = -1  # CRC-32 of its header block; -1: not known (a DALI index names no header)
 
 
 @dataclass
@@ -108,7 +130,7 @@ def walk(ranges: Ranges) -> TarListing:
                 pax = _pax(body)
         elif info.type in _REGULAR:
             name = pax.get("path") or long_name or info.name
-            out.members.append(Member(name, data, size))
+            out.members.append(Member(name, data, size, header_crc(header)))
             if member_ext(name) == "cls":
                 out.labels[len(out.members) - 1] = ranges.read(data, min(size, 64)).decode("utf-8", "replace")
             if data + size > ranges.size:
@@ -169,4 +191,65 @@ def shard_record(rel: str, stamp: tuple[int, int], listing: TarListing) -> Shard
         rec.offsets.append(image.offset if image else -1)
         rec.sizes.append(image.size if image else -1)
         rec.members.append(image.name if image else f"{key}.cls")
+        rec.header_crcs.append(image.header_crc if image else -1)
     return rec
+
+
+def header_crc(block: bytes) -> int:
+    """The digest of a member's 512-byte header block that a listing records (CRC-32)."""
+    return zlib.crc32(block)
+
+
+def header_mismatch(block: bytes, member: str | None, size: int, crc: int) -> str | None:
+    """Why ``block``, the 512 bytes before a member's data, is not the header the listing recorded for
+    ``member`` of ``size`` bytes (None: it is). With the header's digest (``crc`` >= 0) the block must be
+    that header, byte for byte. Without one (an index written before digests, a DALI index) it must be a
+    file's tar header stating that size and, where a plain tar header can hold the name, that name."""
+    if len(block) < BLOCK:
+        return "is missing (the shard ends before it)"
+    if crc >= 0:
+        return None if header_crc(block) == crc else "is not the one listed (its digest differs)"
+    try:
+        info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    except tarfile.HeaderError as e:
+        return f"is not a tar header ({e})"
+    if info.type not in _REGULAR:
+        return "is not a file's tar header"
+    if info.size != size and size < _OCTAL_SIZE:
+        return f"states {info.size} bytes where the listing has {size}"
+    if member and not member.startswith("#") and info.name != member and _in_ustar(member):
+        return f"names {info.name!r}"  # ("#3.jpg": a DALI v1.1 index's number, the member unnamed)
+    return None
+
+
+def _in_ustar(name: str) -> bool:
+    """Whether a tar header holds ``name`` itself: an ASCII name of up to 100 bytes (a longer one is in
+    an extended header, and writers put various stand-ins in the header's own field)."""
+    return name.isascii() and len(name) <= _USTAR_NAME
+
+
+class ShardChangedError(ValueError):
+    """A shard no longer holds what its listing says: a read found another header before a member's
+    data. Not a skip: the rows of the shard, not one image, are wrong; the epoch fails with what to run."""
+
+
+class MemberHeaders:
+    """A block's tar members as the listing gave them (data offset, size, name, header digest), and the
+    check each read makes of the header block before a member's data."""
+
+    def __init__(self, rows: Mapping):
+        self.offsets, self.sizes = rows["offset"], rows["size"]
+        self.names, self.crcs = rows.get("member"), rows.get("header_crc")
+
+    def check(self, root: DatasetRoot, rel: str, i: int, block: bytes | memoryview) -> None:
+        """Raise ``ShardChangedError`` where row ``i``'s header block is not the one listed."""
+        name = None if self.names is None else self.names[i]
+        crc = -1 if self.crcs is None else int(self.crcs[i])
+        why = header_mismatch(bytes(block), name, int(self.sizes[i]), crc)
+        if why is not None:
+            raise ShardChangedError(
+                f"shard {root.display(rel)} changed since it was listed: the tar header before member {name!r} "
+                f"(its data at byte {int(self.offsets[i])}) {why}. Its rows, from its index or from the headers "
+                f"read when the run began, no longer describe it: `raypipe index {root.display('')}` writes the "
+                "index again (--out PATH for one kept elsewhere); then start again"
+            )

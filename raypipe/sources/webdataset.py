@@ -1,34 +1,13 @@
 """WebDataset tar shards: ``KEY.jpg`` (or any image extension) with ``KEY.cls`` holding the label as text.
 
-The data is a directory (or prefix) of ``*.tar`` files, one ``.tar`` file, or a brace pattern such as
-``shards-{0000..0099}.tar`` or ``{train,extra}-{0..9}.tar``, on local disk or any pyarrow filesystem.
-
-Listing reads each shard's tar headers, nothing else but the ``.cls`` members: locally one ``pread``
-per header; remotely ranged reads of a few MB, so that a request's latency covers many small members
-while a large member is stepped over rather than downloaded. Members are grouped into samples by key,
-as WebDataset does: the key is the member's path up to the first dot of its base name (``a.b/x.seg.png``
-has key ``a.b/x`` and extension ``seg.png``). A sample's image is its first member with an image
-extension (``raypipe.sources.folder.IMG_EXTENSIONS``); keys with neither an image nor a ``.cls`` member
-(e.g. ``__meta__.json``) are not samples.
-
-Rows: ``sample_id`` is the sample's index in (shards sorted by path, samples in the order of their first
-member in the tar), so the same shards give the same ids on every run and cluster size; ``path`` is the
-shard, ``offset``/``size`` the image member's data, ``member`` its name, ``shard`` the shard's index.
-A sample with no ``.cls`` or one that holds no non-negative integer is kept with error ``bad_label``,
-one with no image with ``null_image``: counted as skipped, not dropped.
-
-A truncated or corrupt shard is listed up to the last header that could be read: a member whose data
-runs past the end of the file is kept with error ``truncated``. Members after that point were never
-seen, so they are not rows at all and no epoch's accounting can count them; the listing says so with a
-warning naming the shard and the byte where the listing stopped, and records it in
-``SourceRows.extra["incomplete_shards"]`` (one dict per shard: ``shard``, ``listed_samples``,
-``stopped_at``, ``shard_bytes``, ``reason``). A shard that ends exactly after a member but lacks tar's
-end-of-archive marker is reported the same way, as members may have followed.
-
-Indexes: a shard described by raypipe's index (``sources.shard_index``, found beside the shards) or by a
-DALI ``wds2idx`` file is listed from it, with the same rows, as long as it has not changed since; a wids
-shard list (``.json``) names the shards (``sources.foreign_index``). Without an index the listing says,
-in one line, how many bytes of shards it is about to scan and which command writes one.
+The data is a folder (or prefix) of ``*.tar`` files, one ``.tar``, a brace pattern (``shards-{0000..0099}.tar``)
+or a wids shard list, on local disk or any pyarrow filesystem. Listing reads each shard's tar headers
+(``sources.tar_members``) and its ``.cls`` members: locally a ``pread`` per header, remotely ranged reads of
+a few MB. ``sample_id`` numbers the samples in (shards sorted by path, samples in tar order); a bad label is
+kept as a ``bad_label`` row, a key without an image as ``null_image``; a truncated shard is listed up to
+its last readable header and reported in ``extra["incomplete_shards"]`` (docs/sources.md). A shard in
+raypipe's index (``sources.shard_index``) at its indexed size, or in a DALI ``wds2idx`` file, is listed
+from it; without an index the listing says in one line what it is about to scan and how to write one.
 """
 
 from __future__ import annotations
@@ -53,7 +32,9 @@ from raypipe.sources.shard_index import (
     index_location,
     local_stamp,
     read_index,
-    stamp_matches,
+    relative_paths,
+    size_matches,
+    time_matches,
 )
 from raypipe.sources.shard_listing import BY_SHARD_ROWS, ShardListing, footer_rows, listing_by_shard, read_footer
 from raypipe.sources.table import SourceRows, listed_stamp, make_rows
@@ -297,12 +278,8 @@ def _given_index(root: DatasetRoot, index, rels: list[str], filesystem: pafs.Fil
     if len(paths) == 1 and paths[0].endswith(".parquet"):
         fs, where = index_location(paths[0], root, filesystem)
         index_root, records = read_index(where, fs)
-        if index_root != root.root:  # made under another root: its paths rebased onto this one
-            sep = os.sep if root.is_local else "/"
-            joined = {(os.path.join if root.is_local else posixpath.join)(index_root, rel): r
-                      for rel, r in records.items()}  # fmt: skip
-            prefix = root.root.rstrip(sep) + sep
-            records = {p[len(prefix):]: r for p, r in joined.items() if p.startswith(prefix)}
+        rebased = relative_paths(index_root, list(records), root, beside=False)
+        records = {rel: r for rel, r in zip(rebased, records.values(), strict=True) if rel is not None}
         return records, {}, paths[0]
     if paths == ["dali"]:  # wds2idx's default: SHARD.idx beside each shard
         paths = [posixpath.join(posixpath.dirname(rel), dali_index_for(rel.rpartition("/")[2])) for rel in rels]
@@ -369,20 +346,25 @@ def list_webdataset(
             total = footer_rows(meta)
             if by_shard or (total is not None and total > BY_SHARD_ROWS):
                 current = {rel: local_stamp(root, rel) for rel in rels} if root.is_local else stamps
-                return listing_by_shard(root, rels, current, (fs, where), meta, shown)
+                return listing_by_shard(root, rels, current, (fs, where), meta, shown, beside=index is None)
         if by_shard:
             raise ValueError(f"{data!r}: by_shard=True needs raypipe's shard index (`raypipe index {data}` writes "
                              f"{INDEX_NAME} beside the shards, or give index=PATH.parquet)")  # fmt: skip
     indexed, dali, source = _given_index(root, index, rels, filesystem, options)
     current = {rel: local_stamp(root, rel) for rel in rels} if root.is_local else stamps
     records: dict[str, ShardRecord] = {}
-    stale = []
+    stale, moved = [], 0
     for rel in rels:
         rec = indexed.get(rel)
-        if rec is not None and stamp_matches((rec.size, rec.mtime_ns), current[rel]):
+        if rec is not None and size_matches(rec.size, current[rel]):
             records[rel] = rec
+            moved += not time_matches(rec.mtime_ns, current[rel][1])
         elif rec is not None:
             stale.append(rel)
+    if moved:
+        log.info("raypipe: %d of the %d shards have other times than %s recorded (copied or uploaded with it): "
+                 "listed from it, as their sizes are the indexed ones; each read checks its member's tar header",
+                 moved, len(rels), source)  # fmt: skip
     if dali:
         fresh = _dali_fresh(dali, current)
         stale += [rel for rel in dali if not fresh[rel]]
@@ -391,9 +373,10 @@ def list_webdataset(
             done = pool.map(lambda r: _dali_record(root, r, current[r], dali[r][0], options), todo)
             records.update(zip(todo, done, strict=True))
     if stale:
-        log.warning("raypipe: %d of the %d shards changed since %s indexed them (size or time), e.g. %s: listing "
-                    "them from their tar headers; `raypipe index` writes the index again", len(stale), len(rels),
-                    source, root.display(stale[0]))  # fmt: skip
+        why = "modified after its index file, or shorter" if dali else "another size"
+        log.warning("raypipe: %d of the %d shards changed since %s indexed them (%s), e.g. %s: listing them "
+                    "from their tar headers; `raypipe index` writes the index again", len(stale), len(rels), source,
+                    why, root.display(stale[0]))  # fmt: skip
     to_scan = {rel: stamps[rel] for rel in rels if rel not in records}
     if to_scan and len(to_scan) > len(stale):
         total = sum(current[rel][0] for rel in to_scan if current[rel][0] > 0)
@@ -429,7 +412,7 @@ def _dali_fresh(dali: dict, current: dict) -> dict[str, bool]:
 def _rows(data: str, root: DatasetRoot, rels: list[str], stamps: dict, records: dict[str, ShardRecord],
           expected: dict[str, int]) -> SourceRows:  # fmt: skip
     cols: dict[str, list] = {k: [] for k in ("path", "label", "error", "shard", "offset", "size", "member",
-                                             "object_size", "object_mtime_ns")}  # fmt: skip
+                                             "object_size", "object_mtime_ns", "header_crc")}  # fmt: skip
     incomplete, miscounted = [], []
     for shard, rel in enumerate(rels):
         rec = records[rel]
@@ -443,6 +426,7 @@ def _rows(data: str, root: DatasetRoot, rels: list[str], stamps: dict, records: 
         cols["offset"] += rec.offsets
         cols["size"] += rec.sizes
         cols["member"] += rec.members
+        cols["header_crc"] += rec.header_digests()
         if rel in expected and expected[rel] != rec.keys:
             miscounted.append((rel, expected[rel], rec.keys))
         if rec.stopped_at is not None:
@@ -459,6 +443,7 @@ def _rows(data: str, root: DatasetRoot, rels: list[str], stamps: dict, records: 
         raise ValueError(f"the {len(rels)} shard(s) of {data!r} hold no samples (KEY.jpg with KEY.cls)")
     table = make_rows(cols["path"], cols["label"], errors=cols["error"], shards=cols["shard"],
                       offsets=cols["offset"], sizes=cols["size"], members=cols["member"],
-                      object_sizes=cols["object_size"], object_mtimes=cols["object_mtime_ns"])  # fmt: skip
+                      object_sizes=cols["object_size"], object_mtimes=cols["object_mtime_ns"],
+                      header_crcs=cols["header_crc"])  # fmt: skip
     return SourceRows(kind="webdataset", root=root, table=table,
                       extra={"shards": tuple(rels), "incomplete_shards": incomplete})  # fmt: skip
