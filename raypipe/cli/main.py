@@ -23,7 +23,6 @@ import functools
 import gc
 import importlib
 import logging
-import os
 import sys
 import traceback
 
@@ -164,16 +163,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    """The ``raypipe`` command: ``main``, then the exit with its status. Where a wait timed out and left
-    its thread in a network client's native code (``raypipe.timeouts``), the interpreter's shutdown can
-    crash the process under it (seen: a GCS listing ended with signal 11 after its one-line error), so
-    the process then ends at once, its output flushed, with the same status."""
-    status = main()
-    if timeouts.threads_left_behind():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-    sys.exit(status)
+    """The ``raypipe`` command: ``main``, then the exit with its status (``timeouts.exit_process``: at
+    once, output flushed, where a wait that timed out left a thread in a network client's code)."""
+    timeouts.exit_process(main())
 
 
 if __name__ == "__main__":
