@@ -65,10 +65,13 @@ def _read(rows_listing, rows) -> list:
 def test_shards_uploaded_with_their_index_are_listed_from_it_by_row_and_by_shard(tmp_path, monkeypatch, digests):
     local = _shards(tmp_path / "local" / "wds", n=4, per=20, image_bytes=60_000)
     index_shards(str(local), use_ray=False)
-    if not digests:
-        _without_header_digests(local / INDEX_NAME)
+    index_shards(str(local), str(tmp_path / "local" / "named" / "i.parquet"), use_ray=False)  # kept elsewhere
+    for index in (local / INDEX_NAME, tmp_path / "local" / "named" / "i.parquet"):
+        if not digests:
+            _without_header_digests(index)
     buckets = tmp_path / "buckets"
     _upload(local, buckets / "data" / "wds")
+    _upload(tmp_path / "local" / "named", buckets / "data" / "named")
     total = sum(p.stat().st_size for p in local.glob("*.tar"))
     with S3Server(buckets, latency_ms=2) as server:
         fs = server.filesystem()
@@ -78,7 +81,13 @@ def test_shards_uploaded_with_their_index_are_listed_from_it_by_row_and_by_shard
             _no_scan(m)
             by_row = open_source("s3://data/wds", filesystem=fs)
             by_shard = open_source("s3://data/wds", filesystem=fs, by_shard=True)
-        assert server.bytes_sent <= 0.01 * total, (server.bytes_sent, total)
+            assert server.bytes_sent <= 0.01 * total, (server.bytes_sent, total)
+            # an index named elsewhere, written under a local folder and uploaded with the shards
+            server.reset_counts()
+            named = dict(filesystem=fs, index="s3://data/named/i.parquet")
+            assert open_source("s3://data/wds", **named).table.equals(by_row.table)
+            assert open_source("s3://data/wds", by_shard=True, **named).digest() == by_shard.digest()
+            assert server.bytes_sent <= 0.01 * total, (server.bytes_sent, total)
         assert isinstance(by_row, SourceRows) and isinstance(by_shard, ShardListing)
         if digests:
             _same(by_row, scanned)
