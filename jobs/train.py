@@ -47,4 +47,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from raypipe.timeouts import exit_process  # as the raypipe command ends: see its doc
+
+    exit_process(main())

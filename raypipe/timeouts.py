@@ -9,9 +9,10 @@ setup (each is many times what a healthy answer takes) and short for a broken on
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 __all__ = [
     "RAY_CONNECT_S",
@@ -22,6 +23,7 @@ __all__ = [
     "FIRST_ANSWER_S",
     "LISTING_S",
     "call_with_deadline",
+    "exit_process",
     "threads_left_behind",
 ]
 
@@ -92,5 +94,22 @@ def call_with_deadline(fn: Callable[[], T], seconds: float, on_timeout: Callable
 
 def threads_left_behind() -> bool:
     """Whether a call that timed out is still running on its thread: blocked in a network client's
-    native code, where the interpreter's shutdown can crash the process (``raypipe.cli.main.console_main``)."""
+    native code, where the interpreter's shutdown can crash the process (:func:`exit_process`)."""
     return any(t.is_alive() for t in _LEFT_BEHIND)
+
+
+def exit_process(status: int) -> NoReturn:
+    """End a command (the ``raypipe`` console script, ``jobs/train.py``) with ``status``. Where a wait
+    timed out and left its thread in a network client's native code, the interpreter's shutdown can
+    crash under it (seen: signal 11 after a GCS listing's one-line error) or wait for that client's
+    request to end (an S3 endpoint that never answers): the process then shuts down the Ray it is
+    connected to (what that shutdown would have done: a local Ray's agents outlive a process that ends
+    without it), flushes its output and ends at once, with the same status."""
+    if threads_left_behind():
+        ray = sys.modules.get("ray")  # imported only if the command used it
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)

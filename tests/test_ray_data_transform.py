@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from raypipe.config import PipelineConfig, TrainAugment
-from raypipe.integrations.ray_data import RayDataAugment
+from raypipe.integrations.ray_data import REASON_CODES, REASON_NAMES, RayDataAugment
+from raypipe.kernels.errors import REASONS
 from raypipe.pipeline import EpochSource, Pipeline
 from raypipe.sample_data import write_sample_data
 from raypipe.sources import list_ray_dataset
@@ -45,7 +46,7 @@ def _transformed(ds, *, epoch: int, batch_size: int, batch_format: str = "numpy"
     for batch in out.iter_batches(batch_size=None, batch_format="numpy"):
         for k, sid in enumerate(batch["sample_id"].tolist()):
             assert sid not in got
-            reason = str(batch["reason"][k]) if "reason" in batch else None
+            reason = REASON_NAMES[int(batch["reason"][k])] if "reason" in batch else None
             got[sid] = (int(batch["label"][k]), np.array(batch["image"][k]), reason)
     return got
 
@@ -89,6 +90,38 @@ def test_bad_rows_are_kept_with_their_reasons_when_asked(ray_local, parquet):
     assert not kept[good][1].any() and kept[good + 2][0] == -1  # black, and no label
     with pytest.raises(ValueError, match="bad_rows='skip'"):
         RayDataAugment(AUG, seed=0, epoch=0, bad_rows="skip")
+    with pytest.raises(ValueError, match="needs bad_rows"):
+        RayDataAugment(AUG, seed=0, epoch=0, details=True)
+
+
+def test_kept_bad_rows_go_into_iter_torch_batches(ray_local, parquet):
+    """``bad_rows="keep"`` gives numbers only (``reason`` a code of ``REASON_CODES``), so the kept Dataset
+    goes straight into ``iter_torch_batches``; the check before training (count the skips by reason)
+    works on the same columns."""
+    import ray.data
+    import torch
+
+    ds = ray.data.read_parquet(parquet["path"]).map_batches(
+        RayDataAugment, batch_size=4, compute=ray.data.ActorPoolStrategy(size=1),
+        fn_constructor_kwargs=dict(augment=AUG, seed=3, epoch=0, id_column="id", bad_rows="keep"),
+    )  # fmt: skip
+    good = parquet["good"]
+    reasons = {}
+    for batch in ds.iter_torch_batches(batch_size=5):
+        assert batch["image"].dtype == torch.uint8 and batch["ok"].dtype == torch.bool
+        for sid, ok, code in zip(batch["sample_id"].tolist(), batch["ok"].tolist(), batch["reason"].tolist(),
+                                 strict=True):  # fmt: skip
+            assert ok == (code == 0)
+            reasons[sid] = REASON_NAMES[code]
+    assert reasons == {**dict.fromkeys(range(good), ""), good: "null_image", good + 1: "empty", good + 2: "bad_label"}
+    counts = {REASON_NAMES[row["reason"]]: row["count()"] for row in ds.groupby("reason").count().take_all()}
+    assert counts == {"": good, "null_image": 1, "empty": 1, "bad_label": 1}
+
+
+def test_every_skip_reason_has_its_own_fixed_code():
+    assert set(REASON_CODES) == {"", *REASONS} and len(set(REASON_CODES.values())) == len(REASON_CODES)
+    assert REASON_CODES[""] == 0 and max(REASON_CODES.values()) < 128  # int8
+    assert all(REASON_NAMES[code] == name for name, code in REASON_CODES.items())
 
 
 def test_a_path_column_is_read_under_root(ray_local, parquet):
@@ -115,6 +148,8 @@ def test_ids_must_be_integers_and_class_names_need_classes():
         transform({"image": images, "label": np.zeros(2, np.int64), "sample_id": np.array([0.0, np.nan])})
     with pytest.raises(ValueError, match="pass classes="):
         transform({"image": images, "label": np.array(["cat", "dog"], dtype=object), "sample_id": np.arange(2)})
-    named = RayDataAugment(AUG, seed=0, epoch=0, classes=["cat", "dog"], bad_rows="keep")
+    named = RayDataAugment(AUG, seed=0, epoch=0, classes=["cat", "dog"], bad_rows="keep", details=True)
     out = named({"image": images, "label": np.array(["dog", "cow"], dtype=object), "sample_id": np.arange(2)})
-    assert out["label"].tolist() == [1, -1] and out["reason"].tolist() == ["not_an_image", "bad_label"]
+    assert out["label"].tolist() == [1, -1]
+    assert [REASON_NAMES[c] for c in out["reason"]] == ["not_an_image", "bad_label"]
+    assert out["detail"].tolist()[1] == "label 'cow'"

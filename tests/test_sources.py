@@ -176,7 +176,7 @@ def test_manifest_table_holds_only_its_columns(tmp_path):
     assert rows.table.column("label").to_pylist() == [0, 1, 2] and rows.num_shards == 3
     assert column_or_default(rows.table, "error").to_pylist() == [None] * 3
     assert column_or_default(rows.table, "shard").to_pylist() == [0, 1, 2]
-    full = make_rows(["c1/a.jpg", "c2/b.jpg", "c10/c.jpg"], [0, 1, 2])
+    full = make_rows(["c1/a.jpg", "c2/b.jpg", "c10/c.jpg"], [0, 1, 2], header_crcs=[-1] * 3)
     for name in COLUMN_DEFAULTS:
         assert column_or_default(rows.table, name).to_pylist() == full.column(name).to_pylist(), name
     assert rows.digest() == dataclasses.replace(rows, table=full).digest()

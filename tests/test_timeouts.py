@@ -221,3 +221,51 @@ print("ok")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_the_training_job_ends_at_once_after_a_listing_that_timed_out(silent_endpoint, tmp_path):
+    """A remote listing that timed out leaves its thread in the S3 client, in a request to an endpoint
+    that never answers (here one the client would wait 300 s for): the job prints its one-line error
+    and ends then, its Ray shut down, rather than in an interpreter shutdown that waits for that request
+    (or crashes under it, as a GCS client's did)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), RAYPIPE_NO_PROGRESS="1", AWS_ENDPOINT_URL=silent_endpoint,
+               AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y", AWS_EC2_METADATA_DISABLED="true",
+               RAYPIPE_FIRST_ANSWER_S="2", RAYPIPE_STORE_REQUEST_S="300")  # fmt: skip
+    with open(tmp_path / "out.txt", "w") as out:
+        proc = subprocess.Popen([sys.executable, str(REPO / "jobs" / "train.py"), "--data", "s3://bucket/data",
+                                 "--epochs", "1"], stdout=out, stderr=subprocess.PIPE, text=True, env=env,
+                                cwd=tmp_path)  # fmt: skip
+        try:
+            errors = []
+            for line in proc.stderr:  # up to its error line
+                if "error:" in line:
+                    errors.append(line)
+                    break
+            proc.wait(timeout=30)  # a hang guard: from its error line, not the 300 s the request may wait
+            errors += [line for line in proc.stderr.read().splitlines() if "error:" in line]
+        finally:
+            if proc.poll() is None:  # SIGTERM first: Ray's handler shuts the local Ray down
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    assert proc.returncode == 2 and len(errors) == 1, (proc.returncode, errors)
+    assert errors[0].startswith("train.py: error: listing s3://bucket/data did not answer in 2 s")
+    deadline = time.monotonic() + 10  # and nothing it started is left (a local Ray's agents)
+    while (left := _processes_in(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, left
+
+
+def _processes_in(folder: Path) -> list[str]:
+    """The command lines of the processes whose working directory is ``folder``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") == str(folder):
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:80])
+        except OSError:
+            continue
+    return found

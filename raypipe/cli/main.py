@@ -3,9 +3,10 @@
 Exit status:
 
 - 0: done.
-- 1: the command ran and failed: an epoch exceeded its skip limit (``SkipLimitError``), a Ray worker,
-  node or feeder was lost, a Ray task raised; or ``scan`` found images it could not read. One short
-  message on stderr that names the underlying exception's type.
+- 1: the command ran and failed: an epoch exceeded its skip limit (``SkipLimitError``), a shard changed
+  since it was listed (``ShardChangedError``), a Ray worker, node or feeder was lost, a Ray task raised;
+  or ``scan`` found images it could not read. One short message on stderr that names the underlying
+  exception's type.
 - 2: a user error: a bad path, flag value or YAML file (``ValueError``, ``OSError``, argparse's own
   checks), found before anything starts where it can be. One line on stderr.
 - 130: interrupted.
@@ -22,7 +23,6 @@ import functools
 import gc
 import importlib
 import logging
-import os
 import sys
 import traceback
 
@@ -35,7 +35,8 @@ COMMANDS = ("sample", "scan", "run", "preview", "convert", "index", "bench", "cl
 
 _MAX_FAILURE_LINES = 6
 # raypipe's own "the run failed" exceptions, by module (checked only once their module is imported).
-_RUN_FAILURES = (("raypipe.pipeline.accounting", "SkipLimitError"), ("raypipe.pipeline.feeder", "FeederDiedError"))
+_RUN_FAILURES = (("raypipe.pipeline.accounting", "SkipLimitError"), ("raypipe.pipeline.feeder", "FeederDiedError"),
+                 ("raypipe.sources.tar_members", "ShardChangedError"))  # fmt: skip
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -162,16 +163,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    """The ``raypipe`` command: ``main``, then the exit with its status. Where a wait timed out and left
-    its thread in a network client's native code (``raypipe.timeouts``), the interpreter's shutdown can
-    crash the process under it (seen: a GCS listing ended with signal 11 after its one-line error), so
-    the process then ends at once, its output flushed, with the same status."""
-    status = main()
-    if timeouts.threads_left_behind():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-    sys.exit(status)
+    """The ``raypipe`` command: ``main``, then the exit with its status (``timeouts.exit_process``: at
+    once, output flushed, where a wait that timed out left a thread in a network client's code)."""
+    timeouts.exit_process(main())
 
 
 if __name__ == "__main__":

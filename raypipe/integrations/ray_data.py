@@ -20,11 +20,10 @@ sample id (integers: a column of the data, or the ``sample_id`` of ``raypipe.ope
 
 Out: ``image`` (uint8, N x H x W x 3), ``label`` (int64) and ``sample_id`` (int64). A row that cannot
 become an image (null or empty bytes, a corrupt file, a missing path, a null or negative label) is
-dropped (``bad_rows="drop"``, for training); ``bad_rows="keep"`` keeps it with a black image and adds
-``ok`` (bool) and ``reason`` and ``detail`` (strings: the skip reasons of ``raypipe.kernels.errors``),
-so the skips can be counted (``ds.groupby("reason").count()``, ``ds.filter(lambda row: not row["ok"])``). What Ray
-Data gives and does not (the split across ranks, the order, one epoch per Dataset) is in
-docs/integrations.md.
+dropped (``bad_rows="drop"``); ``bad_rows="keep"`` keeps it with a black image and adds ``ok`` (bool)
+and ``reason`` (int8: 0, or the skip reason's code, ``REASON_NAMES[code]`` its name), columns that
+``iter_torch_batches`` takes; ``details=True`` adds ``detail`` (strings, for a check before training,
+not for torch). What Ray Data gives and does not is in docs/integrations.md.
 """
 
 from __future__ import annotations
@@ -34,12 +33,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
-from raypipe.kernels.errors import BAD_LABEL
+from raypipe.kernels.errors import BAD_LABEL, REASON_CODES, REASON_NAMES
 from raypipe.sources.paths import open_root
 from raypipe.sources.raydata import DATASET_ROOT
 from raypipe.stages.augment import AugmentStage, StageSpec
 
-__all__ = ["BAD_ROWS", "RayDataAugment"]
+__all__ = ["BAD_ROWS", "REASON_CODES", "REASON_NAMES", "RayDataAugment"]
 
 BAD_ROWS = ("drop", "keep")
 
@@ -48,7 +47,8 @@ class RayDataAugment:
     """A callable class for ``Dataset.map_batches`` (any ``batch_format``: numpy, pyarrow or pandas):
     decodes and augments each row with raypipe's stage, seeded by ``(seed, epoch, row[id_column])``
     (see the module doc). ``root`` (a folder or URI, with ``filesystem``): where a path column's files
-    lie. ``classes``: class names in label order, for a label column of names."""
+    lie. ``classes``: class names in label order, for a label column of names. ``bad_rows="keep"``: bad
+    rows stay, with ``ok`` and ``reason`` (a code of ``REASON_CODES``); ``details``: and ``detail``."""
 
     def __init__(
         self,
@@ -64,13 +64,16 @@ class RayDataAugment:
         filesystem=None,
         classes: Sequence[str] | None = None,
         bad_rows: str = "drop",
+        details: bool = False,
     ):
         if not isinstance(augment, (TrainAugment, EvalAugment)):
             raise TypeError(f"augment: expected a TrainAugment or EvalAugment, got {type(augment).__name__}")
         if bad_rows not in BAD_ROWS:
             raise ValueError(f"bad_rows={bad_rows!r}: expected one of {BAD_ROWS}")
         self.columns = (image_column, label_column, id_column)
-        self.bad_rows = bad_rows
+        if details and bad_rows != "keep":
+            raise ValueError('details=True adds the kept bad rows\' detail: it needs bad_rows="keep"')
+        self.bad_rows, self.details = bad_rows, details
         self._class_index = {name: i for i, name in enumerate(classes)} if classes is not None else None
         base = StageSpec(kind="raydata", root=DATASET_ROOT, augment=augment, decode=decode or DecodeConfig(),
                          seed=int(seed), epoch=int(epoch))  # fmt: skip
@@ -100,8 +103,11 @@ class RayDataAugment:
         out = self._stage(kind)(rows)
         ok = out["ok"]
         if self.bad_rows == "keep":
-            return {"image": out["image"], "label": out["label"], "sample_id": out["sample_id"], "ok": ok,
-                    "reason": out["reason"].astype(str), "detail": out["detail"].astype(str)}  # fmt: skip
+            kept = {"image": out["image"], "label": out["label"], "sample_id": out["sample_id"], "ok": ok,
+                    "reason": np.array([REASON_CODES[r] for r in out["reason"]], dtype=np.int8)}  # fmt: skip
+            if self.details:
+                kept["detail"] = out["detail"].astype(str)
+            return kept
         if ok.all():
             return {"image": out["image"], "label": out["label"], "sample_id": out["sample_id"]}
         return {"image": out["image"][ok], "label": out["label"][ok], "sample_id": out["sample_id"][ok]}

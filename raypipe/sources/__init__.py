@@ -12,13 +12,14 @@ from raypipe.sources.cache import CacheConfig
 from raypipe.sources.folder import IMG_EXTENSIONS, list_image_folder
 from raypipe.sources.manifest import list_manifest
 from raypipe.sources.parquet import list_parquet
-from raypipe.sources.paths import DatasetRoot, _is_uri, open_root
+from raypipe.sources.paths import DatasetRoot, is_uri, open_root
 from raypipe.sources.raydata import is_ray_dataset, list_ray_dataset
 from raypipe.sources.reader import BlockReader
 from raypipe.sources.remote import ReadOptions
 from raypipe.sources.shard_index import INDEX_NAME
 from raypipe.sources.shard_listing import ShardListing
 from raypipe.sources.table import ROW_SCHEMA, SourceRows
+from raypipe.sources.tar_members import ShardChangedError
 from raypipe.sources.webdataset import has_braces, list_webdataset
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "CacheConfig",
     "DatasetRoot",
     "ReadOptions",
+    "ShardChangedError",
     "ShardListing",
     "SourceRows",
     "detect_kind",
@@ -126,7 +128,7 @@ def open_source(
     args = dict(kind=kind, image_column=image_column, label_column=label_column, path_column=path_column,
                 root=root, filesystem=filesystem, class_order=class_order, class_map=class_map,
                 index=index, by_shard=by_shard)  # fmt: skip
-    if filesystem is None and not _is_uri(data):
+    if filesystem is None and not is_uri(data):
         return _list(data, **args)
     # Remote: a missing credential or a silent endpoint must end in seconds (raypipe.timeouts)
     _first_answer(data, filesystem)

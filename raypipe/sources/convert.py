@@ -43,6 +43,7 @@ from raypipe.kernels.errors import BAD_LABEL, SkipImage
 from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.reader import BlockReader
 from raypipe.sources.table import SourceRows, listed_stamp
+from raypipe.sources.tar_members import Member, TarListing, header_crc, shard_record
 
 __all__ = ["FORMATS", "ConvertReport", "convert", "parse_size", "plan_shards"]
 
@@ -150,14 +151,17 @@ class _ShardJob:
     row_group_rows: int
 
 
-def _tar_member(tar: tarfile.TarFile, name: str, data: bytes) -> int:
-    """Append a member; returns where its data starts in the archive."""
+def _tar_member(tar: tarfile.TarFile, name: str, data: bytes) -> tuple[int, int, int]:
+    """Append a member; returns (where its data starts in the archive, its size, its header's digest)."""
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = len(data), 0, 0o644  # fixed fields: the same bytes on every run
     info.uid = info.gid = 0
     info.uname = info.gname = ""
+    # the blocks addfile writes before the data (extended headers, then the member's own, last)
+    header = info.tobuf(tar.format, tar.encoding, tar.errors)[-tarfile.BLOCKSIZE :]
     tar.addfile(info, io.BytesIO(data))
-    return tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE  # the data, padded, ends there
+    # the data, padded, ends at tar.offset
+    return tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE, len(data), header_crc(header)
 
 
 def _write_shard(job: _ShardJob) -> dict:
@@ -170,7 +174,7 @@ def _write_shard(job: _ShardJob) -> dict:
     final_path = os.path.join(dst.root, job.name) if local else posixpath.join(dst.root, job.name)
     tmp_path = os.path.join(dst.root, tmp) if local else posixpath.join(dst.root, tmp)
     stats = {"name": job.name, "samples": 0, "skipped": [], "resized": 0, "undecodable": 0}
-    members: list[tuple[str, int, int]] = []  # (name, data offset, size) of a tar shard, for its index
+    members: list[tuple[str, int, int, int]] = []  # (name, data offset, size, header digest), for the index
     cls_texts: dict[int, str] = {}  # index in members -> a .cls member's text
     sink = open(tmp_path, "wb") if local else dst.filesystem.open_output_stream(tmp_path)  # noqa: SIM115
     writer = None
@@ -197,11 +201,11 @@ def _write_shard(job: _ShardJob) -> dict:
                 if tar is not None:
                     key = str(sid).zfill(job.key_width)
                     name = f"{key}.{_ext(data)}"
-                    members.append((name, _tar_member(tar, name, data), len(data)))
+                    members.append((name, *_tar_member(tar, name, data)))
                     if label is not None:
                         text = str(label)
                         cls_texts[len(members)] = text
-                        members.append((f"{key}.cls", _tar_member(tar, f"{key}.cls", text.encode()), len(text)))
+                        members.append((f"{key}.cls", *_tar_member(tar, f"{key}.cls", text.encode())))
                 else:
                     images.append(data)
                     labels.append(label)
@@ -255,14 +259,13 @@ def _write_index(root: DatasetRoot, names: list[str], results: list[dict]) -> No
     """raypipe's shard index of the shards just written, from what their writers recorded (nothing is read
     back): the rows a listing of the shards would make."""
     from raypipe.sources.shard_index import INDEX_NAME, write_index
-    from raypipe.sources.webdataset import _Listing, _Member, _record
 
     records = []
     for name, result in zip(names, results, strict=True):
         info = result["index"]
-        listing = _Listing(members=[_Member(*m) for m in info["members"]], labels=dict(info["labels"]),
-                           file_size=info["stamp"][0])  # fmt: skip
-        records.append(_record(name, tuple(info["stamp"]), listing))
+        listing = TarListing(members=[Member(*m) for m in info["members"]], labels=dict(info["labels"]),
+                             file_size=info["stamp"][0])  # fmt: skip
+        records.append(shard_record(name, tuple(info["stamp"]), listing))
     where = os.path.join(root.root, INDEX_NAME) if root.is_local else posixpath.join(root.root, INDEX_NAME)
     write_index(records, where, root=root, filesystem=root.filesystem)
 

@@ -17,9 +17,9 @@ import pyarrow.fs as pafs
 
 from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.remote import ReadOptions
-from raypipe.sources.shard_index import INDEX_NAME, ShardRecord, stamp_matches, write_index
+from raypipe.sources.shard_index import INDEX_NAME, ShardRecord, index_location, local_stamp, stamp_matches, write_index
 from raypipe.sources.table import listed_stamp
-from raypipe.sources.webdataset import _index_location, _local_stamp, find_shards, scan_shards
+from raypipe.sources.webdataset import find_shards, scan_shards
 
 __all__ = ["IndexReport", "index_shards"]
 
@@ -39,7 +39,7 @@ def _scan_group(root: DatasetRoot, stamps: dict[str, tuple[int, int]]) -> list[S
 
 def _stamps_now(root: DatasetRoot, rels: list[str]) -> dict[str, tuple[int, int]]:
     if root.is_local:
-        return {rel: _local_stamp(root, rel) for rel in rels}
+        return {rel: local_stamp(root, rel) for rel in rels}
     infos = root.filesystem.get_file_info([posixpath.join(root.root, rel) for rel in rels])
     return {rel: listed_stamp(i) for rel, i in zip(rels, infos, strict=True)}
 
@@ -81,7 +81,7 @@ def index_shards(data: str, out: str | None = None, *, filesystem: pafs.FileSyst
         where = os.path.join(root.root, INDEX_NAME) if root.is_local else posixpath.join(root.root, INDEX_NAME)
         shown = root.display(INDEX_NAME)
     else:
-        fs, where = _index_location(out, root, filesystem)
+        fs, where = index_location(out, root, filesystem)
         shown = out
     write_index(records, where, root=root, filesystem=fs)
     return IndexReport(index=shown, shards=len(records), samples=sum(len(r) for r in records),

@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 from raypipe import timeouts
 from raypipe.kernels.errors import MISSING, OUTSIDE_ROOT, UNREADABLE, SkipImage
 
-__all__ = ["DatasetRoot", "bounded", "open_root", "path_value", "printable"]
+__all__ = ["DatasetRoot", "bounded", "is_uri", "open_root", "path_value", "printable"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", None)  # None (Windows): every read resolves the whole path
 # The fast path needs to see where an open descriptor really is (Linux); elsewhere every read resolves.
@@ -62,7 +62,7 @@ def printable(relpath: str) -> str:
     return relpath.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _is_uri(path: str) -> bool:
+def is_uri(path: str) -> bool:
     head, sep, _ = path.partition("://")
     return bool(sep) and head.isalnum() and len(head) > 1
 
@@ -88,7 +88,7 @@ class DatasetRoot:
                 raise SkipImage(OUTSIDE_ROOT, f"{relpath!r} resolves to {real!r}, outside {self.root!r}")
             return real
         rel = relpath
-        if _is_uri(rel):
+        if is_uri(rel):
             rel = pafs.FileSystem.from_uri(rel)[1]
         joined = rel if rel.startswith(self.root.rstrip("/") + "/") else posixpath.join(self.root, rel)
         norm = posixpath.normpath(joined)
@@ -170,7 +170,7 @@ class DatasetRoot:
 
 def open_root(path_or_uri: str, *, filesystem: pafs.FileSystem | None = None) -> DatasetRoot:
     """Make a DatasetRoot from a local path or any pyarrow filesystem URI (``s3://bucket/prefix``)."""
-    if filesystem is None and not _is_uri(path_or_uri):
+    if filesystem is None and not is_uri(path_or_uri):
         return DatasetRoot(root=os.path.realpath(path_or_uri), uri=path_or_uri)
     if filesystem is None:
         filesystem, path = pafs.FileSystem.from_uri(path_or_uri)

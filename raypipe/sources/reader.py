@@ -16,7 +16,8 @@ How a block is read depends on where it lies:
 - Parquet rows are grouped by (file, row group): each row group a block touches is read once;
 - tar members are grouped by shard: a local shard is opened once per block and its members read with
   ``pread``; remote members that lie close together in a shard are fetched with one ranged request
-  (one GET on S3, ``raypipe.sources.single_get``);
+  (one GET on S3, ``raypipe.sources.single_get``). Each read takes the member's tar header too and
+  checks it is the one listed: a shard changed since its listing raises ``ShardChangedError``;
 - with a cache (``ReadOptions.cache``, see ``raypipe.sources.cache``) a remote object, tar shard or
   Parquet file is fetched whole the first time it is read and read from local disk afterwards. Where
   the rows carry the object's size and time from the listing (``object_size``, ``object_mtime_ns``),
@@ -44,6 +45,7 @@ from raypipe.sources.parquet import ParquetGroups
 from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.remote import ReadOptions, read_skip, with_retries
 from raypipe.sources.single_get import SingleGet, single_get_for
+from raypipe.sources.tar_members import BLOCK, MemberHeaders
 
 __all__ = ["BlockReader"]
 
@@ -246,7 +248,7 @@ class BlockReader:
         elif self.kind == "parquet":
             self._read_parquet(paths, rows["row"], todo, out, listed, wait)
         elif self.kind == "webdataset":
-            self._read_members(paths, rows["offset"], rows["size"], todo, out, listed, wait)
+            self._read_members(paths, MemberHeaders(rows), todo, out, listed, wait)
         else:
             if self.cached:
                 # A hit is a local file read of tens of microseconds: read here. Handing it to the
@@ -370,17 +372,17 @@ class BlockReader:
     # -- tar members: ranged reads ----------------------------------------------------------------
 
     def _read_members(
-        self, paths, offsets, sizes, todo: list[int], out: list, listed: Callable[[int], tuple[int, int]],
+        self, paths, members: MemberHeaders, todo: list[int], out: list, listed: Callable[[int], tuple[int, int]],
         wait: bool = True,
     ) -> None:  # fmt: skip
+        offsets, sizes = members.offsets, members.sizes
         by_shard: dict[str, list[int]] = {}
         for i in todo:
             by_shard.setdefault(str(paths[i]), []).append(i)
         if self.root.is_local or self.cached:
             # a local shard, or a remote one cached whole: one descriptor per shard, members by pread
-            spans = {rel: [(int(offsets[i]), int(sizes[i])) for i in idx] for rel, idx in by_shard.items()}
             items = list(by_shard)
-            read = self._map(lambda rel: self._pread(rel, spans[rel], listed(by_shard[rel][0])), items)
+            read = self._map(lambda rel: self._pread(rel, by_shard[rel], members, listed(by_shard[rel][0])), items)
             for rel, results in zip(items, read, strict=True):
                 for i, data in zip(by_shard[rel], results, strict=True):
                     out[i] = data
@@ -389,8 +391,8 @@ class BlockReader:
         for rel, idx in by_shard.items():
             idx = sorted(idx, key=lambda i: int(offsets[i]))
             run = [idx[0]]
-            for i in idx[1:]:
-                start, end = int(offsets[run[0]]), int(offsets[run[-1]]) + int(sizes[run[-1]])
+            for i in idx[1:]:  # a range starts at its first member's header
+                start, end = int(offsets[run[0]]) - BLOCK, int(offsets[run[-1]]) + int(sizes[run[-1]])
                 if int(offsets[i]) - end <= _MAX_GAP and int(offsets[i]) + int(sizes[i]) - start <= _MAX_RANGE:
                     run.append(i)
                 else:
@@ -400,7 +402,7 @@ class BlockReader:
 
         def one(item):
             rel, run = item
-            start = int(offsets[run[0]])
+            start = max(0, int(offsets[run[0]]) - BLOCK)  # from the first member's header: the read confirms it
             length = max(int(offsets[i]) + int(sizes[i]) for i in run) - start
             try:
                 where = self.root.resolve(rel)
@@ -409,11 +411,16 @@ class BlockReader:
                 return [e] * len(run)
             except OSError as e:
                 return [read_skip(e, rel)] * len(run)
+            for i in run:  # each member's header lies in the range: the run's first, and between members
+                at = int(offsets[i]) - start
+                members.check(self.root, rel, i, data[max(0, at - BLOCK) : at])
             return [_cut(data, int(offsets[i]) - start, int(sizes[i]), rel) for i in run]
 
         self._map_rows(one, ranges, out, wait)
 
-    def _pread(self, rel: str, spans: list[tuple[int, int]], listed: tuple[int, int] = _UNLISTED) -> list[Result]:
+    def _pread(
+        self, rel: str, idx: list[int], members: MemberHeaders, listed: tuple[int, int] = _UNLISTED
+    ) -> list[Result]:
         try:
             where = self.root.resolve(rel)
             if self.cached:
@@ -421,13 +428,16 @@ class BlockReader:
             else:
                 fd = os.open(where, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except SkipImage as e:
-            return [e] * len(spans)
+            return [e] * len(idx)
         except OSError as e:
-            return [read_skip(e, rel)] * len(spans)
+            return [read_skip(e, rel)] * len(idx)
         try:
             results: list[Result] = []
-            for offset, size in spans:
+            for i in idx:
+                offset, size = int(members.offsets[i]), int(members.sizes[i])
                 try:
+                    header = os.pread(fd, BLOCK, offset - BLOCK) if offset >= BLOCK else b""
+                    members.check(self.root, rel, i, header)  # before the data: a changed shard reads nothing
                     results.append(_cut(os.pread(fd, size, offset), 0, size, rel))
                 except OSError as e:
                     results.append(read_skip(e, rel))

@@ -1,19 +1,14 @@
 """raypipe's own index of WebDataset shards: what listing the shards would find, so that a listing with it
 reads one small file instead of every tar header.
 
-One Parquet file (``raypipe-index.parquet`` beside the shards by default). Its rows are the samples of
-every indexed shard as the listing makes them (``shard``: the position in the index's shard list,
-``label``, ``error``, ``offset``/``size`` of the image member's data, ``member``); its key-value metadata
-``raypipe.index`` is JSON: ``{"format": "raypipe-webdataset-index", "version": 1, "root": …, "shards":
-[{"path", "size", "mtime_ns", "keys", "stopped_at", "reason"}, …]}``, ``path`` relative to ``root``
-(the shards' folder as the indexer saw it), ``size`` and ``mtime_ns`` the shard's when it was indexed,
-``keys`` the sample keys its headers held (samples or not), ``rows`` its rows in the file (so the
-samples per shard are read from the footer alone: ``raypipe.sources.shard_listing``) and
-``stopped_at``/``reason`` where a truncated shard's listing stopped (null and "" for a complete one).
-
-A shard is taken from the index only while its size and modification time are the ones indexed
-(:func:`stamp_matches`); otherwise the listing scans it again. The file is written in one piece:
-locally to a temporary name and renamed, on an object store in one upload (an object appears whole).
+One Parquet file (``raypipe-index.parquet`` beside the shards by default): a row per sample as the
+listing makes it (``shard``, ``label``, ``error``, the image member's ``offset``, ``size``, ``member`` and
+``header_crc``, the CRC-32 of its tar header block: absent from indexes written before it), and in the
+footer's ``raypipe.index`` JSON per shard its ``path`` (relative to ``root``), ``size``, ``mtime_ns``,
+``keys``, ``rows`` and, for a truncated shard, ``stopped_at``/``reason``. A shard matches its index when
+its size does (:func:`size_matches`: a copy or an upload changes the time, which is a hint); each read
+then checks the header before its member (``sources.tar_members``). Written in one piece: locally to a
+temporary name then renamed, on an object store in one upload.
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ import json
 import os
 import posixpath
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +27,19 @@ import pyarrow.parquet as pq
 from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.table import column_array, int64_array, string_array
 
-__all__ = ["INDEX_NAME", "ShardRecord", "index_meta", "read_index", "stamp_matches", "write_index"]
+__all__ = [
+    "INDEX_NAME",
+    "ShardRecord",
+    "index_location",
+    "index_meta",
+    "local_stamp",
+    "read_index",
+    "relative_paths",
+    "size_matches",
+    "stamp_matches",
+    "time_matches",
+    "write_index",
+]
 
 INDEX_NAME = "raypipe-index.parquet"
 _FORMAT = "raypipe-webdataset-index"
@@ -42,7 +49,8 @@ _META_KEY = b"raypipe.index"
 # (``shard_listing``), a few hundred kilobytes rather than a million rows' worth.
 _GROUP_ROWS = 65_536
 _SCHEMA = pa.schema([("shard", pa.int64()), ("label", pa.int64()), ("error", pa.string()),
-                     ("offset", pa.int64()), ("size", pa.int64()), ("member", pa.string())])  # fmt: skip
+                     ("offset", pa.int64()), ("size", pa.int64()), ("member", pa.string()),
+                     ("header_crc", pa.int64())])  # fmt: skip
 
 
 @dataclass
@@ -60,22 +68,70 @@ class ShardRecord:
     keys: int  # sample keys its headers held, samples or not (the incomplete-shard report counts them)
     stopped_at: int | None = None  # where a truncated shard's listing stopped
     reason: str = ""
+    header_crcs: list[int] = field(default_factory=list)  # per row: its member's header digest, -1 unknown
 
     def __len__(self) -> int:
         return len(self.labels)
 
+    def header_digests(self) -> list[int]:
+        """Each row's member header digest (-1s where the record holds none)."""
+        return self.header_crcs if len(self.header_crcs) == len(self) else [-1] * len(self)
 
-def stamp_matches(indexed: tuple[int, int], current: tuple[int, int]) -> bool:
-    """Whether a shard whose (size, mtime_ns) was ``indexed`` is unchanged at ``current``. The size must
-    agree. The time too, but a store that gives none (-1) is checked by size alone, and one that states
-    whole seconds in some answers and finer times in others (S3: ``HEAD`` against ``ListObjectsV2``)
-    is compared to the second."""
-    if indexed[0] != current[0]:
-        return False
-    a, b = indexed[1], current[1]
+
+def size_matches(indexed_size: int, current: tuple[int, int]) -> bool:
+    """Whether a shard now of (size, mtime_ns) ``current`` may be read as indexed at ``indexed_size``: its
+    size is the one indexed. Its time is not asked: a copy, an upload or ``rsync`` without ``-t`` keeps
+    every byte and sets a new one; the reads check each member's header instead."""
+    return current[0] >= 0 and indexed_size == current[0]
+
+
+def time_matches(indexed_ns: int, current_ns: int) -> bool:
+    """Whether two modification times are the same one as stores state them: to the second where either
+    is in whole seconds (S3 gives ``HEAD`` whole seconds, ``ListObjectsV2`` milliseconds), and a store
+    that gives none (-1) agrees with any."""
+    a, b = indexed_ns, current_ns
     if a < 0 or b < 0 or a == b:
         return True
     return (a % 10**9 == 0 or b % 10**9 == 0) and a // 10**9 == b // 10**9
+
+
+def stamp_matches(indexed: tuple[int, int], current: tuple[int, int]) -> bool:
+    """Whether a shard whose (size, mtime_ns) was ``indexed`` is the same file, unchanged, at ``current``:
+    its size and (:func:`time_matches`) its time. ``raypipe index`` asks it of a shard it just read."""
+    return indexed[0] == current[0] and time_matches(indexed[1], current[1])
+
+
+def local_stamp(root: DatasetRoot, rel: str) -> tuple[int, int]:
+    """(size, mtime_ns) of a shard under a local root, as the index records them."""
+    st = os.stat(os.path.join(root.root, rel))
+    return st.st_size, st.st_mtime_ns
+
+
+def index_location(path: str, root: DatasetRoot, filesystem: pafs.FileSystem | None
+                   ) -> tuple[pafs.FileSystem | None, str]:  # fmt: skip
+    """(filesystem, path) of an index file: a URI is read through the dataset's filesystem (or the one it
+    names), a plain path from local disk."""
+    if "://" not in path:
+        return None, path
+    if filesystem is not None or not root.is_local:
+        return filesystem or root.filesystem, path.split("://", 1)[1]
+    fs, where = pafs.FileSystem.from_uri(path)
+    return fs, where
+
+
+def relative_paths(index_root: str, paths: list[str], root: DatasetRoot, *, beside: bool) -> list[str | None]:
+    """The index's shard ``paths`` (relative to the ``index_root`` it was written under) relative to the
+    dataset's ``root``; None for one outside it. An index found ``beside`` the shards describes the folder
+    it lies in, wherever it was written; one named elsewhere, written under a folder that holds this root
+    (or is it), is rebased onto it; one written anywhere else moved with its shards (written locally,
+    then uploaded with them), and its paths are taken as they are."""
+    sep = os.sep if root.is_local else "/"
+    base = index_root.rstrip(sep) + sep
+    if beside or index_root == root.root or not (root.root.rstrip(sep) + sep).startswith(base):
+        return list(paths)
+    prefix = root.root.rstrip(sep) + sep
+    joined = [(os.path.join if root.is_local else posixpath.join)(index_root, p) for p in paths]
+    return [p[len(prefix):] if p.startswith(prefix) else None for p in joined]
 
 
 def _index_path(root: DatasetRoot, where: str) -> str:
@@ -98,6 +154,7 @@ def write_index(records: list[ShardRecord], out: str, *, root: DatasetRoot,
             "offset": int64_array([v for r in records for v in r.offsets]),
             "size": int64_array([v for r in records for v in r.sizes]),
             "member": string_array([v for r in records for v in r.members]),
+            "header_crc": int64_array([v for r in records for v in r.header_digests()]),
         }, schema=_SCHEMA)  # fmt: skip
     else:
         table = _SCHEMA.empty_table()
@@ -152,6 +209,8 @@ def read_index(path: str, filesystem: pafs.FileSystem | None = None) -> tuple[st
     shard = column_array(table.column("shard"))
     bounds = np.searchsorted(shard, np.arange(len(meta["shards"]) + 1))
     cols = {name: column_array(table.column(name)) for name in ("label", "error", "offset", "size", "member")}
+    cols["header_crc"] = column_array(table.column("header_crc")) if "header_crc" in table.column_names else \
+        np.full(table.num_rows, -1, np.int64)  # fmt: skip
     records = {}
     for k, s in enumerate(meta["shards"]):
         lo, hi = int(bounds[k]), int(bounds[k + 1])
@@ -160,6 +219,6 @@ def read_index(path: str, filesystem: pafs.FileSystem | None = None) -> tuple[st
             labels=cols["label"][lo:hi].tolist(), errors=list(cols["error"][lo:hi]),
             offsets=cols["offset"][lo:hi].tolist(), sizes=cols["size"][lo:hi].tolist(),
             members=list(cols["member"][lo:hi]), keys=int(s["keys"]), stopped_at=s["stopped_at"],
-            reason=s["reason"],
+            reason=s["reason"], header_crcs=cols["header_crc"][lo:hi].tolist(),
         )  # fmt: skip
     return meta["root"], records

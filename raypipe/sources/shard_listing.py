@@ -8,9 +8,9 @@ when a chunk of that shard is planned (``ShardColumns.take``: the row groups tha
 few shards' rows kept). An epoch's plan needs only the samples per shard (``raypipe.plan.order``).
 
 Chosen by ``list_webdataset(by_shard=…)``: True, or None with more than ``BY_SHARD_ROWS`` samples in
-the index. It needs every shard in raypipe's index and unchanged since it was indexed (the listing by
-row re-reads changed shards' headers instead; a listing by shard cannot, and says so). Sample ids,
-the order and so every batch are those of the listing by row of the same shards.
+the index. It needs every shard in raypipe's index at its indexed size (the listing by row re-reads
+other shards' headers instead; a listing by shard cannot, and says so); the reads check each member's
+header. Sample ids, the order and so every batch are those of the listing by row of the same shards.
 """
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
-import posixpath
 
 import numpy as np
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from raypipe.sources.paths import DatasetRoot
-from raypipe.sources.shard_index import index_meta, stamp_matches
+from raypipe.sources.shard_index import index_meta, relative_paths, size_matches
 from raypipe.sources.table import column_array
 
 __all__ = ["BY_SHARD_ROWS", "ShardColumns", "ShardListing"]
@@ -34,6 +33,7 @@ __all__ = ["BY_SHARD_ROWS", "ShardColumns", "ShardListing"]
 # in each planning process (50 bytes a sample), and the row-by-row listing is then most of a start.
 BY_SHARD_ROWS = int(os.environ.get("RAYPIPE_BY_SHARD_ROWS", 50_000_000))
 _MEMBER_COLUMNS = ("shard", "label", "error", "offset", "size", "member")
+_DIGESTS = "header_crc"  # the members' header digests: absent from an index written before them
 _KEPT_SHARDS = 16  # shards whose rows stay read: a window is cut into several chunks, planned in turn
 
 
@@ -127,12 +127,12 @@ class ShardColumns:
             "row": np.full(len(idx), -1, np.int64), "error": np.empty(len(idx), object), "shard": shard,
             "offset": np.empty(len(idx), np.int64), "size": np.empty(len(idx), np.int64),
             "member": np.empty(len(idx), object), "object_size": lst.stamps[shard, 0].copy(),
-            "object_mtime_ns": lst.stamps[shard, 1].copy(),
+            "object_mtime_ns": lst.stamps[shard, 1].copy(), "header_crc": np.full(len(idx), -1, np.int64),
         }  # fmt: skip
         for s in np.unique(shard):
             where = shard == s
             rows = self._rows_of(int(s))
-            for name in ("label", "error", "offset", "size", "member"):
+            for name in ("label", "error", "offset", "size", "member", *((_DIGESTS,) if _DIGESTS in rows else ())):
                 out[name][where] = rows[name][within[where]]
         return out
 
@@ -148,9 +148,10 @@ class ShardColumns:
         parquet = self._parquet()
         starts = self._group_starts
         first, last = (int(np.searchsorted(starts, r, side="right")) - 1 for r in (lo, max(lo, hi - 1)))
-        table = parquet.read_row_groups(list(range(first, last + 1)), columns=list(_MEMBER_COLUMNS))
+        names = [*_MEMBER_COLUMNS, *((_DIGESTS,) if _DIGESTS in parquet.schema_arrow.names else ())]
+        table = parquet.read_row_groups(list(range(first, last + 1)), columns=names)
         table = table.slice(lo - int(starts[first]), hi - lo)
-        rows = {name: column_array(table.column(name)) for name in _MEMBER_COLUMNS}
+        rows = {name: column_array(table.column(name)) for name in names}
         if len(rows["shard"]) != hi - lo or (len(rows["shard"]) and (rows["shard"] != rows["shard"][0]).any()):
             raise RuntimeError(f"the index {lst.index[1]} does not hold shard {lst.paths[s]}'s rows where its footer "
                                "says: write it again with `raypipe index`")  # fmt: skip
@@ -183,21 +184,16 @@ def footer_rows(meta: dict) -> int | None:
 
 
 def listing_by_shard(root: DatasetRoot, rels: list[str], current: dict[str, tuple[int, int]],
-                     index: tuple[pafs.FileSystem | None, str], meta: dict, shown: str) -> ShardListing:  # fmt: skip
-    """``rels`` (sorted, with their current stamps) listed by shard from the index footer ``meta``."""
+                     index: tuple[pafs.FileSystem | None, str], meta: dict, shown: str, *,
+                     beside: bool = False) -> ShardListing:  # fmt: skip
+    """``rels`` (sorted, with their current stamps) listed by shard from the index footer ``meta``
+    (``beside``: the index found beside the shards, whose paths are relative to its own folder)."""
     if footer_rows(meta) is None:
         raise ValueError(f"the index {shown} holds no per-shard sample counts: write it again with `raypipe index`")
     shards = meta["shards"]
     counts = np.array([int(s["rows"]) for s in shards], dtype=np.int64)
     starts = np.cumsum(counts) - counts  # the index's rows are its shards' in its own order
-    index_root = meta.get("root") or root.root
-    if index_root != root.root:  # made under another root: its paths rebased onto this one
-        join = os.path.join if root.is_local else posixpath.join
-        prefix = root.root.rstrip(os.sep if root.is_local else "/") + (os.sep if root.is_local else "/")
-        names = [join(index_root, s["path"]) for s in shards]
-        names = [n[len(prefix):] if n.startswith(prefix) else None for n in names]
-    else:
-        names = [s["path"] for s in shards]
+    names = relative_paths(meta.get("root") or root.root, [s["path"] for s in shards], root, beside=beside)
     at = {name: k for k, name in enumerate(names) if name is not None}
     missing = [r for r in rels if r not in at]
     if missing:
@@ -205,11 +201,10 @@ def listing_by_shard(root: DatasetRoot, rels: list[str], current: dict[str, tupl
                          f"{root.display(missing[0])}: listed by shard, every shard must be indexed; "
                          "`raypipe index` writes the index again")  # fmt: skip
     order = np.array([at[r] for r in rels], dtype=np.int64)
-    changed = [r for r, k in zip(rels, order, strict=True)
-               if not stamp_matches((int(shards[k]["size"]), int(shards[k]["mtime_ns"])), current[r])]  # fmt: skip
+    changed = [r for r, k in zip(rels, order, strict=True) if not size_matches(int(shards[k]["size"]), current[r])]
     if changed:
-        raise ValueError(f"{len(changed)} of the {len(rels)} shards changed since {shown} indexed them (size or "
-                         f"time), e.g. {root.display(changed[0])}: listed by shard, their rows cannot be trusted; "
+        raise ValueError(f"{len(changed)} of the {len(rels)} shards changed since {shown} indexed them (another "
+                         f"size), e.g. {root.display(changed[0])}: listed by shard, their rows cannot be trusted; "
                          "`raypipe index` writes the index again")  # fmt: skip
     stamps = np.array([current[r] for r in rels], dtype=np.int64).reshape(-1, 2)
     incomplete = [{"shard": root.display(r), "listed_samples": int(shards[k]["keys"]),

@@ -15,7 +15,9 @@ when listing, e.g. a manifest line with no integer label; null for good rows), a
   rows inside a window of shards, reads each shard once per epoch; for folders and manifests the same
   algorithm is a plain shuffle of rows.
 - ``offset``, ``size`` int64: the byte range of a tar member's data inside its shard (-1 otherwise);
-- ``member`` string: a tar member's name, for reports (null otherwise);
+- ``member`` string: a tar member's name (null otherwise), for reports and the read's check of the
+  member's header; ``header_crc`` int64: the CRC-32 of that header (-1 where not known), listings of
+  tar shards only;
 - ``object_size``, ``object_mtime_ns`` int64: the size and modification time (ns) of the object the
   row's bytes lie in (the image file, the tar shard or the Parquet file) as a remote listing saw them,
   -1 where the listing did not learn them (local roots, whose listings do not stat every file, and a
@@ -73,13 +75,16 @@ ROW_SCHEMA = pa.schema(
         ("member", pa.string()),
         ("object_size", pa.int64()),
         ("object_mtime_ns", pa.int64()),
+        ("header_crc", pa.int64()),
     ]
 )
+
+_WITHOUT_CRC = pa.schema([f for f in ROW_SCHEMA if f.name != "header_crc"])
 
 # What a column that a listing leaves out holds in every row (``shard``: each row its own shard).
 COLUMN_DEFAULTS = {
     "row": -1, "error": None, "shard": "own", "offset": -1, "size": -1, "member": None,
-    "object_size": -1, "object_mtime_ns": -1,
+    "object_size": -1, "object_mtime_ns": -1, "header_crc": -1,
 }  # fmt: skip
 
 
@@ -217,9 +222,11 @@ def make_rows(
     members=None,
     object_sizes=None,
     object_mtimes=None,
+    header_crcs=None,
 ) -> pa.Table:
     """The row table of a listing; ``shards`` defaults to one shard per row (files read one by one),
-    ``object_sizes`` and ``object_mtimes`` (ns) to -1 (not known)."""
+    ``object_sizes`` and ``object_mtimes`` (ns) to -1 (not known); ``header_crcs`` (tar members') is a
+    column only where given."""
     n = len(paths)
 
     def ints(values, default):
@@ -238,8 +245,9 @@ def make_rows(
             "member": string_array([None] * n if members is None else members),
             "object_size": ints(object_sizes, np.full(n, -1, np.int64)),
             "object_mtime_ns": ints(object_mtimes, np.full(n, -1, np.int64)),
+            **({} if header_crcs is None else {"header_crc": int64_array(header_crcs)}),
         },
-        schema=ROW_SCHEMA,
+        schema=ROW_SCHEMA if header_crcs is not None else _WITHOUT_CRC,
     )
 
 

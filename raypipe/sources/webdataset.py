@@ -1,34 +1,13 @@
 """WebDataset tar shards: ``KEY.jpg`` (or any image extension) with ``KEY.cls`` holding the label as text.
 
-The data is a directory (or prefix) of ``*.tar`` files, one ``.tar`` file, or a brace pattern such as
-``shards-{0000..0099}.tar`` or ``{train,extra}-{0..9}.tar``, on local disk or any pyarrow filesystem.
-
-Listing reads each shard's tar headers, nothing else but the ``.cls`` members: locally one ``pread``
-per header; remotely ranged reads of a few MB, so that a request's latency covers many small members
-while a large member is stepped over rather than downloaded. Members are grouped into samples by key,
-as WebDataset does: the key is the member's path up to the first dot of its base name (``a.b/x.seg.png``
-has key ``a.b/x`` and extension ``seg.png``). A sample's image is its first member with an image
-extension (``raypipe.sources.folder.IMG_EXTENSIONS``); keys with neither an image nor a ``.cls`` member
-(e.g. ``__meta__.json``) are not samples.
-
-Rows: ``sample_id`` is the sample's index in (shards sorted by path, samples in the order of their first
-member in the tar), so the same shards give the same ids on every run and cluster size; ``path`` is the
-shard, ``offset``/``size`` the image member's data, ``member`` its name, ``shard`` the shard's index.
-A sample with no ``.cls`` or one that holds no non-negative integer is kept with error ``bad_label``,
-one with no image with ``null_image``: counted as skipped, not dropped.
-
-A truncated or corrupt shard is listed up to the last header that could be read: a member whose data
-runs past the end of the file is kept with error ``truncated``. Members after that point were never
-seen, so they are not rows at all and no epoch's accounting can count them; the listing says so with a
-warning naming the shard and the byte where the listing stopped, and records it in
-``SourceRows.extra["incomplete_shards"]`` (one dict per shard: ``shard``, ``listed_samples``,
-``stopped_at``, ``shard_bytes``, ``reason``). A shard that ends exactly after a member but lacks tar's
-end-of-archive marker is reported the same way, as members may have followed.
-
-Indexes: a shard described by raypipe's index (``sources.shard_index``, found beside the shards) or by a
-DALI ``wds2idx`` file is listed from it, with the same rows, as long as it has not changed since; a wids
-shard list (``.json``) names the shards (``sources.foreign_index``). Without an index the listing says,
-in one line, how many bytes of shards it is about to scan and which command writes one.
+The data is a folder (or prefix) of ``*.tar`` files, one ``.tar``, a brace pattern (``shards-{0000..0099}.tar``)
+or a wids shard list, on local disk or any pyarrow filesystem. Listing reads each shard's tar headers
+(``sources.tar_members``) and its ``.cls`` members: locally a ``pread`` per header, remotely ranged reads of
+a few MB. ``sample_id`` numbers the samples in (shards sorted by path, samples in tar order); a bad label is
+kept as a ``bad_label`` row, a key without an image as ``null_image``; a truncated shard is listed up to
+its last readable header and reported in ``extra["incomplete_shards"]`` (docs/sources.md). A shard in
+raypipe's index (``sources.shard_index``) at its indexed size, or in a DALI ``wds2idx`` file, is listed
+from it; without an index the listing says in one line what it is about to scan and how to write one.
 """
 
 from __future__ import annotations
@@ -38,30 +17,34 @@ import logging
 import os
 import posixpath
 import re
-import tarfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
-from raypipe.kernels.errors import BAD_LABEL, NULL_IMAGE, TRUNCATED, SkipImage
-from raypipe.sources.folder import IMG_EXTENSIONS
+from raypipe.kernels.errors import SkipImage
 from raypipe.sources.foreign_index import DaliMember, dali_index_for, parse_dali_index, parse_wids
 from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.remote import ReadOptions, with_retries
-from raypipe.sources.shard_index import INDEX_NAME, ShardRecord, read_index, stamp_matches
+from raypipe.sources.shard_index import (
+    INDEX_NAME,
+    ShardRecord,
+    index_location,
+    local_stamp,
+    read_index,
+    relative_paths,
+    size_matches,
+    time_matches,
+)
 from raypipe.sources.shard_listing import BY_SHARD_ROWS, ShardListing, footer_rows, listing_by_shard, read_footer
 from raypipe.sources.table import SourceRows, listed_stamp, make_rows
+from raypipe.sources.tar_members import Member, Ranges, TarListing, member_ext, shard_record, walk
 
 __all__ = ["expand_braces", "has_braces", "list_webdataset", "scan_shards", "shard_paths"]
 
 log = logging.getLogger(__name__)
 
-_IMAGE_EXTS = frozenset(e.lstrip(".") for e in IMG_EXTENSIONS)
-_BLOCK = 512
 _WINDOW = 4 * 1024 * 1024  # remote listing: bytes per ranged read
-_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
@@ -180,114 +163,6 @@ def _tar_files(root: DatasetRoot, where: str, *, recursive: bool) -> dict[str, t
     return {r: found[r] for r in sorted(found)}
 
 
-@dataclass
-class _Member:
-    name: str
-    offset: int  # of the data
-    size: int
-
-
-@dataclass
-class _Listing:
-    members: list[_Member] = field(default_factory=list)
-    labels: dict[int, str] = field(default_factory=dict)  # index in members -> a .cls member's text
-    file_size: int = 0
-    stopped_at: int | None = None  # where the listing stopped early (None: a complete archive)
-    reason: str = ""
-
-
-class _Ranges:
-    """Reads byte ranges of one file; remote reads fetch a window around them to save requests."""
-
-    def __init__(self, read_at: Callable[[int, int], bytes], size: int, window: int):
-        self._read_at, self.size, self._window = read_at, size, window
-        self._start, self._buf = 0, b""
-
-    def read(self, pos: int, n: int) -> bytes:
-        if self._start <= pos and pos + n <= self._start + len(self._buf):
-            return self._buf[pos - self._start:pos - self._start + n]
-        if n >= self._window:
-            return self._read_at(pos, n)
-        self._start, self._buf = pos, self._read_at(pos, min(self._window, max(0, self.size - pos)))
-        return self._buf[:n]
-
-
-def _pax(data: bytes) -> dict[str, str]:
-    """The records of a pax extended header (``"<len> <key>=<value>\\n"`` each)."""
-    out, pos = {}, 0
-    while pos < len(data):
-        space = data.find(b" ", pos)
-        if space < 0:
-            break
-        try:
-            length = int(data[pos:space])
-        except ValueError:
-            break
-        if length <= 0:
-            break
-        key, _, value = data[space + 1:pos + length - 1].partition(b"=")
-        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-        pos += length
-    return out
-
-
-def _walk(ranges: _Ranges) -> _Listing:
-    """The regular members of a tar archive, from its headers; stops (and says where) at the first header
-    that cannot be read, and at a member whose data the file does not hold in full."""
-    out = _Listing(file_size=ranges.size)
-    pos, long_name, pax = 0, None, {}
-    while True:
-        header = ranges.read(pos, _BLOCK) if pos < ranges.size else b""
-        if not header:
-            out.stopped_at, out.reason = pos, "the shard ends without tar's end-of-archive marker"
-            return out
-        if len(header) < _BLOCK:
-            out.stopped_at, out.reason = pos, "the shard ends inside a member's header"
-            return out
-        if header.count(0) == _BLOCK:
-            return out  # end-of-archive marker
-        try:
-            info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
-        except tarfile.HeaderError as e:
-            out.stopped_at, out.reason = pos, f"unreadable tar header ({e})"
-            return out
-        size = int(pax.get("size", info.size)) if info.type not in (tarfile.XHDTYPE, tarfile.XGLTYPE) else info.size
-        data = pos + _BLOCK
-        if info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE):
-            body = ranges.read(data, size)
-            if len(body) < size:
-                out.stopped_at, out.reason = pos, "the shard ends inside an extended header"
-                return out
-            if info.type == tarfile.GNUTYPE_LONGNAME:
-                long_name = body.rstrip(b"\0").decode("utf-8", "surrogateescape")
-            else:
-                pax = _pax(body)
-        elif info.type in _REGULAR:
-            name = pax.get("path") or long_name or info.name
-            out.members.append(_Member(name, data, size))
-            if _ext(name) == "cls":
-                out.labels[len(out.members) - 1] = ranges.read(data, min(size, 64)).decode("utf-8", "replace")
-            if data + size > ranges.size:
-                out.stopped_at, out.reason = data, f"the shard ends inside member {name!r}"
-                return out
-            long_name, pax = None, {}
-        else:  # directories, links, global headers, GNU long link names: not samples
-            if info.type not in (tarfile.XGLTYPE, tarfile.GNUTYPE_LONGLINK):
-                long_name, pax = None, {}
-        pos = data + -(-size // _BLOCK) * _BLOCK
-
-
-def _key(name: str) -> str:
-    folder, _, base = name.rpartition("/")
-    stem = base.split(".", 1)[0]
-    return f"{folder}/{stem}" if folder else stem
-
-
-def _ext(name: str) -> str:
-    base = name.rpartition("/")[2]
-    return base.split(".", 1)[1].lower() if "." in base else ""
-
-
 def _open_shard(root: DatasetRoot, rel: str, options: ReadOptions) -> tuple[Callable[[int, int], bytes], int, Callable]:
     """(read_at(pos, n), the shard's size, close) for a shard inside the root."""
     try:
@@ -301,64 +176,19 @@ def _open_shard(root: DatasetRoot, rel: str, options: ReadOptions) -> tuple[Call
     return (lambda pos, n: with_retries(lambda: handle.read_at(n, pos), options)), handle.size(), handle.close
 
 
-def _list_shard(root: DatasetRoot, rel: str, options: ReadOptions) -> _Listing:
+def _list_shard(root: DatasetRoot, rel: str, options: ReadOptions) -> TarListing:
     read_at, size, close = _open_shard(root, rel, options)
     try:
-        return _walk(_Ranges(read_at, size, 0 if root.is_local else _WINDOW))
+        return walk(Ranges(read_at, size, 0 if root.is_local else _WINDOW))
     finally:
         close()
-
-
-def _label(text: str | None, key: str) -> tuple[int, str | None]:
-    if text is None:
-        return -1, f"{BAD_LABEL}: no {key}.cls member"
-    try:
-        value = int(text.strip())
-    except ValueError:
-        return -1, f"{BAD_LABEL}: {key}.cls holds {text.strip()[:32]!r}"
-    return (value, None) if value >= 0 else (-1, f"{BAD_LABEL}: {key}.cls holds {value}")
-
-
-def _record(rel: str, stamp: tuple[int, int], listing: _Listing) -> ShardRecord:
-    """A shard's rows (everything but the columns the dataset sets) from its members."""
-    samples: dict[str, dict] = {}
-    for index, m in enumerate(listing.members):
-        sample = samples.setdefault(_key(m.name), {})
-        ext = _ext(m.name)
-        if ext in _IMAGE_EXTS and "image" not in sample:
-            sample["image"] = m
-        elif ext == "cls" and "cls" not in sample:
-            sample["cls"] = listing.labels[index]
-    rec = ShardRecord(rel, listing.file_size, stamp[1], [], [], [], [], [], keys=len(samples),
-                      stopped_at=listing.stopped_at, reason=listing.reason)  # fmt: skip
-    for key, sample in samples.items():
-        if "image" not in sample and "cls" not in sample:
-            continue
-        label, error = _label(sample.get("cls"), key)
-        image = sample.get("image")
-        if image is None:
-            error = f"{NULL_IMAGE}: {key} has no image member ({', '.join(sorted(_IMAGE_EXTS))})"
-        elif image.offset + image.size > listing.file_size:
-            short = image.offset + image.size - listing.file_size
-            error = f"{TRUNCATED}: the shard ends {short} bytes before the end of {image.name}"
-        rec.labels.append(label)
-        rec.errors.append(error)
-        rec.offsets.append(image.offset if image else -1)
-        rec.sizes.append(image.size if image else -1)
-        rec.members.append(image.name if image else f"{key}.cls")
-    return rec
 
 
 def _scan(root: DatasetRoot, rel: str, stamp: tuple[int, int], options: ReadOptions) -> ShardRecord:
     """One shard's record, from its tar headers (and ``.cls`` members)."""
     if root.is_local:  # before reading: a shard rewritten meanwhile then no longer matches the record
-        stamp = _local_stamp(root, rel)
-    return _record(rel, stamp, _list_shard(root, rel, options))
-
-
-def _local_stamp(root: DatasetRoot, rel: str) -> tuple[int, int]:
-    st = os.stat(os.path.join(root.root, rel))
-    return st.st_size, st.st_mtime_ns
+        stamp = local_stamp(root, rel)
+    return shard_record(rel, stamp, _list_shard(root, rel, options))
 
 
 def scan_shards(root: DatasetRoot, stamps: dict[str, tuple[int, int]], options: ReadOptions | None = None
@@ -383,10 +213,10 @@ def _dali_record(root: DatasetRoot, rel: str, stamp: tuple[int, int], samples: l
         for number, sample in enumerate(samples):
             for m in sample:
                 name = m.name if m.name is not None else f"#{number}.{m.ext}"  # v1.1 names no member
-                if _ext(name) == "cls" and m.offset + m.size <= size:
+                if member_ext(name) == "cls" and m.offset + m.size <= size:
                     labels[len(members)] = read_at(m.offset, min(m.size, 64)).decode("utf-8", "replace")
-                members.append(_Member(name, m.offset, m.size))
-        return _record(rel, stamp, _Listing(members=members, labels=labels, file_size=size))
+                members.append(Member(name, m.offset, m.size))
+        return shard_record(rel, stamp, TarListing(members=members, labels=labels, file_size=size))
     finally:
         close()
 
@@ -446,14 +276,10 @@ def _given_index(root: DatasetRoot, index, rels: list[str], filesystem: pafs.Fil
         return records, {}, root.display(INDEX_NAME)
     paths = [index] if isinstance(index, str) else list(index)
     if len(paths) == 1 and paths[0].endswith(".parquet"):
-        fs, where = _index_location(paths[0], root, filesystem)
+        fs, where = index_location(paths[0], root, filesystem)
         index_root, records = read_index(where, fs)
-        if index_root != root.root:  # made under another root: its paths rebased onto this one
-            sep = os.sep if root.is_local else "/"
-            joined = {(os.path.join if root.is_local else posixpath.join)(index_root, rel): r
-                      for rel, r in records.items()}  # fmt: skip
-            prefix = root.root.rstrip(sep) + sep
-            records = {p[len(prefix):]: r for p, r in joined.items() if p.startswith(prefix)}
+        rebased = relative_paths(index_root, list(records), root, beside=False)
+        records = {rel: r for rel, r in zip(rebased, records.values(), strict=True) if rel is not None}
         return records, {}, paths[0]
     if paths == ["dali"]:  # wds2idx's default: SHARD.idx beside each shard
         paths = [posixpath.join(posixpath.dirname(rel), dali_index_for(rel.rpartition("/")[2])) for rel in rels]
@@ -469,7 +295,7 @@ def _given_index(root: DatasetRoot, index, rels: list[str], filesystem: pafs.Fil
         rel = by_stem.get(p.rpartition("/")[2])
         if rel is None:
             raise ValueError(f"DALI index {p!r} names no shard of this dataset (SHARD.idx for SHARD.tar)")
-        fs, where = _index_location(p, root, filesystem)
+        fs, where = index_location(p, root, filesystem)
         if fs is None:
             with open(where, encoding="utf-8") as f:
                 text = f.read()
@@ -490,21 +316,9 @@ def _raypipe_index(root: DatasetRoot, index, filesystem: pafs.FileSystem | None
             root.filesystem.get_file_info(where).type == pafs.FileType.File  # fmt: skip
         return (root.filesystem, where, root.display(INDEX_NAME)) if exists else None
     if isinstance(index, str) and index.endswith(".parquet"):
-        fs, where = _index_location(index, root, filesystem)
+        fs, where = index_location(index, root, filesystem)
         return fs, where, index
     return None
-
-
-def _index_location(path: str, root: DatasetRoot, filesystem: pafs.FileSystem | None
-                    ) -> tuple[pafs.FileSystem | None, str]:  # fmt: skip
-    """(filesystem, path) of an index file: a URI is read through the dataset's filesystem (or the one it
-    names), a plain path from local disk."""
-    if "://" not in path:
-        return None, path
-    if filesystem is not None or not root.is_local:
-        return filesystem or root.filesystem, path.split("://", 1)[1]
-    fs, where = pafs.FileSystem.from_uri(path)
-    return fs, where
 
 
 def list_webdataset(
@@ -531,21 +345,26 @@ def list_webdataset(
             meta = read_footer(fs, where)
             total = footer_rows(meta)
             if by_shard or (total is not None and total > BY_SHARD_ROWS):
-                current = {rel: _local_stamp(root, rel) for rel in rels} if root.is_local else stamps
-                return listing_by_shard(root, rels, current, (fs, where), meta, shown)
+                current = {rel: local_stamp(root, rel) for rel in rels} if root.is_local else stamps
+                return listing_by_shard(root, rels, current, (fs, where), meta, shown, beside=index is None)
         if by_shard:
             raise ValueError(f"{data!r}: by_shard=True needs raypipe's shard index (`raypipe index {data}` writes "
                              f"{INDEX_NAME} beside the shards, or give index=PATH.parquet)")  # fmt: skip
     indexed, dali, source = _given_index(root, index, rels, filesystem, options)
-    current = {rel: _local_stamp(root, rel) for rel in rels} if root.is_local else stamps
+    current = {rel: local_stamp(root, rel) for rel in rels} if root.is_local else stamps
     records: dict[str, ShardRecord] = {}
-    stale = []
+    stale, moved = [], 0
     for rel in rels:
         rec = indexed.get(rel)
-        if rec is not None and stamp_matches((rec.size, rec.mtime_ns), current[rel]):
+        if rec is not None and size_matches(rec.size, current[rel]):
             records[rel] = rec
+            moved += not time_matches(rec.mtime_ns, current[rel][1])
         elif rec is not None:
             stale.append(rel)
+    if moved:
+        log.info("raypipe: %d of the %d shards have other times than %s recorded (copied or uploaded with it): "
+                 "listed from it, as their sizes are the indexed ones; each read checks its member's tar header",
+                 moved, len(rels), source)  # fmt: skip
     if dali:
         fresh = _dali_fresh(dali, current)
         stale += [rel for rel in dali if not fresh[rel]]
@@ -554,9 +373,10 @@ def list_webdataset(
             done = pool.map(lambda r: _dali_record(root, r, current[r], dali[r][0], options), todo)
             records.update(zip(todo, done, strict=True))
     if stale:
-        log.warning("raypipe: %d of the %d shards changed since %s indexed them (size or time), e.g. %s: listing "
-                    "them from their tar headers; `raypipe index` writes the index again", len(stale), len(rels),
-                    source, root.display(stale[0]))  # fmt: skip
+        why = "modified after its index file, or shorter" if dali else "another size"
+        log.warning("raypipe: %d of the %d shards changed since %s indexed them (%s), e.g. %s: listing them "
+                    "from their tar headers; `raypipe index` writes the index again", len(stale), len(rels), source,
+                    why, root.display(stale[0]))  # fmt: skip
     to_scan = {rel: stamps[rel] for rel in rels if rel not in records}
     if to_scan and len(to_scan) > len(stale):
         total = sum(current[rel][0] for rel in to_scan if current[rel][0] > 0)
@@ -592,7 +412,7 @@ def _dali_fresh(dali: dict, current: dict) -> dict[str, bool]:
 def _rows(data: str, root: DatasetRoot, rels: list[str], stamps: dict, records: dict[str, ShardRecord],
           expected: dict[str, int]) -> SourceRows:  # fmt: skip
     cols: dict[str, list] = {k: [] for k in ("path", "label", "error", "shard", "offset", "size", "member",
-                                             "object_size", "object_mtime_ns")}  # fmt: skip
+                                             "object_size", "object_mtime_ns", "header_crc")}  # fmt: skip
     incomplete, miscounted = [], []
     for shard, rel in enumerate(rels):
         rec = records[rel]
@@ -606,6 +426,7 @@ def _rows(data: str, root: DatasetRoot, rels: list[str], stamps: dict, records: 
         cols["offset"] += rec.offsets
         cols["size"] += rec.sizes
         cols["member"] += rec.members
+        cols["header_crc"] += rec.header_digests()
         if rel in expected and expected[rel] != rec.keys:
             miscounted.append((rel, expected[rel], rec.keys))
         if rec.stopped_at is not None:
@@ -622,6 +443,7 @@ def _rows(data: str, root: DatasetRoot, rels: list[str], stamps: dict, records: 
         raise ValueError(f"the {len(rels)} shard(s) of {data!r} hold no samples (KEY.jpg with KEY.cls)")
     table = make_rows(cols["path"], cols["label"], errors=cols["error"], shards=cols["shard"],
                       offsets=cols["offset"], sizes=cols["size"], members=cols["member"],
-                      object_sizes=cols["object_size"], object_mtimes=cols["object_mtime_ns"])  # fmt: skip
+                      object_sizes=cols["object_size"], object_mtimes=cols["object_mtime_ns"],
+                      header_crcs=cols["header_crc"])  # fmt: skip
     return SourceRows(kind="webdataset", root=root, table=table,
                       extra={"shards": tuple(rels), "incomplete_shards": incomplete})  # fmt: skip

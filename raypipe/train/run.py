@@ -21,7 +21,7 @@ from ray.train.torch import TorchTrainer
 from raypipe.pipeline.accounting import SkipLimitError
 from raypipe.pipeline.feeder import FEEDER_CPUS, on_ray_backend
 from raypipe.plan.same_listing import ListingMismatchError
-from raypipe.sources import SourceRows
+from raypipe.sources import ShardChangedError, SourceRows
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.data import job_rows
 from raypipe.train.loop import train_loop_per_worker
@@ -99,7 +99,7 @@ def _check_batches(job: TrainJobConfig, train_samples: int) -> None:
 
 
 # Failures that are about the data, not the code: the user needs their message, not a traceback.
-_DATA_ERRORS = (SkipLimitError, ListingMismatchError)
+_DATA_ERRORS = (SkipLimitError, ListingMismatchError, ShardChangedError)
 
 
 def data_failure(error: ray.train.WorkerGroupError) -> Exception | None:
