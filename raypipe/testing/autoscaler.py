@@ -234,8 +234,10 @@ class FakeAutoscalingCluster:
         log.info("fake autoscaling cluster at %s (ray start pid %d, %s)", self.address, self._proc.pid, self.temp_dir)
 
     def stop(self) -> None:
-        """Disconnect this process (if ``connect`` did), end the head's process tree and remove its
-        directory. Raises ``RuntimeError`` where a process of it had to be found outside the tree."""
+        """Disconnect this process (if ``connect`` did; a process that called ``ray.init`` itself calls
+        ``ray.shutdown()`` first: a driver whose cluster ends under it can end the interpreter), end the
+        head's process tree and remove its directory. Raises ``RuntimeError`` where a process of it had
+        to be found outside the tree."""
         if self._connected:
             import ray
 
