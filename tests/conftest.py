@@ -39,6 +39,8 @@ def pytest_pyfunc_call(pyfuncitem):
     next test that needs it starts a new one): a driver whose Ray dies under it also ends the whole
     interpreter, and a second Ray session beside a child's cluster on a small machine is where that
     has happened (CI's pytest exited 1 with no report right after the Ray Train recipe's child).
+    ``isolated(env={...})`` sets variables in the child's environment from its start (Ray reads some,
+    ``RAY_AUTH_MODE`` among them, only when it is imported).
     """
     if "isolated" not in pyfuncitem.keywords or os.environ.get("RAYPIPE_ISOLATED_CHILD"):
         return None
@@ -48,7 +50,8 @@ def pytest_pyfunc_call(pyfuncitem):
 
     wait_connected(120)  # not shut down half-way through a background start
     ray.shutdown()
-    env = dict(os.environ, RAYPIPE_ISOLATED_CHILD="1")
+    env = dict(os.environ, **pyfuncitem.get_closest_marker("isolated").kwargs.get("env", {}),
+               RAYPIPE_ISOLATED_CHILD="1")
     cmd = [sys.executable, "-m", "pytest", pyfuncitem.nodeid, "-q", "-p", "no:cacheprovider", "--rootdir",
            str(pyfuncitem.config.rootpath)]
     marker = pyfuncitem.get_closest_marker("timeout")

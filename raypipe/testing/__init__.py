@@ -1,6 +1,6 @@
 """Helpers for testing raypipe, and your own setup, without a cloud: nothing here runs on import."""
 
-__all__ = ["S3Server"]
+__all__ = ["S3Server", "FakeAutoscalingCluster"]
 
 
 def __getattr__(name: str):
@@ -9,4 +9,8 @@ def __getattr__(name: str):
         from raypipe.testing.s3server import S3Server
 
         return S3Server
+    if name == "FakeAutoscalingCluster":
+        from raypipe.testing.autoscaler import FakeAutoscalingCluster
+
+        return FakeAutoscalingCluster
     raise AttributeError(f"module 'raypipe.testing' has no attribute {name!r}")
