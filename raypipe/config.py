@@ -236,6 +236,9 @@ class PipelineConfig:
 
 
 BACKENDS = ("auto", "ray", "local", "nodes")
+# An elastic rank's ceiling where the user set none: a bound on a runaway, not a size (the autoscaler's
+# max_workers is the cluster's).
+MAX_ELASTIC_WORKERS = 64
 # Tasks that read an object per row from a store ask for half a core each (ExecutionConfig.cpus_per_task_for).
 STORE_CPUS_PER_TASK = 0.5
 
@@ -276,6 +279,14 @@ class ExecutionConfig:
     # streamed to this process: raypipe.workers.node), or "auto": Ray when this process is
     # connected to it (or connecting, or RAY_ADDRESS names a cluster), else local.
     backend: str = "auto"
+    # With backend "nodes": the rank's width follows its consumer's demand (raypipe.pipeline.elastic):
+    # wider while it waits for chunks and the workers are busy, narrower once chunks sit ready; what
+    # the cluster lacks is asked of its autoscaler as pending workers, withdrawn when no longer wanted.
+    elastic: bool = False
+    # An elastic rank's bounds in CPUs (whole workers of cpus_per_task: the floor rounded up, the
+    # ceiling down); None: one worker, and MAX_ELASTIC_WORKERS workers.
+    min_cpus: float | None = None
+    max_cpus: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_tasks is not None and (
@@ -304,6 +315,18 @@ class ExecutionConfig:
         _set(self, "resources", types.MappingProxyType(dict(self.resources)))
         if self.backend not in BACKENDS:
             _fail("backend", self.backend, f"expected one of {', '.join(BACKENDS)}")
+        if not isinstance(self.elastic, bool):
+            _fail("elastic", self.elastic, "expected true or false")
+        if self.elastic and self.backend != "nodes":
+            _fail("elastic", self.elastic, f"an elastic width needs backend='nodes', not {self.backend!r}")
+        if self.elastic and self.num_tasks is not None:
+            _fail("elastic", self.elastic, f"num_tasks={self.num_tasks} fixes the width: set one of the two")
+        for name in ("min_cpus", "max_cpus"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+                _fail(name, v, "expected a number > 0, or null")
+        if self.min_cpus is not None and self.max_cpus is not None and self.min_cpus > self.max_cpus:
+            _fail("min_cpus", self.min_cpus, f"expected <= max_cpus ({self.max_cpus})")
 
     def chunk_rows_for(self, batch_size: int) -> int:
         return self.chunk_rows or auto_chunk_rows(batch_size)

@@ -29,6 +29,7 @@ from raypipe.pipeline.budget import (
     runs_tasks_here,
     tasks_for_share,
 )
+from raypipe.pipeline.elastic import ElasticWidth, bounds_for, start_width
 from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.pipeline.stream import Chunk, ChunkStream
 from raypipe.plan.order import RankPlan
@@ -213,8 +214,11 @@ class Pipeline:
         """This rank's chunks of epochs ``start_epoch`` … ``end_epoch`` (exclusive; None: no end);
         ``segments``: the positions of ``start_epoch``'s order to run (None: the rank's slice)."""
         ex = self.execution
+        elastic = None
         if ex.backend == "nodes":
             workers, budget = self._node_workers(rank=rank, world_size=world_size, reserved_cpus=reserved_cpus)
+            if workers.elastic:
+                elastic = ElasticWidth(workers, bounds_for(ex))
         elif self.uses_ray():
             options: dict = {"num_cpus": ex.cpus_per_task}
             if ex.resources:
@@ -234,7 +238,7 @@ class Pipeline:
 
         return ChunkStream(
             self.columns(), self.plan(rank, world_size), self.stage_spec, budget, workers,
-            start_epoch=start_epoch, end_epoch=end_epoch, segments=segments,
+            start_epoch=start_epoch, end_epoch=end_epoch, segments=segments, elastic=elastic,
         )  # fmt: skip
 
     def _node_workers(self, *, rank: int, world_size: int, reserved_cpus: float):
@@ -253,12 +257,18 @@ class Pipeline:
         def slots() -> dict:
             return self.node_slots(rank=rank, world_size=world_size, reserved_cpus=reserved_cpus)
 
-        key = (tuple(sorted(ex.resources.items())), ex.cpus_per_task, ex.num_tasks, rank, world_size, reserved_cpus)
+        key = (tuple(sorted(ex.resources.items())), ex.cpus_per_task, ex.num_tasks, rank, world_size, reserved_cpus,
+               ex.elastic, ex.min_cpus, ex.max_cpus)  # fmt: skip
         here = ray.get_runtime_context().get_node_id()
         directory = shared_memory_dir(0)[0]
-        pool = NodeWorkers.shared_for(key, lambda: NodeWorkers(slots, here, directory, resources=ex.resources,
-                                                               task_cpus=ex.cpus_per_task,
-                                                               prefetch_chunks=ex.prefetch_chunks))
+
+        def make() -> NodeWorkers:
+            # elastic: from the rank's share of the nodes there are, within its bounds
+            width = start_width(sum(s.workers for s in slots().values()), bounds_for(ex)) if ex.elastic else None
+            return NodeWorkers(slots, here, directory, resources=ex.resources, task_cpus=ex.cpus_per_task,
+                               prefetch_chunks=ex.prefetch_chunks, width=width)  # fmt: skip
+
+        pool = NodeWorkers.shared_for(key, make)
 
         def budget() -> RankBudget:
             workers = max(1, pool.count)

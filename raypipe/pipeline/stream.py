@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from raypipe.pipeline.budget import RankBudget
+from raypipe.pipeline.elastic import ElasticWidth
 from raypipe.pipeline.window_read import WindowRead
 from raypipe.plan.order import WHOLE_SHARD_KINDS, EpochChunks, RankPlan
 from raypipe.sources.table import TableColumns
@@ -112,6 +113,7 @@ class ChunkStream:
         start_epoch: int = 0,
         end_epoch: int | None = None,
         segments=None,
+        elastic: ElasticWidth | None = None,
     ):
         self._columns = columns
         self._plan = plan
@@ -120,6 +122,7 @@ class ChunkStream:
         self.budget: RankBudget | None = None  # taken from the cluster once it is up
         self._budget_at = 0.0
         self._workers = workers
+        self._elastic = elastic  # the width following the consumer's demand; None: the budget's
         self._setting_up: list | None = None  # the workers' set-up tasks, once they are up
         self.workers_set_up = False
         self.local_chunks = 0  # chunks this process made itself (cluster starting, workers setting up)
@@ -210,6 +213,7 @@ class ChunkStream:
             raise StopIteration
         epoch, index, last, start, n, ref = self._pending.popleft()
         block = self._wait(ref, epoch, index) if ref is not None else None
+        self._observe(n)
         self._submit()  # refill the window before the consumer starts on this chunk
         return Chunk(epoch, index, last, n, block, self._workers.shared_ref(ref) if ref is not None else None, start)
 
@@ -257,12 +261,33 @@ class ChunkStream:
             self.local_chunks += 1
         return Chunk(epoch, index, last, len(idx), block, start=start)
 
+    def _observe(self, images: int) -> None:
+        """An elastic stream's observation: ``images`` handed out, the chunks running and ready ahead."""
+        if self._elastic is None:
+            return
+        refs = [p[-1] for p in self._pending if p[-1] is not None]
+        ready = sum(self._workers.all_done([r]) for r in refs)
+        if self._elastic.note(images=images, running=len(refs) - ready, ready=ready):
+            self._budget_at = -BUDGET_REFRESH_S  # the width changed: the window follows it now
+
     def _wait(self, ref, epoch: int, index: int) -> dict[str, np.ndarray]:
-        waited = 0.0
+        waited, warn_at = 0.0, STALL_WARN_S
         while True:
-            if self._workers.wait(ref, STALL_WARN_S):
+            # an elastic stream observes in slices while it waits: a long wait is the demand it acts on
+            step = STALL_WARN_S if self._elastic is None else min(STALL_WARN_S, self._elastic.tick_s)
+            began = time.monotonic()
+            done = self._workers.wait(ref, step)
+            if self._elastic is not None:
+                self._elastic.waited(time.monotonic() - began)
+                if not done:
+                    self._observe(0)
+                    self._submit()  # a wider window asks for its chunks now
+            if done:
                 return self._workers.get(ref)
-            waited += STALL_WARN_S
+            waited += step
+            if waited < warn_at:
+                continue
+            warn_at += STALL_WARN_S
             log.warning(
                 "epoch %d, chunk %d: not done after %.0f s (%s): a read that does not return (a hung mount or "
                 "object store?), a stuck worker, or no node able to run the task; still waiting",

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 MAX_LAUNCHER_RESTARTS = 8
 
 
-@ray.remote(max_restarts=0, max_concurrency=2)
+@ray.remote(max_restarts=0, max_concurrency=3)  # run, close and node at once
 class Launcher:
     """Starts ``count`` workers on its node that connect to the consumer at ``(host, port)``, keeps them
     running (a worker that ends is replaced) until ``close`` or its own end, which ends them: each
@@ -66,6 +66,11 @@ class Launcher:
                     self.restarts += 1
                     log.warning("raypipe worker %d ended (exit code %s); starting another", proc.pid, proc.returncode)
                     self._procs[i] = self._spawn()
+
+    @staticmethod
+    def node() -> str:
+        """The node it runs on (a call that returns once Ray placed it)."""
+        return ray.get_runtime_context().get_node_id()
 
     def run(self) -> int:
         """Returns when closed (its caller's reference ends with the actor, however it ends)."""

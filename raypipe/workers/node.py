@@ -28,7 +28,13 @@ workers, as a dead local worker's do, and the same per-sample seeds give the sam
 that dies alone is restarted by its launcher. Every ``BUDGET_REFRESH_S`` (the stream's budget refresh)
 the pool looks at the cluster again: a node that joined, or whose launcher ended, gets one.
 
-Each rank's workers are placed by ``placement.node_slots``. The pool is a ``LocalWorkers`` inside
+Elastic (``set_width``), a rank's width is what its controller wants rather than its share of the
+nodes there are: this node's workers up to its slots, and one-worker launchers placed wherever Ray
+finds the resources for the rest. Those Ray cannot place yet are pending demand, which an autoscaler
+acts on, and which adds up (never multiplies) over ranks; a narrower width ends pending launchers
+first, then those on the node where the rank has the fewest, so whole nodes go idle.
+
+Otherwise each rank's workers are placed by ``placement.node_slots``. The pool is a ``LocalWorkers`` inside
 (this node's processes, other nodes' adopted connections); this class places, launches and admits.
 """
 
@@ -77,10 +83,14 @@ class NodeWorkers:
     _shared_lock = threading.Lock()
 
     def __init__(self, slots_fn: Callable[[], dict[str, NodeShare]], here: str, directory: str, *,
-                 resources: Mapping[str, float], task_cpus: float = 1.0, prefetch_chunks: int = 0):  # fmt: skip
+                 resources: Mapping[str, float], task_cpus: float = 1.0, prefetch_chunks: int = 0,
+                 width: int | None = None):  # fmt: skip
+        """``width``: elastic from that width (``set_width``); None: the rank's slots."""
         self._slots_fn, self._here = slots_fn, here
         self._resources, self._task_cpus = dict(resources), task_cpus
         self._slots = slots_fn()
+        self.width = width
+        self._remote: list[tuple[object, object, object]] = []  # elastic: (launcher, its run(), its node())
         count, processes = self._counts(self._slots)
         self.pool = LocalWorkers(count, directory, prefetch_chunks=prefetch_chunks, processes=processes)
         address = os.environ.get(HOST_ENV) or node_address(here)
@@ -94,9 +104,43 @@ class NodeWorkers:
         self._first_wait_until: float | None = None
 
     def _counts(self, slots: dict[str, NodeShare]) -> tuple[int, int]:
-        """(workers in all, of them on this node)."""
+        """(workers in all, of them on this node): the rank's slots, or, elastic, its width with this
+        node's part of it up to this node's slots."""
         here = slots.get(self._here)
-        return sum(s.workers for s in slots.values()), here.workers if here else 0
+        local = here.workers if here else 0
+        if self.width is not None:
+            return self.width, min(local, self.width)
+        return sum(s.workers for s in slots.values()), local
+
+    @property
+    def elastic(self) -> bool:
+        return self.width is not None
+
+    def set_width(self, width: int) -> None:
+        """Elastic: run ``width`` workers from now on (see the module doc)."""
+        if width < 1:
+            raise ValueError(f"width={width!r}: expected a positive int")
+        with self._lock:
+            self.width = width
+            count, processes = self._counts(self._slots)
+        self.pool.resize(count, processes=processes)
+        with self._lock:
+            if self._started and not self._closed:
+                self._fit_remote(count - processes)
+
+    def ready_workers(self) -> int:
+        """Workers running now: those that answered, here and on other nodes."""
+        return self.pool.ready_count()
+
+    @property
+    def pending_launchers(self) -> int:
+        """Elastic: launchers that Ray has not placed yet (the rank's demand on the cluster)."""
+        with self._lock:
+            refs = [node for _, _, node in self._remote]
+        if not refs:
+            return 0
+        placed, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return len(refs) - len(placed)
 
     @property
     def count(self) -> int:
@@ -168,10 +212,11 @@ class NodeWorkers:
         if not self._started or self._closed:
             return
         slots = self._slots_fn()
-        count, processes = self._counts(slots)
-        self.pool.resize(count, processes=processes)
         with self._lock:
             self._slots = slots
+            count, processes = self._counts(slots)
+        self.pool.resize(count, processes=processes)
+        with self._lock:
             self._drop_ended_launchers()
             self._start_launchers()
 
@@ -201,6 +246,7 @@ class NodeWorkers:
         with self._lock:
             self._closed = True
             launchers, self._launchers = list(self._launchers.values()), {}
+            remote, self._remote = [actor for actor, _, _ in self._remote], []
         try:
             self._listener.close()
         except OSError:
@@ -211,15 +257,49 @@ class NodeWorkers:
                     actor.close.remote()  # asynchronous: the pool is shut down before its workers end
                 except Exception:  # noqa: BLE001 - the cluster is going: the actor goes with it
                     pass
+            for actor in remote:  # ended, not closed: a pending one's demand must go at once
+                try:
+                    ray.kill(actor)
+                except Exception:  # noqa: BLE001 - the cluster is going: the actor goes with it
+                    pass
         self.pool.shutdown()  # marks the pool closed first: the connections' ends are not losses
 
     # -- inside ---------------------------------------------------------------------------------------
 
+    def _fit_remote(self, count: int) -> None:
+        """Elastic: ``count`` one-worker launchers wherever Ray places them (holding the lock): more are
+        asked for, or the surplus ended, pending ones first, then those on the node where this rank has
+        the fewest (so that whole nodes go idle)."""
+        self._remote = [r for r in self._remote if not ray.wait([r[1]], timeout=0)[0]]  # ended: a lost node
+        while len(self._remote) < count:
+            options = {"num_cpus": self._task_cpus, "resources": dict(self._resources)}
+            actor = Launcher.options(**options).remote(*self.address, self._secret, 1)
+            self._remote.append((actor, actor.run.remote(), actor.node.remote()))
+        if len(self._remote) <= count:
+            return
+        nodes = {}
+        for i, (_, _, node_ref) in enumerate(self._remote):
+            ready, _ = ray.wait([node_ref], timeout=0)
+            nodes[i] = ray.get(node_ref) if ready else None
+        per_node: dict[str, int] = {}
+        for node in nodes.values():
+            if node is not None:
+                per_node[node] = per_node.get(node, 0) + 1
+        order = sorted(nodes, key=lambda i: (nodes[i] is not None, per_node.get(nodes[i], 0), nodes[i] or ""))
+        for i in sorted(order[: len(self._remote) - count], reverse=True):
+            actor, _, _ = self._remote.pop(i)
+            ray.kill(actor)  # a pending one's demand goes with it; a placed one's worker ends with it
+
     def _start_launchers(self) -> None:
-        """A launcher for each other node with slots and none running (holding the lock). With no node
+        """A launcher for each other node with slots and none running (holding the lock); elastic, the
+        one-worker launchers of its width (``_fit_remote``). With no node
         to run on at all (a preprocessing group scaled to zero), one launcher of one worker goes to
         wherever Ray can place it: its pending request is what asks an autoscaler for a node, and once
         the node is there, the next refresh gives it its slots and ends this one."""
+        if self.width is not None:
+            count, processes = self._counts(self._slots)
+            self._fit_remote(count - processes)
+            return
         if not self._slots:
             if ANY_NODE not in self._launchers:
                 options = {"num_cpus": self._task_cpus, "resources": dict(self._resources)}
