@@ -1,6 +1,7 @@
-"""Positions that raypipe 0.1.0 saved (tests/fixtures, written by that release) keep loading, with the
-exact batches: a mid-epoch checkpoint of ``jobs/train.py --checkpoint-steps`` (a ``DeviceLoader`` over
-an ``EpochSource`` per rank) and ``RankLoader``'s states (with ``EqualBatches`` between them)."""
+"""Every loader stack saves one position value, and the positions that raypipe 0.1.0 saved (tests/fixtures,
+written by that release) keep loading, with the exact batches: a mid-epoch checkpoint of ``jobs/train.py
+--checkpoint-steps`` (a ``DeviceLoader`` over an ``EpochSource`` per rank) and ``RankLoader``'s states
+(with ``EqualBatches`` between them)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from train_helpers import tiny_dataset, tiny_job
 
 from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
-from raypipe.device import from_timm_args
+from raypipe.device import DeviceLoader, from_timm_args
 from raypipe.integrations.loader import RankLoader
 from raypipe.pipeline import EpochSource, Pipeline
 from raypipe.sample_data import write_sample_data
@@ -110,3 +111,96 @@ def test_rank_loader_states_of_0_1_0_resume_with_their_exact_batches(rank_data, 
         if world == case["world"]:  # on the same ranks: the uninterrupted epoch from where it stopped
             seen = case["seen"][rank] if many else case["seen"]
             assert seen + got == RANK["whole"][f"{rank}/{world}"][epoch], (case["name"], where)
+
+
+def rank_pipeline(data) -> Pipeline:
+    kw = RANK["rank_loader"]
+    config = PipelineConfig(batch_size=kw["batch_size"], drop_last=True, seed=kw["seed"],
+                            max_skip_ratio=kw["max_skip_ratio"])  # fmt: skip
+    return Pipeline(str(data), TrainAugment(input_size=tuple(kw["input_size"])), config=config,
+                    execution=ExecutionConfig(**RANK["execution"]))  # fmt: skip
+
+
+def test_both_loader_stacks_save_one_value(rank_data):
+    """A DeviceLoader over an EpochSource (the training job's stack) and a RankLoader (with EqualBatches
+    between them) save the same value, which either loads."""
+    whole = RANK["whole"]["0/1"][1]
+    saved = {}
+    with from_timm_args(EpochSource(rank_pipeline(rank_data)), device="cpu", seed=1, rank=0) as job_stack:
+        job_stack.set_epoch(1)
+        saved["between passes", "job"] = job_stack.state_dict()
+        it = iter(job_stack)
+        assert [next(it)["sample_id"].tolist() for _ in range(3)] == whole[:3]
+        saved["after 3", "job"] = job_stack.state_dict()
+    with rank_loader(rank_data, 0, 1) as timm_stack:
+        timm_stack.set_epoch(1)
+        saved["between passes", "timm"] = timm_stack.state_dict()
+        it = iter(timm_stack)
+        assert [next(it)[2].tolist() for _ in range(3)] == whole[:3]
+        saved["after 3", "timm"] = timm_stack.state_dict()
+    for when in ("between passes", "after 3"):
+        job, timm = saved[when, "job"], saved[when, "timm"]
+        assert job == timm, when  # one shape, one value
+        assert set(job) == {"format", "version", "epoch", "rank", "world_size", "batches", "remaining", "plan"}
+        assert (job["format"], job["version"], job["epoch"]) == ("raypipe-position", 2, 1)
+    assert saved["after 3", "job"]["batches"] == 3
+    with from_timm_args(EpochSource(rank_pipeline(rank_data)), device="cpu", seed=1, rank=0) as job_stack:
+        job_stack.load_state_dict(saved["after 3", "timm"])
+        assert whole[-1] == whole[-2]  # RankLoader repeats a batch to make up for the unreadable image
+        assert [b["sample_id"].tolist() for b in job_stack] == whole[3:-1]
+    with rank_loader(rank_data, 0, 1) as timm_stack:
+        timm_stack.load_state_dict(saved["after 3", "job"])
+        assert [ids.tolist() for _, _, ids in timm_stack] == whole[3:]
+
+
+def test_a_rank_loader_position_saved_after_a_resume_resumes_again(rank_data):
+    """A second checkpoint in a resumed epoch: the source counts on from the loaded position, so the
+    position after 3 + 2 batches is the one an uninterrupted run has there."""
+    whole = RANK["whole"]["0/1"][1]
+    first = next(c for c in RANK["cases"] if c["world"] == 1)["states"]  # epoch 1 after 3 batches (0.1.0)
+    with rank_loader(rank_data, 0, 1) as loader:
+        loader.load_state_dict(first)
+        it = iter(loader)
+        seen = [next(it)[2].tolist() for _ in range(2)]
+        later = json.loads(json.dumps(loader.state_dict()))
+    assert later["batches"] == 5 and seen == whole[3:5]
+    with rank_loader(rank_data, 0, 1) as loader:
+        loader.load_state_dict(later)
+        assert [ids.tolist() for _, _, ids in loader] == whole[5:]
+    # the short rank, saved after its repeated batch: nothing left of the epoch, then the next one whole
+    short = RANK["whole"]["1/2"]
+    with rank_loader(rank_data, 1, 2) as loader:
+        taken = [ids.tolist() for _, _, ids in loader]
+        assert taken == short[0] and loader.batches.repeated_batches == 1
+        end = loader.device_loader.state_dict()
+    assert (end["epoch"], end["batches"]) == (1, 0)  # between passes: the next epoch from its start
+    with rank_loader(rank_data, 1, 2) as loader:
+        it = iter(loader)
+        assert [next(it)[2].tolist() for _ in range(len(loader))] == short[0]
+        after = loader.state_dict()
+    assert (after["epoch"], after["batches"]) == (0, len(short[0]))
+    with rank_loader(rank_data, 1, 2) as loader:
+        loader.load_state_dict(after)
+        assert [ids.tolist() for _, _, ids in loader] == []
+        assert [ids.tolist() for _, _, ids in loader] == short[1]
+
+
+def test_a_loaded_position_belongs_to_its_own_epoch(rank_data):
+    first = next(c for c in RANK["cases"] if c["world"] == 1)["states"]  # epoch 1 after 3 batches
+    with rank_loader(rank_data, 0, 1) as loader:
+        loader.load_state_dict(first)
+        loader.set_epoch(0)  # another epoch: from its start, every batch of it
+        assert [ids.tolist() for _, _, ids in loader] == RANK["whole"]["0/1"][0]
+
+
+def test_a_device_loader_starts_at_its_sources_epoch(rank_data):
+    """The draws and the batches are of one epoch, so the position is one value, without set_epoch."""
+    whole = RANK["whole"]["0/1"][1]
+    with DeviceLoader(EpochSource(rank_pipeline(rank_data), start_epoch=1), device="cpu") as loader:
+        assert loader.next_epoch == 1 and loader.state_dict()["epoch"] == 1
+        it = iter(loader)
+        assert [next(it)["sample_id"].tolist() for _ in range(2)] == whole[:2]
+        state = loader.state_dict()
+    with DeviceLoader(EpochSource(rank_pipeline(rank_data)), device="cpu") as loader:
+        loader.load_state_dict(state)
+        assert loader.next_epoch == 1 and [b["sample_id"].tolist() for b in loader] == whole[2:-1]
