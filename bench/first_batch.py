@@ -91,16 +91,13 @@ def _resume(loader, batches: int, batch_size: int) -> None:
     ``batch_size`` rows into the rank's part), as a restarted run loads its checkpoint's."""
     if not batches:
         return
-    state = loader.state_dict()  # epoch 0 from its start: its plan's identity and the rank's part
-    inner = state
-    while True:  # DeviceLoader -> (a RankLoader's EqualBatches) -> the rank's position
-        inner["batches"] = batches
-        if inner.get("format") == "raypipe-position":
-            break
-        inner = inner["source"]
-    ((lo, hi),) = inner["remaining"]
-    inner["remaining"] = [[lo + batches * batch_size, hi]]
-    loader.load_state_dict(state)
+    from dataclasses import replace
+
+    from raypipe.plan.position import Position
+
+    at = Position.from_dict(loader.state_dict())  # epoch 0 from its start: its plan and the rank's part
+    ((lo, hi),) = at.remaining
+    loader.load_state_dict(replace(at, batches=batches, remaining=((lo + batches * batch_size, hi),)).as_dict())
 
 
 def _first(loader, device) -> None:

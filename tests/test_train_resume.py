@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from train_helpers import tiny_dataset, tiny_job
 
+from raypipe.plan.position import PlanIdentity, Position
 from raypipe.train.resume import (
     ResumePoint,
     allowed_skips,
@@ -92,7 +93,9 @@ def test_where_an_attempt_resumes_and_what_it_repeats():
     assert repeated_batches(progress, mid) == {2: (8 - 5) + (17 - 5), 3: 4}
     assert repeated_batches(progress, ResumePoint(epoch=3, from_checkpoint=True)) == {3: 4}
     assert repeated_batches([], mid) == {}
-    assert rows_left({"remaining": [[10, 20], [30, 31]]}) == 11
+    plan = PlanIdentity("digest", 40, "", 0, True, 2048, 8, False)
+    at = Position(epoch=2, batches=5, rank=0, world_size=1, remaining=((10, 20), (30, 31)), plan=plan)
+    assert rows_left(at) == 11
 
 
 def test_ids_of_a_resumed_epoch_on_the_same_or_another_number_of_ranks():

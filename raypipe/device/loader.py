@@ -40,9 +40,9 @@ CUDA draw the same boxes and lams, and a pass resumed at batch ``k`` (``load_sta
 an uninterrupted one draws from there. Pixel-mode noise comes from the loader's own ``torch.Generator``
 on the device, reseeded from the same words each batch. Global RNG is never touched.
 
-Position: ``state_dict()`` is the pass's epoch and the batches the trainer has taken, with the source's
-position after them (a source with ``state_dict(batches=…)``: ``EpochSource``, ``FeederSource``), so
-the batches the producer made ahead are made again after a resume, not lost.
+Position: ``state_dict()`` is the rank's position (``raypipe.plan.position``): the pass's epoch, the
+trainer's count of batches, and where a source with ``state_dict(batches=…)`` (``EpochSource``, …) is
+after them, so the batches the producer made ahead are made again after a resume, not lost.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ from raypipe.device.erasing import RandomErasing
 from raypipe.device.mixup import Mixup
 from raypipe.device.normalize import Normalize, nchw_shape, reads_host_directly
 from raypipe.device.staging import Staging
+from raypipe.plan.position import Position, read_positions
 
 __all__ = ["DeviceLoader", "LoaderStats"]
 
@@ -137,6 +138,8 @@ class DeviceLoader:
     - ``layout``: "auto" detects NHWC/NCHW from the channel count; declare it for ambiguous shapes.
     - ``seed``, ``rank``: random draws per batch from ``(seed, rank, epoch, batch)``; ``rank=None`` takes
       ``torch.distributed``'s rank when it is initialised, else 0.
+    - The first pass is the source's next epoch where it says one (``EpochSource``, ``FeederSource``),
+      else 0 (``set_epoch`` moves both).
 
     >>> src = [{"image": np.zeros((2, 4, 4, 3), np.uint8), "label": np.array([0, 1])}]
     >>> with DeviceLoader(src) as loader:
@@ -181,7 +184,7 @@ class DeviceLoader:
         self.stats = LoaderStats()
         self.last_wait_s = 0.0
         self._mixup_enabled = mixup is not None
-        self._next_epoch = 0
+        self._next_epoch = _source_epoch(source)
         self._first_batch = 0  # the next pass's first batch number (a resumed pass starts past 0)
         self._pass: list | None = None  # [epoch, batches taken (resumed ones counted), finished]
         self._staging = Staging(self.device, self.prefetch + 1, pin_memory=pin_memory)
@@ -222,36 +225,38 @@ class DeviceLoader:
         return self._next_epoch
 
     def state_dict(self) -> dict:
-        """The position to resume from (JSON-serialisable): the epoch, the batches the trainer has taken
-        in it, and the source's position after them."""
+        """The position to resume from (``raypipe.plan.position.Position.as_dict()``): the epoch, the
+        batches the trainer has taken in it, and where the source is after them (its position, where it
+        has one; else the epoch and the count only)."""
         if self._pass is not None and not self._pass[2]:
             epoch, batches = self._pass[0], self._pass[1]
             source = _source_state(self.source, batches)
         else:  # between passes: the next one from its start (or from a loaded position)
             epoch, batches = self._next_epoch, self._first_batch
             source = _source_state(self.source, None)
-        return {"format": "raypipe-device-loader", "epoch": epoch, "batches": batches, "source": source}
+        if source is None:
+            return Position(epoch=epoch, batches=batches).as_dict()
+        position = Position.from_dict(source)
+        if position.epoch != epoch:
+            raise ValueError(f"this DeviceLoader's pass is epoch {epoch} and its source is in epoch {position.epoch}: "
+                             "set_epoch(e) on the loader moves both")  # fmt: skip
+        return position.with_batches(batches).as_dict()
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
-        """Make the next pass go on from ``state``: this rank's own, or the list of every rank's (a run
-        resumed on another number of ranks; the source re-splits what is left, ``EpochSource``)."""
-        states = list(state) if isinstance(state, list | tuple) else [state]
-        if not states or any(not isinstance(s, dict) or s.get("format") != "raypipe-device-loader" for s in states):
-            raise ValueError("not a DeviceLoader state (no format 'raypipe-device-loader')")
-        epochs = {int(s["epoch"]) for s in states}
-        if len(epochs) != 1:
-            raise ValueError(f"the saved DeviceLoader states are of different epochs {sorted(epochs)}")
-        sources = [s.get("source") for s in states]
-        if any(src is not None for src in sources):
+        """Make the next pass go on from ``state``: this rank's own position, or the list of every rank's
+        (a run resumed on another number of ranks; the source re-splits what is left, ``EpochSource``),
+        as any raypipe loader saved it (``raypipe.plan.position.read_positions``)."""
+        saved = read_positions(state)
+        if saved.placed:
             load = getattr(self.source, "load_state_dict", None)
             if load is None:
                 raise ValueError(f"the state holds a source position, and the source {type(self.source).__name__} "
                                  "has no load_state_dict")  # fmt: skip
-            load(sources if isinstance(state, list | tuple) else sources[0])
+            load(saved.as_state())
         self._stop(self._active)
         self._pass = None
-        self._next_epoch = epochs.pop()
-        self._first_batch = max(int(s["batches"]) for s in states)
+        self._next_epoch = saved.epoch
+        self._first_batch = saved.batches
 
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
@@ -444,6 +449,12 @@ def _source_state(source: Any, batches: int | None) -> dict | None:
     if state_dict is None:
         return None
     return state_dict() if batches is None else state_dict(batches=batches)
+
+
+def _source_epoch(source: Any) -> int:
+    """The epoch a source reads next, where it says (``next_epoch``), else 0."""
+    epoch = getattr(source, "next_epoch", 0)
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0 else 0
 
 
 def _device(device: str | torch.device) -> torch.device:

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from raypipe.plan.position import Position, read_positions
+
 __all__ = ["EqualBatches", "eval_rows_per_rank", "train_batches_per_rank"]
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,7 @@ class EqualBatches:
 
     ``pad_to``: rows per epoch for eval (padded at the end, see the module doc); None for training.
     ``image_shape`` (H, W, C): the padding of a rank that has no row of its own (fewer rows than ranks).
-    ``set_epoch``, ``close`` and ``last_report`` are passed to the source. After each epoch,
+    ``set_epoch``, ``next_epoch``, ``close`` and ``last_report`` are passed to the source. After each epoch,
     ``padded_rows``, ``held_back_rows`` and ``repeated_batches`` say what was done to even it out.
     """
 
@@ -71,21 +73,25 @@ class EqualBatches:
         self.padded_rows = 0
         self.held_back_rows = 0
         self.repeated_batches = 0
-        self._source_batches = 0  # the source's batches this epoch has yielded (repeats not counted)
+        # the source's count of its batches this epoch has yielded (repeats not counted; a resumed epoch
+        # counts on from the position's), and the count the next epoch starts from
+        self._source_batches = 0
+        self._first = 0
         self._resumed: int | None = None  # batches the next epoch yields when it goes on from a saved position
 
     def __len__(self) -> int:
         return self.num_batches
 
     def state_dict(self, batches: int | None = None) -> dict:
-        """The source's position after ``batches`` of this epoch's (training only: an evaluation runs
-        whole). A batch repeated to even out the ranks is past the source's last: its position is the
-        source's end."""
+        """The position (``raypipe.plan.position``) after ``batches`` of this epoch's (training only: an
+        evaluation runs whole): the source's, with ``batches`` as the count. A batch repeated to even out
+        the ranks is past the source's last: its position is the source's end."""
         if self.pad_to is not None:
             raise ValueError("an evaluation loader runs its epochs whole: it has no position to save")
         if batches is None:
-            return {"batches": 0, "source": self.source.state_dict()}
-        return {"batches": batches, "source": self.source.state_dict(batches=min(batches, self._source_batches))}
+            return self.source.state_dict()
+        at = self.source.state_dict(batches=min(batches, self._source_batches))
+        return Position.from_dict(at).with_batches(batches).as_dict()
 
     def load_state_dict(self, state) -> None:
         """Go on from ``state`` (this rank's, or every rank's for another number of ranks): the epoch
@@ -93,21 +99,25 @@ class EqualBatches:
         the shortest new rank's part of what is left."""
         if self.pad_to is not None:
             raise ValueError("an evaluation loader runs its epochs whole: it has no position to load")
-        states = list(state) if isinstance(state, list | tuple) else [state]
-        sources = [s["source"] for s in states]
-        self.source.load_state_dict(sources if isinstance(state, list | tuple) else sources[0])
-        taken = max(int(s["batches"]) for s in states)
+        saved = read_positions(state)
+        self.source.load_state_dict(saved.as_state())
         world = getattr(self.source, "world_size", None)
-        if sources[0]["world_size"] == world or not isinstance(state, list | tuple):
-            self._resumed = max(0, self.num_batches - taken)
+        if not saved.every_rank or saved.world_size == world:
+            self._resumed = max(0, self.num_batches - saved.batches)
         else:
-            left = sum(hi - lo for s in sources for lo, hi in s["remaining"])
-            self._resumed = (left // world) // self.batch_size
+            self._resumed = (saved.rows_left // world) // self.batch_size
+        self._first = self._source_batches = saved.batches
 
     def set_epoch(self, epoch: int) -> None:
+        if self.next_epoch is not None and epoch != self.next_epoch:
+            self._resumed, self._first = None, 0  # a loaded position belongs to its own epoch
         move = getattr(self.source, "set_epoch", None)
         if move is not None:
             move(epoch)
+
+    @property
+    def next_epoch(self) -> int | None:
+        return getattr(self.source, "next_epoch", None)
 
     def close(self) -> None:
         close = getattr(self.source, "close", None)
@@ -120,7 +130,7 @@ class EqualBatches:
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         self.padded_rows = self.held_back_rows = self.repeated_batches = 0
-        self._source_batches = 0
+        self._source_batches, self._first = self._first, 0
         count, self._resumed = (self.num_batches if self._resumed is None else self._resumed), None
         inner = iter(self.source)
         body = self._eval(inner) if self.pad_to is not None else self._train(inner, count)
@@ -141,7 +151,7 @@ class EqualBatches:
         for batch in inner:
             if out < count:
                 out += 1
-                self._source_batches = out
+                self._source_batches += 1
                 last = batch
                 yield batch
             else:  # read to the end all the same: the source's accounting and its stream stay in step

@@ -142,13 +142,14 @@ class RankLoader:
         self.device_loader.set_epoch(epoch)
 
     def state_dict(self) -> dict:
-        """This rank's position: the epoch, the batches the trainer took, the source's position after
-        them (JSON-serialisable; ``raypipe.plan.position``)."""
+        """This rank's position (``raypipe.plan.position.Position.as_dict()``), the same value a
+        ``DeviceLoader`` over an ``EpochSource`` saves: the epoch, the batches the trainer took (repeated
+        ones included), where the source is after them."""
         return self.device_loader.state_dict()
 
     def load_state_dict(self, state) -> None:
-        """Go on from ``state`` at the next ``iter()``: this rank's own, or the list of every rank's (a
-        run resumed on another number of ranks)."""
+        """Go on from ``state`` at the next ``iter()``: this rank's own position, or the list of every
+        rank's (a run resumed on another number of ranks), as any raypipe loader saved it."""
         self.device_loader.load_state_dict(state)
         self.sampler.epoch = self.device_loader.next_epoch
 

@@ -33,14 +33,7 @@ from raypipe.pipeline.elastic import ElasticWidth, bounds_for, start_width
 from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.pipeline.stream import Chunk, ChunkStream
 from raypipe.plan.order import RankPlan
-from raypipe.plan.position import (
-    EpochState,
-    PlanIdentity,
-    remaining_after,
-    resume_segments,
-    resumed_batches,
-    shard_layout_digest,
-)
+from raypipe.plan.position import PlanIdentity, Position, read_positions, remaining_after, shard_layout_digest
 from raypipe.sources import open_source
 from raypipe.sources.remote import reads_store_objects
 from raypipe.sources.table import TableColumns
@@ -381,10 +374,11 @@ class EpochSource:
         return self.reports[-1] if self.reports else None
 
     def state_dict(self, batches: int | None = None) -> dict:
-        """This rank's position as a JSON-serialisable dict: after the batches it has yielded in the epoch
-        it reads, or after ``batches`` of them (a consumer that reads ahead gives the count it used).
-        Once the epoch has ended, no ``batches`` is the next epoch's start, and its last batch's count is
-        that epoch with nothing left: a consumer that has not seen the end yet resumes in it, at its end."""
+        """This rank's position (``raypipe.plan.position.Position.as_dict()``): after the batches it has
+        yielded in the epoch it reads, or after ``batches`` of them (a consumer that reads ahead gives the
+        count it used). Once the epoch has ended, no ``batches`` is the next epoch's start, and its last
+        batch's count is that epoch with nothing left: a consumer that has not seen the end yet resumes in
+        it, at its end."""
         identity, cursor = self.pipeline.identity(), self._cursor
         fresh = self.pipeline.plan(self.rank, self.world_size).segments
         if self._resume is not None:
@@ -397,16 +391,19 @@ class EpochSource:
                 raise ValueError(f"the position after batch {done} of epoch {cursor.epoch} is not known (batches "
                                  f"{min(cursor.after)} … {max(cursor.after)} are)")  # fmt: skip
             epoch, remaining = cursor.epoch, remaining_after(cursor.segments, cursor.after[done])
-        return EpochState(identity, epoch, self.rank, self.world_size, done, tuple(remaining)).as_dict()
+        return Position(epoch=epoch, batches=done, rank=self.rank, world_size=self.world_size,
+                        remaining=tuple(remaining), plan=identity).as_dict()  # fmt: skip
 
     def load_state_dict(self, state) -> None:
-        """Go on from ``state`` at the next ``iter()``: this rank's own state, or the list of every rank's
-        states (any number of ranks); a state of another plan is refused (``StateMismatchError``)."""
-        epoch, segments = resume_segments(state, self.pipeline.identity(), rank=self.rank, world_size=self.world_size)
+        """Go on from ``state`` at the next ``iter()``: this rank's own position, or the list of every rank's
+        (any number of ranks), as any loader saved it (``read_positions``); another plan's is refused
+        (``StateMismatchError``)."""
+        saved = read_positions(state)
+        segments = saved.segments(self.pipeline.identity(), rank=self.rank, world_size=self.world_size)
         self.close()
         self._cursor = None
-        self.next_epoch = epoch
-        self._resume = (epoch, segments, resumed_batches(state))
+        self.next_epoch = saved.epoch
+        self._resume = (saved.epoch, segments, saved.batches)
 
     def close(self) -> None:
         """Cancel the chunks in flight (epochs started ahead that will not be read). Idempotent."""

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from raypipe.device import DeviceLoader, from_timm_args
 from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 from raypipe.pipeline.feeder import FEEDER_CPUS
+from raypipe.plan.position import Position
 from raypipe.plan.same_listing import check_same_listing
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.metrics import RankEpoch, RunDir, combine, format_line
@@ -179,7 +180,7 @@ def _previous_attempt(run_dir: RunDir, start: ResumePoint) -> dict[int, int]:
 def _last_safe_step(job: TrainJobConfig, loader: DeviceLoader, first_step: int) -> int | None:
     """Every rank: the last step of the epoch about to run at which a mid-epoch checkpoint may be, from
     each rank's rows left in it (``last_safe_step``); call between passes."""
-    rows = _gather(rows_left(loader.state_dict()["source"]))
+    rows = _gather(rows_left(Position.from_dict(loader.state_dict())))
     cfg = job.pipeline
     return last_safe_step(first_step, rows, batch_size=cfg.batch_size, max_skip_ratio=cfg.max_skip_ratio,
                           max_skips=cfg.max_skips)  # fmt: skip

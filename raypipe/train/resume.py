@@ -4,8 +4,8 @@ functions over small JSON values, so the loop stays a loop and each rule is test
 A checkpoint (``state.pt``) is written by rank 0 at the end of every epoch (``step`` None) and, with
 ``--checkpoint-steps N``, after every N-th optimizer step of an epoch at which every rank is sure to
 arrive (``last_safe_step``). A mid-epoch checkpoint also holds every rank's train-loader position
-(``DeviceLoader.state_dict``) and, with ``--record-ids``, the ids each rank trained on so far in the
-epoch; the loader positions resume on any number of ranks (``raypipe.plan.position``).
+(``raypipe.plan.position.Position``, ``DeviceLoader.state_dict``) and, with ``--record-ids``, the ids
+each rank trained on so far in the epoch; the positions resume on any number of ranks.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+
+from raypipe.plan.position import Position
 
 __all__ = [
     "ResumePoint",
@@ -101,9 +103,10 @@ def checkpoint_due(step: int, *, every: int | None, last_safe: int | None) -> bo
     return every is not None and last_safe is not None and step % every == 0 and step <= last_safe
 
 
-def rows_left(position: dict) -> int:
-    """The rows a source position (``EpochSource.state_dict``) has not consumed in its epoch."""
-    return sum(int(hi) - int(lo) for lo, hi in position["remaining"])
+def rows_left(position: Position) -> int:
+    """The rows of its epoch that a rank's position (a loader's ``state_dict()``, read by
+    ``Position.from_dict``) has not consumed."""
+    return position.rows_left
 
 
 def repeated_batches(progress: list[dict], resume: ResumePoint) -> dict[int, int]:
