@@ -34,6 +34,7 @@ _EXPORTS = {
     "RayDataAugment": "raypipe.integrations.ray_data",
     "RaypipeIterableDataset": "raypipe.integrations",
     "SkipLimitError": "raypipe.pipeline",
+    "ListingOptions": "raypipe.sources",
     "SourceRows": "raypipe.sources",
     "open_source": "raypipe.sources",
     "ray_loader": "raypipe.integrations",

@@ -40,7 +40,7 @@ from raypipe.plan.position import (
     resumed_batches,
     shard_layout_digest,
 )
-from raypipe.sources import open_source
+from raypipe.sources import ListingOptions, open_source
 from raypipe.sources.remote import reads_store_objects
 from raypipe.sources.table import TableColumns
 from raypipe.stages.augment import StageSpec
@@ -57,7 +57,8 @@ log = logging.getLogger(__name__)
 class Pipeline:
     """A dataset plus its transform, ready to run epochs on the connected Ray cluster (or, not connected,
     on local worker processes: ``ExecutionConfig.backend``). Constructing it lists the dataset (a path or
-    URI, or a ``ray.data.Dataset``; unless given ``SourceRows``) and nothing else."""
+    URI, or a ``ray.data.Dataset``, with the ``listing`` options; unless given ``SourceRows``) and nothing
+    else."""
 
     def __init__(
         self,
@@ -68,8 +69,9 @@ class Pipeline:
         execution: ExecutionConfig | None = None,
         decode: DecodeConfig | None = None,
         content_digest: bool = False,
+        listing: ListingOptions | None = None,
     ):
-        self.rows = open_source(source)  # a listing is taken as it is
+        self.rows = open_source(source, options=listing)  # a listing is taken as it is
         self.augment = augment
         self.config = config or PipelineConfig()
         ex = execution or ExecutionConfig()
