@@ -30,6 +30,7 @@ _EXPORTS = {
     "FeederSource": "raypipe.pipeline",
     "StateMismatchError": "raypipe.pipeline",
     "Pipeline": "raypipe.pipeline",
+    "RankSpan": "raypipe.plan",
     "RankLoader": "raypipe.integrations",
     "RayDataAugment": "raypipe.integrations.ray_data",
     "RaypipeIterableDataset": "raypipe.integrations",
