@@ -12,7 +12,7 @@ import pytest
 from raypipe.config import DecodeConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline import EpochSource, Pipeline
 from raypipe.sample_data import write_sample_data
-from raypipe.sources import list_ray_dataset, open_source
+from raypipe.sources import ListingOptions, list_ray_dataset, open_source
 from raypipe.sources.paths import open_root
 from raypipe.sources.reader import BlockReader
 from raypipe.stages.augment import StageSpec, augment_block
@@ -104,6 +104,7 @@ def test_a_filtered_parquet_dataset_runs_exactly_once_on_two_ranks_with_the_fold
     assert rows.table.column("path").to_pylist()[:5] == ["block0"] * 4 + ["block1"]
     assert rows.table.column("label").to_pylist() == [lbl for _, lbl, _ in train]
     assert list_ray_dataset(ds, block_rows=4).digest() == rows.digest()  # a second listing: the same ids
+    assert open_source(ds, options=ListingOptions(block_rows=4)).digest() == rows.digest()  # the value: the same
     pipe = Pipeline(rows, AUG, config=PipelineConfig(batch_size=4, seed=SEED, max_skip_ratio=1.0))
     for epoch in (0, 1):
         images, skipped = _epoch_on_ranks(pipe, epoch)

@@ -19,6 +19,7 @@ __all__ = [
     "write_json",
     "check_json_path",
     "check_index",
+    "listing_from_args",
     "rows_from_args",
     "print_skips",
     "quiet_ray_startup",
@@ -110,19 +111,19 @@ def check_index(data: str, kind: str | None, index: str | None) -> None:
         raise ValueError(f"--index {index}: a shard index is for WebDataset shards, {data} is a {kind} dataset")
 
 
+def listing_from_args(args):
+    """The ``ListingOptions`` of the source flags (``raypipe.flags.add_source_args``)."""
+    from raypipe.sources import ListingOptions
+
+    return ListingOptions(kind=args.kind, image_column=args.image_column, label_column=args.label_column,
+                          path_column=args.path_column, root=args.root, index=args.index)  # fmt: skip
+
+
 def rows_from_args(args):
     from raypipe.sources import open_source
 
     check_index(args.data, args.kind, args.index)
-    return open_source(
-        args.data,
-        kind=args.kind,
-        image_column=args.image_column,
-        label_column=args.label_column,
-        path_column=args.path_column,
-        root=args.root,
-        index=args.index,
-    )
+    return open_source(args.data, options=listing_from_args(args))
 
 
 def print_skips(skipped: dict[str, int], paths: list[dict], limit: int = 20) -> None:

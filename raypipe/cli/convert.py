@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from raypipe.cli.common import check_index, check_json_path, connect_quietly, progress, write_json
+from raypipe.cli.common import check_index, check_json_path, connect_quietly, listing_from_args, progress, write_json
 from raypipe.flags import add_index_arg
 
 # Restated here (not imported) so that `raypipe --help` imports no pyarrow; tests check they agree with
@@ -38,8 +38,7 @@ def main(args: argparse.Namespace) -> int:
     check_index(args.src, args.kind, args.index)
     check_json_path(args.json)
     connect_quietly(args)
-    options = dict(kind=args.kind, image_column=args.image_column, label_column=args.label_column,
-                   path_column=args.path_column, root=args.root, index=args.index)  # fmt: skip
+    options = listing_from_args(args)
     bar = None
 
     def shown(done: int, total: int, samples: int) -> None:
@@ -51,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         report = convert(args.src, args.dst, format=args.format, shard_size=args.shard_size, max_side=args.max_side,
-                         progress=shown, **options)  # fmt: skip
+                         progress=shown, options=options)  # fmt: skip
     finally:
         if bar is not None:
             bar.close()

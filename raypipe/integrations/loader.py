@@ -26,6 +26,7 @@ from raypipe.device import from_timm_args
 from raypipe.integrations.epochs import EqualBatches, eval_rows_per_rank, train_batches_per_rank
 from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 from raypipe.plan.order import rank_slice
+from raypipe.plan.span import RankSpan
 
 __all__ = ["RankLoader", "EpochSampler"]
 
@@ -96,8 +97,8 @@ class RankLoader:
             span = rank_slice(n, rank, world_size)
             valid = span.stop - span.start
         cls = FeederSource if feeder else EpochSource
-        self.source = cls(pipeline, rank=rank, world_size=world_size, start_epoch=start_epoch,
-                          reserved_cpus=reserved_cpus)  # fmt: skip
+        span = RankSpan(rank=rank, world_size=world_size, start_epoch=start_epoch, reserved_cpus=reserved_cpus)
+        self.source = cls(pipeline, span=span)
         self.pipeline = pipeline
         self.rank, self.world_size = rank, world_size
         self.training = training

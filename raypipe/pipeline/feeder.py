@@ -44,6 +44,7 @@ from raypipe import runtime
 from raypipe.config import ExecutionConfig
 from raypipe.pipeline.accounting import EpochReport
 from raypipe.pipeline.pipeline import EpochSource, Pipeline
+from raypipe.plan.span import RankSpan
 from raypipe.workers.handover import HandoverError, SlabReceiver, SlabSender
 from raypipe.workers.local import LocalWorkers
 from raypipe.workers.node import NodeWorkers
@@ -67,11 +68,11 @@ class _Feeder:
     """Holds the rank's ``EpochSource``; each ``next()`` returns ``(kind, value)``: ``("batch", dict)``,
     ``("end", EpochReport)`` when the epoch ended, ``("error", exception)`` when it failed."""
 
-    def __init__(self, pipeline: Pipeline, source_kwargs: dict):
+    def __init__(self, pipeline: Pipeline, span: RankSpan):
         from raypipe.runtime import tune_consumer_process
 
         tune_consumer_process()  # this process is raypipe's own: see the function
-        self.source = EpochSource(pipeline, **source_kwargs)
+        self.source = EpochSource(pipeline, span=span)
         self.it: Iterator | None = None
         self.local = not pipeline.runs_ray_tasks()
         # local (or node) workers' chunks go to the trainer as slabs (see the module's doc)
@@ -186,25 +187,19 @@ def _rows_of(image: np.ndarray, chunk) -> tuple[int, int] | None:
 
 
 class FeederSource:
-    """Drop-in for ``EpochSource`` (same arguments, same samples, same ``reports``) whose epochs run in
-    a feeder process on this node. ``prefetch``: batches requested ahead of the consumer.
+    """Drop-in for ``EpochSource`` (same arguments: the rank's ``span`` or its fields as keywords; same
+    samples, same ``reports``) whose epochs run in a feeder process on this node. ``prefetch``: batches
+    requested ahead of the consumer.
 
     Batches arrive as read-only arrays viewing Ray's object store (the ``DeviceLoader`` copies them
     into its own buffers). ``close()`` ends the feeder; a ``DeviceLoader`` closes its source itself.
     """
 
     def __init__(
-        self,
-        pipeline: Pipeline,
-        *,
-        rank: int = 0,
-        world_size: int = 1,
-        start_epoch: int = 0,
-        end_epoch: int | None = None,
-        reserved_cpus: float = 0.0,
-        prefetch: int = 2,
-        timeout_s: float = 60.0,
-    ):
+        self, pipeline: Pipeline, *, span: RankSpan | None = None, prefetch: int = 2, timeout_s: float = 60.0,
+        **keywords,
+    ):  # fmt: skip
+        span = RankSpan.of(span, **keywords)
         if prefetch < 1:
             raise ValueError(f"prefetch={prefetch}: expected >= 1")
         from raypipe.pipeline.pipeline import check_task_fits
@@ -215,9 +210,10 @@ class FeederSource:
         if runs.uses_ray():
             check_task_fits(runs.execution)
         self.pipeline = pipeline
-        self.rank = rank
-        self.world_size = world_size
-        self.next_epoch = start_epoch
+        self.span = span
+        self.rank = span.rank
+        self.world_size = span.world_size
+        self.next_epoch = span.start_epoch
         self.prefetch = prefetch
         self.reports: list[EpochReport] = []
         self.timeout_s = timeout_s
@@ -225,10 +221,9 @@ class FeederSource:
         # batches the trainer took of the epoch it reads, those before a resume included (None: between epochs)
         self._taken: int | None = None
         # every rank's feeder holds its share, as every rank's trainer does (``reserved_cpus``)
-        kwargs = dict(rank=rank, world_size=world_size, start_epoch=start_epoch, end_epoch=end_epoch,
-                      reserved_cpus=reserved_cpus + FEEDER_CPUS * world_size)  # fmt: skip
+        held = dataclasses.replace(span, reserved_cpus=span.reserved_cpus + FEEDER_CPUS * span.world_size)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self._actor = _Feeder.options(scheduling_strategy=here).remote(runs, kwargs)
+        self._actor = _Feeder.options(scheduling_strategy=here).remote(runs, held)
         self._receiver: SlabReceiver | None = None
         try:
             self._receiver = self._connect_handover()

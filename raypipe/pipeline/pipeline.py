@@ -34,7 +34,8 @@ from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.pipeline.stream import Chunk, ChunkStream
 from raypipe.plan.order import RankPlan
 from raypipe.plan.position import PlanIdentity, Position, read_positions, remaining_after, shard_layout_digest
-from raypipe.sources import open_source
+from raypipe.plan.span import RankSpan
+from raypipe.sources import ListingOptions, open_source
 from raypipe.sources.remote import reads_store_objects
 from raypipe.sources.table import TableColumns
 from raypipe.stages.augment import StageSpec
@@ -51,7 +52,8 @@ log = logging.getLogger(__name__)
 class Pipeline:
     """A dataset plus its transform, ready to run epochs on the connected Ray cluster (or, not connected,
     on local worker processes: ``ExecutionConfig.backend``). Constructing it lists the dataset (a path or
-    URI, or a ``ray.data.Dataset``; unless given ``SourceRows``) and nothing else."""
+    URI, or a ``ray.data.Dataset``, with the ``listing`` options; unless given ``SourceRows``) and nothing
+    else."""
 
     def __init__(
         self,
@@ -62,8 +64,9 @@ class Pipeline:
         execution: ExecutionConfig | None = None,
         decode: DecodeConfig | None = None,
         content_digest: bool = False,
+        listing: ListingOptions | None = None,
     ):
-        self.rows = open_source(source)  # a listing is taken as it is
+        self.rows = open_source(source, options=listing)  # a listing is taken as it is
         self.augment = augment
         self.config = config or PipelineConfig()
         ex = execution or ExecutionConfig()
@@ -200,16 +203,16 @@ class Pipeline:
             self._columns = self.rows.columns()
         return self._columns
 
-    def stream(
-        self, *, rank: int = 0, world_size: int = 1, start_epoch: int = 0, end_epoch: int | None = None,
-        reserved_cpus: float = 0.0, segments=None,
-    ) -> ChunkStream:  # fmt: skip
-        """This rank's chunks of epochs ``start_epoch`` … ``end_epoch`` (exclusive; None: no end);
-        ``segments``: the positions of ``start_epoch``'s order to run (None: the rank's slice)."""
+    def stream(self, span: RankSpan | None = None, *, segments=None) -> ChunkStream:
+        """The chunks of ``span``'s rank (default: the only one) for its epochs ``start_epoch`` … ``end_epoch``
+        (exclusive; None: no end); ``segments``: the positions of ``start_epoch``'s order to run (None:
+        the rank's slice)."""
+        span = span or RankSpan()
+        world_size, reserved_cpus = span.world_size, span.reserved_cpus
         ex = self.execution
         elastic = None
         if ex.backend == "nodes":
-            workers, budget = self._node_workers(rank=rank, world_size=world_size, reserved_cpus=reserved_cpus)
+            workers, budget = self._node_workers(span)
             if workers.elastic:
                 elastic = ElasticWidth(workers, bounds_for(ex))
         elif self.uses_ray():
@@ -230,11 +233,11 @@ class Pipeline:
                 return local
 
         return ChunkStream(
-            self.columns(), self.plan(rank, world_size), self.stage_spec, budget, workers,
-            start_epoch=start_epoch, end_epoch=end_epoch, segments=segments, elastic=elastic,
+            self.columns(), self.plan(span.rank, world_size), self.stage_spec, budget, workers,
+            start_epoch=span.start_epoch, end_epoch=span.end_epoch, segments=segments, elastic=elastic,
         )  # fmt: skip
 
-    def _node_workers(self, *, rank: int, world_size: int, reserved_cpus: float):
+    def _node_workers(self, span: RankSpan):
         """``backend="nodes"``: this process's ``NodeWorkers`` for this placement, and the rank's budget
         (its workers are those its slots give, the chunks in flight those and ``prefetch_chunks``)."""
         import ray
@@ -248,10 +251,10 @@ class Pipeline:
         check_task_fits(ex)
 
         def slots() -> dict:
-            return self.node_slots(rank=rank, world_size=world_size, reserved_cpus=reserved_cpus)
+            return self.node_slots(rank=span.rank, world_size=span.world_size, reserved_cpus=span.reserved_cpus)
 
-        key = (tuple(sorted(ex.resources.items())), ex.cpus_per_task, ex.num_tasks, rank, world_size, reserved_cpus,
-               ex.elastic, ex.min_cpus, ex.max_cpus)  # fmt: skip
+        key = (tuple(sorted(ex.resources.items())), ex.cpus_per_task, ex.num_tasks, span.rank, span.world_size,
+               span.reserved_cpus, ex.elastic, ex.min_cpus, ex.max_cpus)  # fmt: skip
         here = ray.get_runtime_context().get_node_id()
         directory = shared_memory_dir(0)[0]
 
@@ -325,9 +328,11 @@ class EpochSource:
     All epochs come from one ``ChunkStream`` (started at the first ``iter()``), so the next epoch's
     chunks are already being made while this one's last batches are read. ``set_epoch(e)`` moves to
     epoch ``e`` (a new stream there, when it is not the next one anyway); stopping an epoch part way
-    drops the stream, and the next ``iter()`` starts a new one at the next epoch. ``end_epoch`` (None:
-    open-ended) keeps the workers from starting epochs that will not be read. ``reserved_cpus``: CPUs
-    of the cluster this rank's trainer (and feeder) hold, left out of its share (``budget``).
+    drops the stream, and the next ``iter()`` starts a new one at the next epoch. The rank's ``span``
+    (``RankSpan``, or its fields as keywords: ``rank``, ``world_size``, ``start_epoch``, ``end_epoch``,
+    ``reserved_cpus``): its ``end_epoch`` (None: open-ended) keeps the workers from starting epochs that
+    will not be read; its ``reserved_cpus``, the CPUs its trainer (and feeder) hold, are left out of its
+    share (``budget``).
 
     ``state_dict()`` is the rank's position (after the batches it yielded, or after ``batches`` of them
     in the epoch it reads); ``load_state_dict(state)`` makes the next ``iter()`` go on from there, on
@@ -336,24 +341,15 @@ class EpochSource:
     saved and resumed the same way.
     """
 
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        *,
-        rank: int = 0,
-        world_size: int = 1,
-        start_epoch: int = 0,
-        end_epoch: int | None = None,
-        reserved_cpus: float = 0.0,
-    ):
+    def __init__(self, pipeline: Pipeline, *, span: RankSpan | None = None, **keywords):
         self.pipeline = pipeline
-        self.rank = rank
-        self.world_size = world_size
-        self.next_epoch = start_epoch
-        self.end_epoch = end_epoch
-        self.reserved_cpus = reserved_cpus
+        self.span = span = RankSpan.of(span, **keywords)
+        self.rank = span.rank
+        self.world_size = span.world_size
+        self.next_epoch = span.start_epoch
+        self.end_epoch = span.end_epoch
         self.reports: list[EpochReport] = []
-        self.epoch_rows = len(pipeline.plan(rank, world_size))
+        self.epoch_rows = len(pipeline.plan(span.rank, span.world_size))
         self._stream: ChunkStream | None = None
         self._stream_epoch: int | None = None  # the epoch the stream's next chunk belongs to
         # (epoch, segments, batches before them) the next iter() starts from
@@ -414,10 +410,7 @@ class EpochSource:
     def _stream_at(self, epoch: int, segments) -> ChunkStream:
         if self._stream is None or self._stream_epoch != epoch or segments is not None:
             self.close()
-            self._stream = self.pipeline.stream(
-                rank=self.rank, world_size=self.world_size, start_epoch=epoch, end_epoch=self.end_epoch,
-                reserved_cpus=self.reserved_cpus, segments=segments,
-            )  # fmt: skip
+            self._stream = self.pipeline.stream(dataclasses.replace(self.span, start_epoch=epoch), segments=segments)
             self._stream_epoch = epoch
         return self._stream
 

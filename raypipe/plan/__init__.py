@@ -1,4 +1,5 @@
-"""The plan: each epoch's order of a dataset's rows, a rank's slice of it, and a rank's position.
+"""The plan: each epoch's order of a dataset's rows, a rank's slice of it and span of the run, and a
+rank's position.
 
 Pure data (NumPy and JSON): nothing here imports Ray, the workers or the pipeline, so the same order
 and positions are computed wherever a rank runs.
@@ -15,6 +16,7 @@ _EXPORTS = {
     "StateMismatchError": "raypipe.plan.position",
     "ListingMismatchError": "raypipe.plan.same_listing",
     "check_same_listing": "raypipe.plan.same_listing",
+    "RankSpan": "raypipe.plan.span",
 }
 
 __all__ = sorted(_EXPORTS)

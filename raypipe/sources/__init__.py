@@ -11,6 +11,7 @@ from raypipe import timeouts
 from raypipe.sources.cache import CacheConfig
 from raypipe.sources.folder import IMG_EXTENSIONS, list_image_folder
 from raypipe.sources.manifest import list_manifest
+from raypipe.sources.options import KINDS, ListingOptions
 from raypipe.sources.parquet import list_parquet
 from raypipe.sources.paths import DatasetRoot, is_uri, open_root
 from raypipe.sources.raydata import is_ray_dataset, list_ray_dataset
@@ -29,6 +30,7 @@ __all__ = [
     "BlockReader",
     "CacheConfig",
     "DatasetRoot",
+    "ListingOptions",
     "ReadOptions",
     "ShardChangedError",
     "ShardListing",
@@ -42,9 +44,6 @@ __all__ = [
     "open_root",
     "open_source",
 ]
-
-KINDS = ("folder", "parquet", "manifest", "webdataset")
-
 
 def _by_files(names: list[str]) -> str | None:
     """The kind a folder's files say: Parquet files (raypipe's shard index is not one), or tar shards."""
@@ -86,22 +85,10 @@ def detect_kind(data: str, *, filesystem: pafs.FileSystem | None = None) -> str:
     return _by_files([i.path for i in info if i.type == pafs.FileType.File]) or "folder"
 
 
-def open_source(
-    data,
-    *,
-    kind: str | None = None,
-    image_column: str = "image",
-    label_column: str = "label",
-    path_column: str = "path",
-    root: str | None = None,
-    filesystem: pafs.FileSystem | None = None,
-    class_order: str = "natural",
-    class_map=None,
-    index=None,
-    by_shard: bool | None = None,
-) -> SourceRows | ShardListing:
+def open_source(data, *, options: ListingOptions | None = None, **keywords) -> SourceRows | ShardListing:
     """List any supported dataset (local path or pyarrow filesystem URI, or a ``ray.data.Dataset``) into
-    SourceRows.
+    SourceRows, with ``options`` (``ListingOptions``) or the same fields as keywords
+    (``open_source(data, kind="manifest", root=…)``).
 
     ``filesystem`` (e.g. ``pyarrow.fs.S3FileSystem(endpoint_override=…)``) is used instead of the one
     the URI implies; it travels to the Ray workers with the rows, so its options must be picklable.
@@ -114,26 +101,27 @@ def open_source(
     A Ray Dataset is listed by ``list_ray_dataset`` (its image column, ``image_column``
     or else ``path_column``, holds bytes, or paths under ``root``): the pass that numbers its rows.
     """
+    given = options is not None
+    options = ListingOptions.of(options, **keywords)
     if isinstance(data, SourceRows | ShardListing):
+        if given:
+            raise ValueError("options= are for listing a dataset: a listing given as data is taken as it is")
         return data
     if is_ray_dataset(data):
-        if kind is not None or index is not None:
+        if options.changed("kind", "index"):
             raise ValueError("kind= and index= are for datasets named by a path; a Ray Dataset's kind is its rows'")
-        return list_ray_dataset(
-            data, image_column=image_column, label_column=label_column, path_column=path_column, root=root,
-            filesystem=filesystem, class_order=class_order, class_map=class_map,
-        )  # fmt: skip
-    if by_shard and (kind or detect_kind(data, filesystem=filesystem)) != "webdataset":
+        return list_ray_dataset(data, options=options)
+    if ray_only := options.changed("block_rows", "max_bytes"):
+        raise ValueError(f"{'= and '.join(ray_only)}= are for a Ray Dataset's listing; {data!r} is named by a path")
+    filesystem = options.filesystem
+    if options.by_shard and (options.kind or detect_kind(data, filesystem=filesystem)) != "webdataset":
         raise ValueError(f"by_shard=True: only an indexed WebDataset is listed by shard, {data!r} is not one")
-    args = dict(kind=kind, image_column=image_column, label_column=label_column, path_column=path_column,
-                root=root, filesystem=filesystem, class_order=class_order, class_map=class_map,
-                index=index, by_shard=by_shard)  # fmt: skip
     if filesystem is None and not is_uri(data):
-        return _list(data, **args)
+        return _list(data, options)
     # Remote: a missing credential or a silent endpoint must end in seconds (raypipe.timeouts)
     _first_answer(data, filesystem)
     return timeouts.call_with_deadline(
-        lambda: _list(data, **args),
+        lambda: _list(data, options),
         timeouts.LISTING_S,
         lambda: f"listing {data} did not finish in {timeouts.LISTING_S:g} s: {_what_to_check(data)}; for a "
         "very large dataset raise RAYPIPE_LISTING_S",
@@ -172,33 +160,21 @@ def _first_answer(data: str, filesystem: pafs.FileSystem | None) -> None:
         raise ConnectionError(f"listing {data} failed: {first[:300]}: {_what_to_check(data)}") from None
 
 
-def _list(
-    data: str,
-    *,
-    kind: str | None,
-    image_column: str,
-    label_column: str,
-    path_column: str,
-    root: str | None,
-    filesystem: pafs.FileSystem | None,
-    class_order: str,
-    class_map,
-    index,
-    by_shard,
-) -> SourceRows | ShardListing:
-    kind = kind or detect_kind(data, filesystem=filesystem)
-    if index is not None and kind != "webdataset":
-        raise ValueError(f"index={index!r}: shard indexes are for WebDataset shards, {data!r} is a {kind} dataset")
+def _list(data: str, options: ListingOptions) -> SourceRows | ShardListing:
+    o, filesystem = options, options.filesystem
+    kind = o.kind or detect_kind(data, filesystem=filesystem)
+    if o.index is not None and kind != "webdataset":
+        raise ValueError(f"index={o.index!r}: shard indexes are for WebDataset shards, {data!r} is a {kind} dataset")
     if kind == "folder":
         root_ = open_root(data, filesystem=filesystem)
-        return list_image_folder(root_, class_order=class_order, class_map=class_map)
+        return list_image_folder(root_, class_order=o.class_order, class_map=o.class_map)
     if kind == "parquet":
-        return list_parquet(data, image_column=image_column, label_column=label_column, filesystem=filesystem)
+        return list_parquet(data, image_column=o.image_column, label_column=o.label_column, filesystem=filesystem)
     if kind == "manifest":
         return list_manifest(
-            data, root=root, path_column=path_column, label_column=label_column, filesystem=filesystem,
-            class_order=class_order, class_map=class_map,
+            data, root=o.root, path_column=o.path_column, label_column=o.label_column, filesystem=filesystem,
+            class_order=o.class_order, class_map=o.class_map,
         )  # fmt: skip
     if kind == "webdataset":
-        return list_webdataset(data, filesystem=filesystem, index=index, by_shard=by_shard)
+        return list_webdataset(data, filesystem=filesystem, index=o.index, by_shard=o.by_shard)
     raise ValueError(f"kind={kind!r}: expected one of {KINDS}")

@@ -341,7 +341,8 @@ def convert(
     rows) into shards under ``dst``.
 
     ``progress(shards_done, shards_total, samples_done)`` is called as shards complete. Connects to
-    Ray (``ray.init()``) when it is not yet. ``source_options`` go to ``open_source``.
+    Ray (``ray.init()``) when it is not yet. ``source_options`` go to ``open_source`` (its keywords, or
+    ``options=ListingOptions(…)``).
 
     >>> report = convert("imagenet/train", "shards/", format="webdataset", max_side=512)  # doctest: +SKIP
     >>> report.pattern  # doctest: +SKIP
@@ -358,7 +359,9 @@ def convert(
     if row_group_rows < 1:
         raise ValueError(f"row_group_rows={row_group_rows}: must be at least 1")
     began = time.monotonic()
-    rows = src if isinstance(src, SourceRows) else open_source(src, filesystem=filesystem, **source_options)
+    if filesystem is not None:  # a listing option, passed on as the others are
+        source_options["filesystem"] = filesystem
+    rows = src if isinstance(src, SourceRows) else open_source(src, **source_options)
     ext = ".tar" if format == "webdataset" else ".parquet"
     out_root = _prepare_dst(dst, dst_filesystem, ext)
     plan = plan_shards(len(rows), _mean_bytes(rows, max_side), parse_size(shard_size),

@@ -33,10 +33,10 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 
 from raypipe.kernels.errors import EMPTY, NULL_IMAGE
 from raypipe.sources.manifest import class_labeller, number_labels
+from raypipe.sources.options import ListingOptions
 from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.table import ROW_SCHEMA, SourceRows, int64_array, make_file_rows
 
@@ -53,32 +53,22 @@ def is_ray_dataset(data) -> bool:
     return module is not None and isinstance(data, module.Dataset)
 
 
-def list_ray_dataset(
-    ds,
-    *,
-    image_column: str = "image",
-    label_column: str = "label",
-    path_column: str = "path",
-    root: str | None = None,
-    filesystem: pafs.FileSystem | None = None,
-    class_order: str = "natural",
-    class_map=None,
-    block_rows: int = 256,
-    max_bytes: int | None = None,
-) -> SourceRows:
-    """List a Ray Dataset (see the module doc). The image column is ``image_column`` where the Dataset has
-    it, else ``path_column``; bytes or paths by its type. ``root`` (a folder or URI) is required for
-    paths. ``max_bytes``: the most image bytes put in the object store (None: half this node's store)."""
-    if block_rows < 1:
-        raise ValueError(f"block_rows={block_rows}: must be at least 1")
-    droot = open_root(root, filesystem=filesystem) if root is not None else None
-    labelled = class_labeller(class_order, class_map, droot)  # a relative class_map file: under the root
+def list_ray_dataset(ds, *, options: ListingOptions | None = None, **keywords) -> SourceRows:
+    """List a Ray Dataset (see the module doc) with ``options`` (``ListingOptions``) or the same fields as
+    keywords. The image column is ``image_column`` where the Dataset has it, else ``path_column``; bytes
+    or paths by its type. ``root`` (a folder or URI) is required for paths. ``max_bytes``: the most image
+    bytes put in the object store (None: half this node's store)."""
+    o = ListingOptions.of(options, **keywords)
+    if o.changed("kind", "index"):
+        raise ValueError("kind= and index= are for datasets named by a path; a Ray Dataset's kind is its rows'")
+    droot = open_root(o.root, filesystem=o.filesystem) if o.root is not None else None
+    labelled = class_labeller(o.class_order, o.class_map, droot)  # a relative class_map file: under the root
     context = ds.context.execution_options
     kept = context.preserve_order
     context.preserve_order = True  # the Dataset's order, not its blocks' completion order: stable ids
-    listing = _Listing(image_column, path_column, label_column, max_bytes, root_given=droot is not None)
+    listing = _Listing(o, root_given=droot is not None)
     try:
-        for batch in ds.iter_batches(batch_size=block_rows, batch_format="pyarrow"):
+        for batch in ds.iter_batches(batch_size=o.block_rows, batch_format="pyarrow"):
             listing.add(batch)
     finally:
         context.preserve_order = kept
@@ -97,14 +87,13 @@ def list_ray_dataset(
 class _Listing:
     """What the pass keeps of each batch: labels, and the paths or the blocks' refs."""
 
-    def __init__(self, image_column: str, path_column: str, label_column: str, max_bytes: int | None, *,
-                 root_given: bool):  # fmt: skip
-        self.names = (image_column, path_column, label_column)
+    def __init__(self, options: ListingOptions, *, root_given: bool):
+        self.names = (options.image_column, options.path_column, options.label_column)
         self.root_given = root_given
         self.column = ""
         self.paths_given = False
         self.rows = 0
-        self.limit = max_bytes
+        self.limit = options.max_bytes
         self.put_bytes = 0
         self.label_chunks: list[pa.Array] = []
         self.paths: list[pa.Array] = []

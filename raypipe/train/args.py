@@ -140,6 +140,13 @@ class TrainJobConfig:
                 fail(name, "expected true or false")
 
     @property
+    def listing(self):
+        """How ``data`` is listed (``raypipe.sources.ListingOptions``): ``kind`` and ``index``."""
+        from raypipe.sources import ListingOptions
+
+        return ListingOptions(kind=self.kind, index=self.index)
+
+    @property
     def soft_targets(self) -> bool:
         """Mixup/cutmix on: the DeviceLoader makes soft targets (smoothing folded in)."""
         return self.mixup > 0 or self.cutmix > 0

@@ -59,11 +59,11 @@ def _ensure_sample_data(job: TrainJobConfig) -> str:
 def job_rows(job: TrainJobConfig) -> tuple[SourceRows, SourceRows, str]:
     """List the train and eval rows once (on the driver) and name the data they came from."""
     data = job.data or _ensure_sample_data(job)
-    rows = open_source(data, kind=job.kind, index=job.index)  # a non-WebDataset with an index: refused
+    rows = open_source(data, options=job.listing)  # a non-WebDataset with an index: refused
     if job.val_data:
         # A separate eval set lists its own classes (folders, or a manifest's names): number them as the
         # training data does, or a class missing from one split would shift every later label.
-        val = open_source(job.val_data, kind=job.kind)
+        val = open_source(job.val_data, options=dataclasses.replace(job.listing, index=None))  # the index is data's
         try:
             val = val.numbered_like(rows.classes)
         except ValueError as e:

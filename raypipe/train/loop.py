@@ -32,6 +32,7 @@ from raypipe.pipeline import EpochSource, FeederSource, Pipeline
 from raypipe.pipeline.feeder import FEEDER_CPUS
 from raypipe.plan.position import Position
 from raypipe.plan.same_listing import check_same_listing
+from raypipe.plan.span import RankSpan
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.metrics import RankEpoch, RunDir, combine, format_line
 from raypipe.train.resume import (
@@ -340,10 +341,8 @@ def train_loop_per_worker(config: dict) -> None:
     # each source leaves out its own feeders (FeederSource); the other split's are held as the trainers are
     other_split = FEEDER_CPUS * job.num_workers if job.feeder == "process" else 0.0
     reserved = job.num_workers * job.cpus_per_worker + other_split
-    train_src = source_cls(train_pipe, rank=rank, world_size=world, start_epoch=start.epoch, end_epoch=job.epochs,
-                           reserved_cpus=reserved)  # fmt: skip
-    eval_src = source_cls(eval_pipe, rank=rank, world_size=world, start_epoch=start.epoch, end_epoch=job.epochs,
-                          reserved_cpus=reserved)  # fmt: skip
+    span = RankSpan(rank=rank, world_size=world, start_epoch=start.epoch, end_epoch=job.epochs, reserved_cpus=reserved)
+    train_src, eval_src = source_cls(train_pipe, span=span), source_cls(eval_pipe, span=span)
     # One loader per split for the whole run: one side stream and one pinned ring, reused by every epoch.
     train_loader = _loader(train_src, job, device, num_classes, train=True, rank=rank)
     eval_loader = _loader(eval_src, job, device, num_classes, train=False, rank=rank)

@@ -1,0 +1,106 @@
+"""How a dataset is listed: the options ``open_source`` takes, as one frozen value.
+
+``ListingOptions`` is checked on construction (``ValueError`` naming the field) and travels whole from
+the entry points (``open_source``, ``Pipeline(source, listing=…)``, ``convert``, the command line) to
+the reader of the dataset's kind, which takes the fields it uses.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from raypipe.sources.classes import CLASS_ORDERS
+
+__all__ = ["KINDS", "ListingOptions"]
+
+KINDS = ("folder", "parquet", "manifest", "webdataset")
+
+
+def _fail(name: str, value: Any, why: str) -> None:
+    raise ValueError(f"{name}={value!r}: {why}")
+
+
+def _path_like(value: Any) -> bool:
+    return isinstance(value, (str, os.PathLike)) and bool(os.fspath(value))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ListingOptions:
+    """The options a dataset is listed with; each default is what ``open_source`` does without it.
+
+    ``kind``: one of ``KINDS`` (None: detected from the data). ``image_column``, ``label_column``,
+    ``path_column``: the columns of a Parquet file, a manifest or a Ray Dataset. ``root``: the folder or
+    URI a manifest's (or a Ray Dataset's) paths lie under. ``filesystem``: a ``pyarrow.fs.FileSystem``
+    used instead of the one the URI implies. ``class_order`` ("natural" or "sorted") and ``class_map``
+    (a ``{name: index}`` mapping or a .txt/.json/.csv file) number the classes. ``index`` (a path, a
+    list of DALI .idx paths, or "dali") and ``by_shard``: a WebDataset's shard index and whether it is
+    listed by shard. ``block_rows``, ``max_bytes``: a Ray Dataset's listing pass (rows per block put in
+    the object store; the most image bytes put, None: half this node's store).
+    """
+
+    kind: str | None = None
+    image_column: str = "image"
+    label_column: str = "label"
+    path_column: str = "path"
+    root: str | None = None
+    filesystem: Any = None
+    class_order: str = "natural"
+    class_map: Any = None
+    index: str | tuple[str, ...] | None = None
+    by_shard: bool | None = None
+    block_rows: int = 256
+    max_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind is not None and self.kind not in KINDS:
+            _fail("kind", self.kind, f"expected one of {KINDS} or None (detected)")
+        for name in ("image_column", "label_column", "path_column"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                _fail(name, getattr(self, name), "expected a column name")
+        if self.root is not None:
+            if not _path_like(self.root):
+                _fail("root", self.root, "expected a folder or URI, or None")
+            object.__setattr__(self, "root", os.fspath(self.root))
+        if self.filesystem is not None:
+            import pyarrow.fs as pafs
+
+            if not isinstance(self.filesystem, pafs.FileSystem):
+                _fail("filesystem", self.filesystem, "expected a pyarrow.fs.FileSystem or None")
+        if self.class_order not in CLASS_ORDERS:
+            _fail("class_order", self.class_order, f"expected one of {CLASS_ORDERS}")
+        if self.class_map is not None and not (isinstance(self.class_map, Mapping) or _path_like(self.class_map)):
+            _fail("class_map", self.class_map, "expected a {name: index} mapping, a .txt/.json/.csv file, or None")
+        if isinstance(self.index, (list, tuple)):
+            if not self.index or not all(isinstance(p, str) and p for p in self.index):
+                _fail("index", self.index, "expected a non-empty list of .idx paths")
+            object.__setattr__(self, "index", tuple(self.index))
+        elif self.index is not None and not (isinstance(self.index, str) and self.index):
+            _fail("index", self.index, "expected a .parquet path, 'dali', .idx paths, or None")
+        if self.by_shard is not None and not isinstance(self.by_shard, bool):
+            _fail("by_shard", self.by_shard, "expected true, false or None (by size)")
+        if isinstance(self.block_rows, bool) or not isinstance(self.block_rows, int) or self.block_rows < 1:
+            _fail("block_rows", self.block_rows, "expected an int >= 1")
+        if self.max_bytes is not None and (
+            isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes < 1
+        ):
+            _fail("max_bytes", self.max_bytes, "expected an int >= 1, or None (half this node's object store)")
+
+    @classmethod
+    def of(cls, options: ListingOptions | None = None, **keywords: Any) -> ListingOptions:
+        """``options``, or the same fields given as keywords (``open_source(data, kind=…)``) made into one;
+        both at once is refused."""
+        if options is None:
+            return cls(**keywords)
+        if not isinstance(options, cls):
+            _fail("options", options, "expected a ListingOptions")
+        if keywords:
+            raise ValueError(f"give options= or the listing keywords ({', '.join(sorted(keywords))}), not both")
+        return options
+
+    def changed(self, *names: str) -> list[str]:
+        """Those of ``names`` whose value is not the default."""
+        defaults = {f.name: f.default for f in fields(self)}
+        return [name for name in names if getattr(self, name) != defaults[name]]
