@@ -148,7 +148,7 @@ def test_a_task_no_node_can_hold_is_an_error_on_a_private_cluster(ray_local, sam
     import logging
 
     import raypipe.runtime
-    from raypipe.pipeline.pipeline import check_task_fits
+    from raypipe.pipeline.budget import check_task_fits
 
     big = ExecutionConfig(cpus_per_task=64)
     # another cluster (an earlier test may have left raypipe's private one connected)

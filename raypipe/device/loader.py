@@ -48,6 +48,7 @@ after them, so the batches the producer made ahead are made again after a resume
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import queue
 import threading
 import time
@@ -119,6 +120,16 @@ class _Epoch:
         return put_unless_stopped(self.queue, item, self.stop)
 
 
+@dataclasses.dataclass
+class _Pass:
+    """One pass over the source: its epoch, the batches the trainer took (resumed ones counted), and
+    whether it ran to its end."""
+
+    epoch: int
+    taken: int
+    finished: bool = False
+
+
 class DeviceLoader:
     """Wrap an iterable of packed batches; yield them on ``device`` normalised, optionally erased and mixed.
 
@@ -186,7 +197,7 @@ class DeviceLoader:
         self._mixup_enabled = mixup is not None
         self._next_epoch = _source_epoch(source)
         self._first_batch = 0  # the next pass's first batch number (a resumed pass starts past 0)
-        self._pass: list | None = None  # [epoch, batches taken (resumed ones counted), finished]
+        self._pass: _Pass | None = None  # the pass under way, or the last one
         self._staging = Staging(self.device, self.prefetch + 1, pin_memory=pin_memory)
         self._noise = torch.Generator(device=self.device)  # pixel-mode erasing noise, on the device
         self._active: _Epoch | None = None
@@ -228,8 +239,8 @@ class DeviceLoader:
         """The position to resume from (``raypipe.plan.position.Position.as_dict()``): the epoch, the
         batches the trainer has taken in it, and where the source is after them (its position, where it
         has one; else the epoch and the count only)."""
-        if self._pass is not None and not self._pass[2]:
-            epoch, batches = self._pass[0], self._pass[1]
+        if self._pass is not None and not self._pass.finished:
+            epoch, batches = self._pass.epoch, self._pass.taken
             source = _source_state(self.source, batches)
         else:  # between passes: the next one from its start (or from a loaded position)
             epoch, batches = self._next_epoch, self._first_batch
@@ -264,7 +275,7 @@ class DeviceLoader:
         self._stop(self._active)  # a new pass ends an unfinished previous one
         epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
         first, self._first_batch = self._first_batch, 0
-        self._pass = [epoch, first, False]
+        self._pass = _Pass(epoch, first)
         self.stats, self.last_wait_s = LoaderStats(epoch=epoch), 0.0
         return self._consume(epoch, first)
 
@@ -305,7 +316,7 @@ class DeviceLoader:
                 self.last_wait_s = time.perf_counter() - start
                 self.stats.wait_s += self.last_wait_s
                 if item is _END:
-                    this_pass[2] = True
+                    this_pass.finished = True
                     return
                 if isinstance(item, _Failure):
                     raise item.exc  # carries the producer-side traceback (source frames included)
@@ -314,7 +325,7 @@ class DeviceLoader:
                 self._staging.hand_over(event, tensors)
                 self.stats.batches += 1
                 self.stats.samples += n
-                this_pass[1] += 1
+                this_pass.taken += 1
                 # 8. hand it to the training step
                 yield out
         finally:

@@ -19,12 +19,22 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from raypipe.workers.resources import in_steps, offers
 
+if TYPE_CHECKING:
+    from raypipe.config import ExecutionConfig
+
 __all__ = [
-    "RankBudget", "rank_budget", "tasks_for_share", "eligible_resources", "runs_tasks_here", "STORE_SHARE",
-]  # fmt: skip
+    "RankBudget",
+    "rank_budget",
+    "check_task_fits",
+    "tasks_for_share",
+    "eligible_resources",
+    "runs_tasks_here",
+    "STORE_SHARE",
+]
 
 log = logging.getLogger(__name__)
 
@@ -127,3 +137,27 @@ def runs_tasks_here(resources: Mapping[str, float]) -> bool:
         if node.get("NodeID") == here:
             return offers(node.get("Resources", {}), resources)
     return False
+
+
+def check_task_fits(execution: ExecutionConfig) -> None:
+    """An augmentation task that no node can hold would wait without a word. On raypipe's private
+    local cluster nothing more will join, so that is an error; elsewhere an autoscaler may still add
+    such a node, so it is a warning."""
+    import ray
+
+    from raypipe.runtime import private_cluster
+
+    # a Pipeline's config has cpus_per_task set; one left to the dataset is checked at the larger need
+    cpus = execution.cpus_per_task_for(store_objects=False)
+    need = {"CPU": cpus, **dict(execution.resources)}
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if not nodes or any(offers(r, need) for r in nodes):
+        return
+    largest = max(r.get("CPU", 0.0) for r in nodes)
+    message = (
+        f"no node of the cluster can run an augmentation task, which needs {need} (cpus_per_task="
+        f"{cpus:g}, resources={dict(execution.resources)}); the largest node has {largest:g} CPUs"
+    )
+    if private_cluster():
+        raise ValueError(message)
+    log.warning("%s: the epoch waits until such a node joins (an autoscaler may add one)", message)

@@ -202,7 +202,7 @@ class FeederSource:
         span = RankSpan.of(span, **keywords)
         if prefetch < 1:
             raise ValueError(f"prefetch={prefetch}: expected >= 1")
-        from raypipe.pipeline.pipeline import check_task_fits
+        from raypipe.pipeline.budget import check_task_fits
         from raypipe.runtime import wait_connected
 
         wait_connected()  # the feeder is a Ray actor: it needs the cluster (connect(wait=False) may be starting it)

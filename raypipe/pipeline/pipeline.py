@@ -24,6 +24,7 @@ from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineC
 from raypipe.pipeline.accounting import EpochLedger, EpochReport
 from raypipe.pipeline.budget import (
     RankBudget,
+    check_task_fits,
     eligible_resources,
     rank_budget,
     runs_tasks_here,
@@ -41,7 +42,6 @@ from raypipe.sources.table import TableColumns
 from raypipe.stages.augment import StageSpec
 from raypipe.workers.local import LocalWorkers, local_cpus, shared_memory_dir
 from raypipe.workers.ray_tasks import RayTasks
-from raypipe.workers.resources import offers
 from raypipe.workers.slabs import slab_room
 
 __all__ = ["Pipeline", "EpochSource", "EpochRun"]
@@ -278,28 +278,13 @@ class Pipeline:
         return EpochRun(self, epoch, rank=rank, world_size=world_size)
 
 
-def check_task_fits(execution: ExecutionConfig) -> None:
-    """An augmentation task that no node can hold would wait without a word. On raypipe's private
-    local cluster nothing more will join, so that is an error; elsewhere an autoscaler may still add
-    such a node, so it is a warning."""
-    import ray
+@dataclasses.dataclass(frozen=True)
+class _Resume:
+    """A loaded position: its epoch, this rank's ranges of positions, the batches counted before them."""
 
-    from raypipe.runtime import private_cluster
-
-    # a Pipeline's config has cpus_per_task set; one left to the dataset is checked at the larger need
-    cpus = execution.cpus_per_task_for(store_objects=False)
-    need = {"CPU": cpus, **dict(execution.resources)}
-    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-    if not nodes or any(offers(r, need) for r in nodes):
-        return
-    largest = max(r.get("CPU", 0.0) for r in nodes)
-    message = (
-        f"no node of the cluster can run an augmentation task, which needs {need} (cpus_per_task="
-        f"{cpus:g}, resources={dict(execution.resources)}); the largest node has {largest:g} CPUs"
-    )
-    if private_cluster():
-        raise ValueError(message)
-    log.warning("%s: the epoch waits until such a node joins (an autoscaler may add one)", message)
+    epoch: int
+    segments: list
+    batches: int
 
 
 class _Cursor:
@@ -352,8 +337,7 @@ class EpochSource:
         self.epoch_rows = len(pipeline.plan(span.rank, span.world_size))
         self._stream: ChunkStream | None = None
         self._stream_epoch: int | None = None  # the epoch the stream's next chunk belongs to
-        # (epoch, segments, batches before them) the next iter() starts from
-        self._resume: tuple[int, list, int] | None = None
+        self._resume: _Resume | None = None  # where the next iter() starts, after load_state_dict
         self._cursor: _Cursor | None = None
         self.chunk: Chunk | None = None  # the chunk whose rows are being packed (a batch may be a view of it)
 
@@ -361,7 +345,7 @@ class EpochSource:
         return self.pipeline.num_batches(self.world_size, self.rank)
 
     def set_epoch(self, epoch: int) -> None:
-        if self._resume is not None and self._resume[0] != epoch:
+        if self._resume is not None and self._resume.epoch != epoch:
             self._resume = None  # a resumed position belongs to its own epoch
         self.next_epoch = epoch
 
@@ -378,7 +362,7 @@ class EpochSource:
         identity, cursor = self.pipeline.identity(), self._cursor
         fresh = self.pipeline.plan(self.rank, self.world_size).segments
         if self._resume is not None:
-            epoch, remaining, done = self._resume
+            epoch, remaining, done = self._resume.epoch, self._resume.segments, self._resume.batches
         elif cursor is None or (cursor.done and batches is None):
             epoch, remaining, done = self.next_epoch, fresh, 0
         else:
@@ -399,7 +383,7 @@ class EpochSource:
         self.close()
         self._cursor = None
         self.next_epoch = saved.epoch
-        self._resume = (saved.epoch, segments, saved.batches)
+        self._resume = _Resume(saved.epoch, segments, saved.batches)
 
     def close(self) -> None:
         """Cancel the chunks in flight (epochs started ahead that will not be read). Idempotent."""
@@ -420,10 +404,10 @@ class EpochSource:
             raise ValueError(f"epoch {epoch} is past end_epoch={self.end_epoch}")
         self.next_epoch += 1
         resume, self._resume = self._resume, None
-        resumed = resume is not None and resume[0] == epoch
-        segments = resume[1] if resumed else self.pipeline.plan(self.rank, self.world_size).segments
+        resumed = resume is not None and resume.epoch == epoch
+        segments = resume.segments if resumed else self.pipeline.plan(self.rank, self.world_size).segments
         # state_dict() speaks of this epoch from here; a resumed one numbers its batches after those before it
-        self._cursor = _Cursor(epoch, segments, resume[2] if resumed else 0)
+        self._cursor = _Cursor(epoch, segments, resume.batches if resumed else 0)
         return self._epoch(self._cursor, resumed)
 
     def _epoch(self, cursor: _Cursor, resumed: bool) -> Iterator[dict[str, np.ndarray]]:
