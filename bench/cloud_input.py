@@ -65,8 +65,14 @@ def make_data(work: Path, images: int, classes: int) -> dict[str, Path]:
     base = work / "buckets" / "bench"
     folder, parquet, shards = base / "folder", base / "parquet" / "train.parquet", base / "shards"
     if not folder.exists():
-        write_photolike(str(folder), classes=classes, per_class=images // classes, sizes=[(500, 375), (640, 480)],
-                        quality=(80, 95), workers=os.cpu_count() or 1)  # fmt: skip
+        write_photolike(
+            str(folder),
+            classes=classes,
+            per_class=images // classes,
+            sizes=[(500, 375), (640, 480)],
+            quality=(80, 95),
+            workers=os.cpu_count() or 1,
+        )
     if not parquet.exists():
         rows = open_source(str(folder))  # listing order: class by class
         cells = [(folder / str(p)).read_bytes() for p in rows.table.column("path").to_pylist()]
@@ -84,9 +90,12 @@ def run_epochs(name: str, source, epochs: int, batch_size: int, backend: str) ->
     from raypipe.benchmark.measure import measure_epochs
     from raypipe.pipeline import EpochSource
 
-    pipe = Pipeline(source, TrainAugment(input_size=224, color_jitter=None),
-                    config=PipelineConfig(batch_size=batch_size, seed=0),
-                    execution=ExecutionConfig(backend=backend))  # fmt: skip
+    pipe = Pipeline(
+        source,
+        TrainAugment(input_size=224, color_jitter=None),
+        config=PipelineConfig(batch_size=batch_size, seed=0),
+        execution=ExecutionConfig(backend=backend),
+    )
     src = EpochSource(pipe, end_epoch=epochs)
     images, seconds, labels = [], [], []
 
@@ -105,9 +114,15 @@ def run_epochs(name: str, source, epochs: int, batch_size: int, backend: str) ->
     finally:
         src.close()
     later = slice(1, None) if epochs > 1 else slice(None)
-    return {"images": images, "seconds": seconds, "rate": sum(images) / sum(seconds), "spread": r.spread,
-            "later": sum(images[later]) / sum(seconds[later]), "first": images[0] / seconds[0],
-            "labels": labels}  # fmt: skip
+    return {
+        "images": images,
+        "seconds": seconds,
+        "rate": sum(images) / sum(seconds),
+        "spread": r.spread,
+        "later": sum(images[later]) / sum(seconds[later]),
+        "first": images[0] / seconds[0],
+        "labels": labels,
+    }
 
 
 def mean_entropy(batches: list[np.ndarray], classes: int) -> float:
@@ -127,7 +142,7 @@ def shuffled_entropy(labels: np.ndarray, epochs: int, batch_size: int, classes: 
     batches = []
     for e in range(epochs):
         order = epoch_order(len(labels), seed=0, epoch=e, shuffle=True)[0]
-        batches += [labels[order[s:s + batch_size]] for s in range(0, len(order) - batch_size + 1, batch_size)]
+        batches += [labels[order[s : s + batch_size]] for s in range(0, len(order) - batch_size + 1, batch_size)]
     return mean_entropy(batches, classes)
 
 
@@ -175,8 +190,11 @@ def median_round(runs: list[dict], ratio: list[float]) -> dict:
 
 
 def table(rounds: list[dict[str, dict]], cached: dict | None, latency_ms: float) -> str:
-    lines = ["| source | img/s, all epochs | × local folder | range over rounds | target | img/s, epoch 1 | "
-             "img/s, epochs 2..N |", "|---|---:|---:|---|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| source | img/s, all epochs | × local folder | range over rounds | target | img/s, epoch 1 | "
+        "img/s, epochs 2..N |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
     for name, ratio in ratios(rounds, cached).items():
         runs = [r[name] for r in rounds] if name in rounds[0] else [cached]
         r = median_round(runs, ratio)
@@ -186,8 +204,10 @@ def table(rounds: list[dict[str, dict]], cached: dict | None, latency_ms: float)
         else:
             target = f"≥ {TARGETS[name]:.2f}" if name in TARGETS else ""
         spread = f"{min(ratio):.2f}-{max(ratio):.2f}" if len(ratio) > 1 else ""
-        lines.append(f"| {shown} | {r['rate']:.0f} | {float(np.median(ratio)):.2f} | {spread} | {target} | "
-                     f"{r['first']:.0f} | {r['later']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {shown} | {r['rate']:.0f} | {float(np.median(ratio)):.2f} | {spread} | {target} | "
+            f"{r['first']:.0f} | {r['later']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -197,18 +217,32 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("-b", "--batch-size", type=int, default=128)
     p.add_argument("--latency-ms", type=float, default=20.0, help="added before every S3 response's first byte")
-    p.add_argument("--workdir", help="where the data are made (kept, and reused by a later run); default: a "
-                                     "temporary folder, removed at the end")  # fmt: skip
+    p.add_argument(
+        "--workdir",
+        help="where the data are made (kept, and reused by a later run); default: a "
+        "temporary folder, removed at the end",
+    )
     p.add_argument("--rounds", type=int, default=1, help="times the contenders without a cache run, in turn")
-    p.add_argument("--backend", choices=("auto", "ray", "local"), default="auto",
-                   help="where the tasks run (ExecutionConfig.backend); auto: as raypipe run, Ray only with "
-                        "RAY_ADDRESS")  # fmt: skip
-    p.add_argument("--server-cores", type=int, default=0,
-                   help="run the S3 server on this many of the machine's cores and every contender on the "
-                        "others, as a real store runs off the reader's machine (default 0: all share all)")  # fmt: skip
-    p.add_argument("--only", nargs="+", choices=CONTENDERS[1:], metavar="NAME",
-                   help="run these contenders and the folder (their baseline) only: " + ", ".join(
-                       repr(c) for c in CONTENDERS[1:]))  # fmt: skip
+    p.add_argument(
+        "--backend",
+        choices=("auto", "ray", "local"),
+        default="auto",
+        help="where the tasks run (ExecutionConfig.backend); auto: as raypipe run, Ray only with RAY_ADDRESS",
+    )
+    p.add_argument(
+        "--server-cores",
+        type=int,
+        default=0,
+        help="run the S3 server on this many of the machine's cores and every contender on the "
+        "others, as a real store runs off the reader's machine (default 0: all share all)",
+    )
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=CONTENDERS[1:],
+        metavar="NAME",
+        help="run these contenders and the folder (their baseline) only: " + ", ".join(repr(c) for c in CONTENDERS[1:]),
+    )
     p.add_argument("--json", help="write the figures here")
     a = p.parse_args()
     classes = 4
@@ -260,8 +294,12 @@ def main() -> None:
         run_epochs("warm-up", str(data["folder"]), 1, a.batch_size, a.backend)
         for k in range(a.rounds):
             tag = f" (round {k + 1})" if a.rounds > 1 else ""
-            rounds.append({name: run_epochs(name + tag, make(), a.epochs, a.batch_size, a.backend)
-                           for name, make in contenders.items()})  # fmt: skip
+            rounds.append(
+                {
+                    name: run_epochs(name + tag, make(), a.epochs, a.batch_size, a.backend)
+                    for name, make in contenders.items()
+                }
+            )
         # The cache is read by the workers where they start: workers started again with it set.
         if not a.only or "s3 folder + cache" in a.only:
             cache_dir = work / "cache"
@@ -290,8 +328,10 @@ def main() -> None:
     if "parquet" in rounds[0]:
         got = mean_entropy(rounds[0]["parquet"]["labels"], classes)
         full = shuffled_entropy(sorted_labels, a.epochs, a.batch_size, classes)
-        print(f"\nclass-sorted Parquet ({classes} classes, 100-row groups): mean per-batch label entropy {got:.3f} "
-              f"bits through the pipeline, {full:.3f} for a global shuffle: {got / full:.3f}x (target >= 0.95)")
+        print(
+            f"\nclass-sorted Parquet ({classes} classes, 100-row groups): mean per-batch label entropy {got:.3f} "
+            f"bits through the pipeline, {full:.3f} for a global shuffle: {got / full:.3f}x (target >= 0.95)"
+        )
     report = table(rounds, cached_result, a.latency_ms)
     if a.json:
 
@@ -299,12 +339,20 @@ def main() -> None:
             return {k: v for k, v in run.items() if k != "labels"}
 
         with open(a.json, "w") as fh:
-            json.dump({"images": a.images, "epochs": a.epochs, "latency_ms": a.latency_ms,
-                       "server_cores": sorted(server_cores or ()),
-                       "entropy": {"pipeline": got, "global": full, "ratio": got / full},
-                       "ratios": ratios(rounds, cached_result),
-                       "rounds": [{k: figures(v) for k, v in r.items()} for r in rounds],
-                       "cache": figures(cached_result) if cached_result else None}, fh, indent=1)  # fmt: skip
+            json.dump(
+                {
+                    "images": a.images,
+                    "epochs": a.epochs,
+                    "latency_ms": a.latency_ms,
+                    "server_cores": sorted(server_cores or ()),
+                    "entropy": {"pipeline": got, "global": full, "ratio": got / full},
+                    "ratios": ratios(rounds, cached_result),
+                    "rounds": [{k: figures(v) for k, v in r.items()} for r in rounds],
+                    "cache": figures(cached_result) if cached_result else None,
+                },
+                fh,
+                indent=1,
+            )
     print()
     print(report)
 

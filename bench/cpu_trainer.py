@@ -41,9 +41,17 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     t_start = time.perf_counter()
-    loader = create_loader(dataset, input_size=(3, a.img_size, a.img_size), batch_size=a.batch_size,
-                           is_training=True, use_prefetcher=True, num_workers=a.workers, color_jitter=None,
-                           device=torch.device("cpu"), persistent_workers=True)  # fmt: skip
+    loader = create_loader(
+        dataset,
+        input_size=(3, a.img_size, a.img_size),
+        batch_size=a.batch_size,
+        is_training=True,
+        use_prefetcher=True,
+        num_workers=a.workers,
+        color_jitter=None,
+        device=torch.device("cpu"),
+        persistent_workers=True,
+    )
     model.train()
     for epoch in range(a.epochs):
         if hasattr(loader.sampler, "set_epoch"):

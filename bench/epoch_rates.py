@@ -29,9 +29,13 @@ def main() -> None:
     p.add_argument("--num-tasks", type=int, help="ExecutionConfig.num_tasks (default: the rank's share)")
     p.add_argument("--prefetch-chunks", type=int, default=2, help="ExecutionConfig.prefetch_chunks")
     p.add_argument("--worker-nice", type=int, default=10, help="ExecutionConfig.worker_nice")
-    p.add_argument("--backend", default="auto", choices=("auto", "ray", "local"),
-                   help="ExecutionConfig.backend: auto (the private local Ray's feeder on local worker processes) "
-                        "or ray (Ray tasks, as a rank on a cluster it joined)")  # fmt: skip
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "ray", "local"),
+        help="ExecutionConfig.backend: auto (the private local Ray's feeder on local worker processes) "
+        "or ray (Ray tasks, as a rank on a cluster it joined)",
+    )
     p.add_argument("--object-store-mb", type=int, help="the private local Ray's object store (default: Ray's)")
     p.add_argument("--json", help="write the figures here")
     a = p.parse_args()
@@ -46,18 +50,25 @@ def main() -> None:
         a.data,
         TrainAugment(input_size=a.img_size, color_jitter=None, auto_augment=a.aa),
         config=PipelineConfig(batch_size=a.batch_size, seed=0),
-        execution=ExecutionConfig(num_tasks=a.num_tasks, prefetch_chunks=a.prefetch_chunks, worker_nice=a.worker_nice,
-                                  backend=a.backend),  # fmt: skip
+        execution=ExecutionConfig(
+            num_tasks=a.num_tasks, prefetch_chunks=a.prefetch_chunks, worker_nice=a.worker_nice, backend=a.backend
+        ),
     )
     with from_timm_args(FeederSource(pipe, end_epoch=a.epochs), device="cpu", img_dtype="float32") as loader:
         r = measure_epochs(
-            "raypipe", lambda epoch: loader, epochs=a.epochs, count=lambda b: int(b["image"].shape[0]),
-            object_store=True, started=started,
+            "raypipe",
+            lambda epoch: loader,
+            epochs=a.epochs,
+            count=lambda b: int(b["image"].shape[0]),
+            object_store=True,
+            started=started,
             on_epoch=lambda e, n, s: print(f"epoch {e}: {n} images in {s:.2f} s = {n / s:.0f} img/s", flush=True),
-        )  # fmt: skip
-    print(f"epochs 2-{a.epochs}: {r.images_per_s:.0f} img/s, median epoch {r.median_rate:.0f}, spread "
-          f"{100 * r.spread:.0f} % (slowest {min(r.epoch_rates):.0f}, fastest {max(r.epoch_rates):.0f}), steady "
-          f"{r.steady_per_s:.0f}; first batch {r.first_batch_s:.2f} s from the start")  # fmt: skip
+        )
+    print(
+        f"epochs 2-{a.epochs}: {r.images_per_s:.0f} img/s, median epoch {r.median_rate:.0f}, spread "
+        f"{100 * r.spread:.0f} % (slowest {min(r.epoch_rates):.0f}, fastest {max(r.epoch_rates):.0f}), steady "
+        f"{r.steady_per_s:.0f}; first batch {r.first_batch_s:.2f} s from the start"
+    )
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(r.as_dict(), fh, indent=1)

@@ -41,8 +41,9 @@ def feeder_marks(a, aug, device, marks: list) -> None:
 
     raypipe.runtime.connect()
     marks.append(("Ray's start", time.perf_counter()))
-    pipe = Pipeline(a.data, aug, config=PipelineConfig(batch_size=a.batch_size),
-                    execution=ExecutionConfig(worker_nice=0))  # fmt: skip
+    pipe = Pipeline(
+        a.data, aug, config=PipelineConfig(batch_size=a.batch_size), execution=ExecutionConfig(worker_nice=0)
+    )
     marks.append(("listing (Pipeline)", time.perf_counter()))
     source = FeederSource(pipe, end_epoch=1)
     marks.append(("FeederSource", time.perf_counter()))
@@ -56,9 +57,15 @@ def dropin_marks(a, aug, device, marks: list) -> None:
     from raypipe import ExecutionConfig
     from raypipe.timm import create_loader
 
-    loader = create_loader(a.data, batch_size=a.batch_size, device=device, img_dtype=_dtype(device),
-                           pin_memory=device.type == "cuda", execution=ExecutionConfig(worker_nice=0),
-                           **timm_args(aug))  # fmt: skip
+    loader = create_loader(
+        a.data,
+        batch_size=a.batch_size,
+        device=device,
+        img_dtype=_dtype(device),
+        pin_memory=device.type == "cuda",
+        execution=ExecutionConfig(worker_nice=0),
+        **timm_args(aug),
+    )
     marks.append(("loader (listing)", time.perf_counter()))
     try:
         _resume(loader, a.resume_at, a.batch_size)
@@ -72,9 +79,16 @@ def timm_marks(a, aug, device, marks: list) -> None:
     from timm.data import create_dataset, create_loader
 
     dataset = create_dataset("", root=a.data, split="train", is_training=True)
-    loader = create_loader(dataset, batch_size=a.batch_size, num_workers=os.cpu_count() or 1, device=device,
-                           img_dtype=_dtype(device), pin_memory=device.type == "cuda", persistent_workers=True,
-                           **timm_args(aug))  # fmt: skip
+    loader = create_loader(
+        dataset,
+        batch_size=a.batch_size,
+        num_workers=os.cpu_count() or 1,
+        device=device,
+        img_dtype=_dtype(device),
+        pin_memory=device.type == "cuda",
+        persistent_workers=True,
+        **timm_args(aug),
+    )
     marks.append(("loader (listing)", time.perf_counter()))
     _first(loader, device)
     marks.append(("first batch", time.perf_counter()))

@@ -68,30 +68,51 @@ def sync(device: str) -> None:
 
 def check_correctness(dev, rows):
     rng = np.random.default_rng(0)
-    src = [{"image": rng.integers(0, 256, (16, 64, 64, 3), dtype=np.uint8), "label": rng.integers(0, 10, 16),
-            "sample_id": np.arange(16)} for _ in range(4)]  # fmt: skip
-    kw = dict(img_dtype="float32", re_prob=0.5, re_mode="rand", re_count=2, mixup_alpha=0.8, cutmix_alpha=1.0,
-              mixup_mode="elem", label_smoothing=0.1, num_classes=10, seed=1)  # fmt: skip
+    src = [
+        {
+            "image": rng.integers(0, 256, (16, 64, 64, 3), dtype=np.uint8),
+            "label": rng.integers(0, 10, 16),
+            "sample_id": np.arange(16),
+        }
+        for _ in range(4)
+    ]
+    kw = dict(
+        img_dtype="float32",
+        re_prob=0.5,
+        re_mode="rand",
+        re_count=2,
+        mixup_alpha=0.8,
+        cutmix_alpha=1.0,
+        mixup_mode="elem",
+        label_smoothing=0.1,
+        num_classes=10,
+        seed=1,
+    )
     outs = {}
     for device in ("cpu", "cuda"):
         with dev.from_timm_args(src, device=device, **kw) as loader:
             outs[device] = [(b["image"].cpu(), b["label"].cpu()) for b in loader]
     err = max((g[0] - c[0]).abs().max().item() for g, c in zip(outs["cuda"], outs["cpu"], strict=True))
     terr = max((g[1] - c[1]).abs().max().item() for g, c in zip(outs["cuda"], outs["cpu"], strict=True))
-    rows.append(("cuda vs cpu reference (fp32, erasing+mixup)", f"image {err:.2e}, target {terr:.2e}",
-                 "PASS" if err < 1e-4 and terr < 1e-6 else "FAIL"))  # fmt: skip
+    rows.append(
+        (
+            "cuda vs cpu reference (fp32, erasing+mixup)",
+            f"image {err:.2e}, target {terr:.2e}",
+            "PASS" if err < 1e-4 and terr < 1e-6 else "FAIL",
+        )
+    )
     from timm.data.loader import PrefetchLoader
 
-    batches = [(torch.from_numpy(b["image"]).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(b["label"]))
-               for b in src]  # fmt: skip
+    batches = [
+        (torch.from_numpy(b["image"]).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(b["label"])) for b in src
+    ]
     timm_loader = PrefetchLoader(batches, device=torch.device("cuda"), img_dtype=torch.float16)
     timm_out = [x.cpu() for x, _ in timm_loader]
     with dev.from_timm_args(batches, device="cuda", channels_last=False) as loader:
         ours = [x.cpu() for x, _ in loader]
     # Ours is one fused multiply-add, timm's sub then div: equal within fp16 rounding.
     diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(ours, timm_out, strict=True))
-    rows.append(("fp16 normalise vs timm PrefetchLoader", f"max |diff| {diff:.1e}",
-                 "PASS" if diff <= 4e-3 else "FAIL"))  # fmt: skip
+    rows.append(("fp16 normalise vs timm PrefetchLoader", f"max |diff| {diff:.1e}", "PASS" if diff <= 4e-3 else "FAIL"))
 
 
 def check_h2d(rows, n, size, iters):
@@ -107,8 +128,10 @@ def check_h2d(rows, n, size, iters):
 def make_batches(n, size, count):
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8) for _ in range(2)]
-    return [{"image": images[i % 2], "label": rng.integers(0, 1000, n), "sample_id": np.arange(n) + i * n}
-            for i in range(count)]  # fmt: skip
+    return [
+        {"image": images[i % 2], "label": rng.integers(0, 1000, n), "sample_id": np.arange(n) + i * n}
+        for i in range(count)
+    ]
 
 
 def step_loop(items, compute) -> tuple[float, float, float]:
@@ -212,11 +235,17 @@ def check_overlap(dev, rows, n, size, copy_ms, batches):
 
     rows.append(("host memcpy of a batch into pinned memory", f"{host_ms:.2f} ms", ""))
     rows.append(("compute step alone (synced per step)", f"{alone_ms:.2f} ms (issuing it {alone_issue:.2f})", ""))
-    rows.append(("  + side-stream copy issued in the step", f"{raw_ms:.2f} ms ({share(hidden(raw_ms, False))} "
-                 "hidden)", ""))  # fmt: skip
+    rows.append(
+        ("  + side-stream copy issued in the step", f"{raw_ms:.2f} ms ({share(hidden(raw_ms, False))} hidden)", "")
+    )
     rows.append(("  + side-stream copy and normalise", f"{raw_norm_ms:.2f} ms (normalise {norm_ms:.2f} ms)", ""))
-    rows.append(("  + DeviceLoader (producer thread ahead)",
-                 f"{with_ms:.2f} ms (stall {stall_ms:.2f}, issuing {with_issue:.2f})", ""))  # fmt: skip
+    rows.append(
+        (
+            "  + DeviceLoader (producer thread ahead)",
+            f"{with_ms:.2f} ms (stall {stall_ms:.2f}, issuing {with_issue:.2f})",
+            "",
+        )
+    )
     h = hidden(with_ms, True)
     rows.append(("H2D copy time hidden by the DeviceLoader", share(h), "PASS" if h >= 0.9 else "FAIL"))
 
@@ -247,13 +276,15 @@ def check_vs_timm(dev, rows, batches, device="cuda"):
     """timm's PrefetchLoader and the DeviceLoader on the same NCHW batches, fp16 on ``device``."""
     from timm.data.loader import PrefetchLoader
 
-    nchw = [(torch.from_numpy(b["image"]).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(b["label"]))
-            for b in batches]  # fmt: skip
+    nchw = [
+        (torch.from_numpy(b["image"]).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(b["label"])) for b in batches
+    ]
     results = {}
     with dev.from_timm_args(nchw, device=device, img_dtype="float16", channels_last=False) as loader:
-        for name, it in (("timm PrefetchLoader",
-                          lambda: PrefetchLoader(nchw, device=torch.device(device), img_dtype=torch.float16)),
-                         ("raypipe DeviceLoader", lambda: loader)):  # fmt: skip
+        for name, it in (
+            ("timm PrefetchLoader", lambda: PrefetchLoader(nchw, device=torch.device(device), img_dtype=torch.float16)),
+            ("raypipe DeviceLoader", lambda: loader),
+        ):
             list(it())
             sync(device)
             t0 = time.perf_counter()
@@ -292,8 +323,10 @@ def main(argv=None) -> int:
         except Exception:
             traceback.print_exc()
             rows.append((f"{name}: error", traceback.format_exc(limit=1).strip().splitlines()[-1][:60], "FAIL"))
-    print(f"\nraypipe DeviceLoader GPU check on {torch.cuda.get_device_name()} (torch {torch.__version__}), "
-          f"{time.perf_counter() - started:.0f} s")  # fmt: skip
+    print(
+        f"\nraypipe DeviceLoader GPU check on {torch.cuda.get_device_name()} (torch {torch.__version__}), "
+        f"{time.perf_counter() - started:.0f} s"
+    )
     width = max(len(r[0]) for r in rows)
     for what, value, verdict in rows:
         print(f"  {what:<{width}}  {value:<40} {verdict}")

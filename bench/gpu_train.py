@@ -126,9 +126,12 @@ def thread_sched() -> dict[str, float] | None:
         status = dict(
             line.split(":", 1) for line in open("/proc/thread-self/status").read().splitlines() if ":" in line
         )
-        return {"cpu_s": int(cpu_ns) / 1e9, "runqueue_s": int(runq_ns) / 1e9,
-                "voluntary": int(status["voluntary_ctxt_switches"]),
-                "involuntary": int(status["nonvoluntary_ctxt_switches"])}  # fmt: skip
+        return {
+            "cpu_s": int(cpu_ns) / 1e9,
+            "runqueue_s": int(runq_ns) / 1e9,
+            "voluntary": int(status["voluntary_ctxt_switches"]),
+            "involuntary": int(status["nonvoluntary_ctxt_switches"]),
+        }
     except (OSError, KeyError, ValueError):
         return None
 
@@ -255,8 +258,12 @@ def raypipe_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, 
     # drop_last as timm's training loader (create_loader(is_training=True)): both feeds then train on
     # one batch shape only; an epoch's short last batch would make cuDNN (benchmark mode) autotune anew
     cfg = PipelineConfig(batch_size=args.batch, drop_last=True)
-    ex = ExecutionConfig(chunk_rows=args.chunk_rows, worker_nice=args.worker_nice,
-                         worker_sched_idle=args.worker_sched_idle, cpus_per_task=args.cpus_per_task)
+    ex = ExecutionConfig(
+        chunk_rows=args.chunk_rows,
+        worker_nice=args.worker_nice,
+        worker_sched_idle=args.worker_sched_idle,
+        cpus_per_task=args.cpus_per_task,
+    )
     ex = ex.resolved_for(gpu_trainer=trainer.device.type == "cuda")
     source = (FeederSource if feeder else EpochSource)(Pipeline(data, aug, config=cfg, execution=ex))
     loader = from_timm_args(source, device=trainer.device, img_dtype=dtype, channels_last=trainer.channels_last)
@@ -272,12 +279,26 @@ def dropin_batches(data: str, aug, trainer: Trainer, args, dtype: torch.dtype, c
     from raypipe.timm import create_loader
     from raypipe.workers.local import LocalWorkers
 
-    ex = ExecutionConfig(backend="local", chunk_rows=args.chunk_rows, worker_nice=args.worker_nice,
-                         worker_sched_idle=args.worker_sched_idle, cpus_per_task=args.cpus_per_task)  # fmt: skip
+    ex = ExecutionConfig(
+        backend="local",
+        chunk_rows=args.chunk_rows,
+        worker_nice=args.worker_nice,
+        worker_sched_idle=args.worker_sched_idle,
+        cpus_per_task=args.cpus_per_task,
+    )
     on_gpu = trainer.device.type == "cuda"
-    loader = create_loader(data, batch_size=args.batch, is_training=True, use_prefetcher=True, device=trainer.device,
-                           img_dtype=dtype, pin_memory=on_gpu, channels_last=trainer.channels_last,
-                           execution=ex, **_timm_kwargs(aug))  # fmt: skip
+    loader = create_loader(
+        data,
+        batch_size=args.batch,
+        is_training=True,
+        use_prefetcher=True,
+        device=trainer.device,
+        img_dtype=dtype,
+        pin_memory=on_gpu,
+        channels_last=trainer.channels_last,
+        execution=ex,
+        **_timm_kwargs(aug),
+    )
     closers.append(loader.close)
     # The process's pool of local workers outlives a loader (for the next one); end it with the feed, as
     # timm's workers end with theirs, so the next feed starts on idle cores and its own fresh workers.
@@ -335,21 +356,31 @@ def run_feed(name: str, make, trainer: Trainer, args, results: dict, key: str, t
         results[key]["threads_left"] = left
     r = results[key]
     if "error" not in r:
-        print(f"  {name:<12} {r['images_per_s']:8,.0f} img/s  stall {100 * r['stall_share']:5.1f} %  "
-              f"first batch {r['first_batch_s']:.2f} s  ({r['steps']} steps)  CPU cores: trainer process "
-              f"{r['trainer_cores']:.2f}, machine {r['machine_cores']:.1f}", flush=True)  # fmt: skip
-        print(f"               cores by process: {r['cores_by_process']}; processes started: "
-              f"{r['processes_started']}", flush=True)  # fmt: skip
+        print(
+            f"  {name:<12} {r['images_per_s']:8,.0f} img/s  stall {100 * r['stall_share']:5.1f} %  "
+            f"first batch {r['first_batch_s']:.2f} s  ({r['steps']} steps)  CPU cores: trainer process "
+            f"{r['trainer_cores']:.2f}, machine {r['machine_cores']:.1f}",
+            flush=True,
+        )
+        print(
+            f"               cores by process: {r['cores_by_process']}; processes started: {r['processes_started']}",
+            flush=True,
+        )
         if "step_ms_median" in r:
-            print(f"               step ms (no data wait): median {r['step_ms_median']:.1f}, p90 "
-                  f"{r['step_ms_p90']:.1f}, max {r['step_ms_max']:.1f}; steps > 3x median: "
-                  f"{100 * r['slow_step_share']:.0f} % of step time; issuing fwd+bwd median "
-                  f"{r.get('issue_ms_median', float('nan')):.1f}", flush=True)  # fmt: skip
+            print(
+                f"               step ms (no data wait): median {r['step_ms_median']:.1f}, p90 "
+                f"{r['step_ms_p90']:.1f}, max {r['step_ms_max']:.1f}; steps > 3x median: "
+                f"{100 * r['slow_step_share']:.0f} % of step time; issuing fwd+bwd median "
+                f"{r.get('issue_ms_median', float('nan')):.1f}",
+                flush=True,
+            )
         if "main_cpu_share" in r:
-            print(f"               training thread: on a core {100 * r['main_cpu_share']:.0f} %, waiting for one "
-                  f"{100 * r['main_runqueue_share']:.1f} % of the window; per step "
-                  f"{r['main_voluntary_per_step']:.1f} sleeps, {r['main_involuntary_per_step']:.1f} preemptions",
-                  flush=True)  # fmt: skip
+            print(
+                f"               training thread: on a core {100 * r['main_cpu_share']:.0f} %, waiting for one "
+                f"{100 * r['main_runqueue_share']:.1f} % of the window; per step "
+                f"{r['main_voluntary_per_step']:.1f} sleeps, {r['main_involuntary_per_step']:.1f} preemptions",
+                flush=True,
+            )
 
 
 def main(argv=None) -> int:
@@ -360,12 +391,20 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--augments", nargs="+", choices=sorted(AUGMENTS), default=["rrc", "rand-m9"])
-    p.add_argument("--feeds", nargs="+", choices=FEEDS, default=FEEDS,
-                   help="raypipe-data: raypipe's batches on the GPU, no training (what it can deliver)")  # fmt: skip
+    p.add_argument(
+        "--feeds",
+        nargs="+",
+        choices=FEEDS,
+        default=FEEDS,
+        help="raypipe-data: raypipe's batches on the GPU, no training (what it can deliver)",
+    )
     p.add_argument("--chunk-rows", type=int, help="raypipe rows per chunk (default: ExecutionConfig.chunk_rows_for)")
     p.add_argument("--worker-nice", type=int, default=10, help="augmentation workers' niceness (as PipelineConfig)")
-    p.add_argument("--worker-sched-idle", action=argparse.BooleanOptionalAction,
-                   help="augmentation threads under SCHED_IDLE (default: on for cuda, like the job)")  # fmt: skip
+    p.add_argument(
+        "--worker-sched-idle",
+        action=argparse.BooleanOptionalAction,
+        help="augmentation threads under SCHED_IDLE (default: on for cuda, like the job)",
+    )
     p.add_argument("--cpus-per-task", type=float, default=0.5, help="CPUs per raypipe augmentation task")
     p.add_argument("--seconds", type=float, default=20.0, help="timed window per feed")
     p.add_argument("--warmup-steps", type=int, default=10)
@@ -390,8 +429,16 @@ def main(argv=None) -> int:
         data = write_data(tmp.name, args.images, args.workers)
     trainer = Trainer(args.model, device, amp=True, channels_last=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    results: dict = {"device": name, "torch": torch.__version__, "model": args.model, "batch": args.batch,
-                     "cpus": os.cpu_count(), "data": data, "seconds": args.seconds, "augments": {}}  # fmt: skip
+    results: dict = {
+        "device": name,
+        "torch": torch.__version__,
+        "model": args.model,
+        "batch": args.batch,
+        "cpus": os.cpu_count(),
+        "data": data,
+        "seconds": args.seconds,
+        "augments": {},
+    }
     print(f"{args.model} batch {args.batch} AMP fp16 channels_last on {name}, {os.cpu_count()} CPUs", flush=True)
     if {"raypipe", "raypipe-thread", "raypipe-data"} & set(args.feeds):
         # One Ray for the whole run: re-initialising Ray in one process is not something a trainer
@@ -399,8 +446,14 @@ def main(argv=None) -> int:
         # Its idle workers take no CPU from timm's loader.
         connect(object_store_memory=int(args.object_store_gb * 2**30) if args.object_store_gb else None)
     if "ceiling" in args.feeds:
-        run_feed("ceiling", lambda c: synthetic_batches(trainer, args.batch, args.size, dtype), trainer, args,
-                 results, "ceiling")  # fmt: skip
+        run_feed(
+            "ceiling",
+            lambda c: synthetic_batches(trainer, args.batch, args.size, dtype),
+            trainer,
+            args,
+            results,
+            "ceiling",
+        )
     for aug_name in args.augments:
         aug = TrainAugment(input_size=args.size, **AUGMENTS[aug_name])
         res = results["augments"].setdefault(aug_name, {})
@@ -441,8 +494,10 @@ def _all_ok(results: dict) -> bool:
 def print_table(results: dict) -> None:
     ceiling = results.get("ceiling", {}).get("images_per_s")
     print(f"\n{results['model']} training, batch {results['batch']}, {results['device']}, {results['cpus']} CPUs")
-    print(f"  {'feed':<22} {'img/s':>8} {'of ceiling':>10} {'stall':>7} {'first batch':>12} {'trainer CPU':>12}"
-          f" {'step ms':>8}")  # fmt: skip
+    print(
+        f"  {'feed':<22} {'img/s':>8} {'of ceiling':>10} {'stall':>7} {'first batch':>12} {'trainer CPU':>12}"
+        f" {'step ms':>8}"
+    )
     if ceiling:
         step = results["ceiling"].get("step_ms_median")
         print(f"  {'ceiling (on-GPU data)':<22} {ceiling:8,.0f} {'100 %':>10}" + (f"{step:43.1f}" if step else ""))
@@ -454,8 +509,10 @@ def print_table(results: dict) -> None:
                 continue
             share = f"{100 * r['images_per_s'] / ceiling:.0f} %" if ceiling else "-"
             step = f"{r['step_ms_median']:8.1f}" if "step_ms_median" in r else f"{'-':>8}"
-            print(f"  {label:<22} {r['images_per_s']:8,.0f} {share:>10} {100 * r['stall_share']:6.1f}% "
-                  f"{r['first_batch_s']:11.2f}s {r['trainer_cores']:11.2f}c {step}")  # fmt: skip
+            print(
+                f"  {label:<22} {r['images_per_s']:8,.0f} {share:>10} {100 * r['stall_share']:6.1f}% "
+                f"{r['first_batch_s']:11.2f}s {r['trainer_cores']:11.2f}c {step}"
+            )
     if not ceiling:
         print("  (no ceiling measured: shares are not shown)")
 

@@ -29,8 +29,12 @@ def photolike(rng: np.random.Generator, width: int, height: int) -> Image.Image:
     while cells < max(width, height):  # octaves: each twice as fine, amplitude halved (1/f)
         small = rng.normal(size=(cells * height // max(width, height) + 2, cells + 2, 3)).astype(np.float32)
         layer = np.stack(
-            [np.asarray(Image.fromarray(small[..., c]).resize((width, height), Image.Resampling.BICUBIC))
-             for c in range(3)], axis=-1)  # fmt: skip
+            [
+                np.asarray(Image.fromarray(small[..., c]).resize((width, height), Image.Resampling.BICUBIC))
+                for c in range(3)
+            ],
+            axis=-1,
+        )
         acc += amp * layer
         amp, cells = amp * 0.5, cells * 2
     base = rng.uniform(60, 190, size=3).astype(np.float32)
@@ -83,8 +87,9 @@ def main() -> None:
     p.add_argument("--quality", type=int, nargs=2, default=(80, 95), help="JPEG quality range")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     a = p.parse_args()
-    write_photolike(a.out, classes=a.classes, per_class=a.per_class, sizes=a.sizes, quality=tuple(a.quality),
-                    workers=a.workers)  # fmt: skip
+    write_photolike(
+        a.out, classes=a.classes, per_class=a.per_class, sizes=a.sizes, quality=tuple(a.quality), workers=a.workers
+    )
     print(f"wrote {a.classes * a.per_class} images to {a.out}")
 
 

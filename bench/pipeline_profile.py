@@ -49,7 +49,9 @@ def profile_pipeline(args: argparse.Namespace) -> None:
     started = _WorkerWatch()
     cfg = PipelineConfig(batch_size=args.batch_size)
     ex = ExecutionConfig(
-        chunk_rows=args.chunk_rows, cpus_per_task=args.cpus_per_task, num_tasks=args.num_tasks,
+        chunk_rows=args.chunk_rows,
+        cpus_per_task=args.cpus_per_task,
+        num_tasks=args.num_tasks,
         worker_nice=args.worker_nice,
     )
     aug = TrainAugment(input_size=args.img_size, color_jitter=None, auto_augment=args.auto_augment)
@@ -73,9 +75,11 @@ def profile_pipeline(args: argparse.Namespace) -> None:
         machine = psutil.cpu_percent(None)
         roles = "  ".join(f"{k} {(c1.get(k, 0) - c0.get(k, 0)) / dt:.2f}" for k in sorted(c1))
         # the driver's page faults per batch: fresh memory (new buffers) costs the kernel a page clear each
-        print(f"epoch {epoch}: {n / dt:7.0f} img/s  machine {machine:.0f} %  cores: {roles}  "
-              f"worker processes started {len(started.pids) - seen}  "
-              f"driver page faults/batch {faults:.0f}")  # fmt: skip
+        print(
+            f"epoch {epoch}: {n / dt:7.0f} img/s  machine {machine:.0f} %  cores: {roles}  "
+            f"worker processes started {len(started.pids) - seen}  "
+            f"driver page faults/batch {faults:.0f}"
+        )
         if p0 is not None:
             p1 = _cpu_by_title()
             cores = sorted(((k, (v - p0.get(k, 0.0)) / dt) for k, v in p1.items()), key=lambda kv: -kv[1])

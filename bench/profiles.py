@@ -20,8 +20,9 @@ def main(argv: list[str] | None = None) -> None:
 
     def add(name: str, fn) -> argparse.ArgumentParser:
         doc = inspect.cleandoc(fn.__doc__)
-        sp = sub.add_parser(name, help=doc.splitlines()[0], description=doc,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+        sp = sub.add_parser(
+            name, help=doc.splitlines()[0], description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
         sp.set_defaults(fn=fn)
         return sp
 

@@ -88,17 +88,13 @@ def _check_node_types(config: dict, where: str, *, head_cpu_zero: bool) -> None:
         raise ValueError(f"{where}: available_node_types must be a non-empty mapping")
     head = config["head_node_type"]
     if head not in types_:
-        raise ValueError(
-            f"{where}: head_node_type {head!r} is not one of available_node_types {sorted(types_)}"
-        )
+        raise ValueError(f"{where}: head_node_type {head!r} is not one of available_node_types {sorted(types_)}")
     for name, spec in types_.items():
         if not isinstance(spec, Mapping):
             raise ValueError(f"{where}: available_node_types.{name} must be a mapping")
         lo, hi = spec.get("min_workers"), spec.get("max_workers")
         if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
-            raise ValueError(
-                f"{where}: available_node_types.{name}: min_workers={lo} > max_workers={hi}"
-            )
+            raise ValueError(f"{where}: available_node_types.{name}: min_workers={lo} > max_workers={hi}")
     total = config.get("max_workers")
     least = sum(spec.get("min_workers") or 0 for spec in types_.values())
     if isinstance(total, int) and least > total:
@@ -113,9 +109,7 @@ def _check_node_types(config: dict, where: str, *, head_cpu_zero: bool) -> None:
         )
 
 
-def validate_cluster_config(
-    path_or_dict: str | Path | Mapping[str, Any], *, head_cpu_zero: bool = True
-) -> dict:
+def validate_cluster_config(path_or_dict: str | Path | Mapping[str, Any], *, head_cpu_zero: bool = True) -> dict:
     """Validate a Ray cluster-launcher config offline; return it (a copy, as written).
 
     ``head_cpu_zero``: also require the head node type to advertise ``CPU: 0`` (raypipe's layout).
@@ -149,15 +143,17 @@ def _parse_ray_resources(value: Any, where: str) -> dict:
     quotes; Ray's autoscaler strips them and the backslashes the same way, and wants ints.
     """
     if not isinstance(value, str) or len(value) < 2 or value[0] != '"' or value[-1] != '"':
-        _fail(where, f"rayStartParams.resources must be a quoted JSON string like "
-                     f"'\"{{\\\"preprocess\\\": 1000}}\"', got {value!r}")
+        _fail(
+            where,
+            f"rayStartParams.resources must be a quoted JSON string like "
+            f'\'"{{\\"preprocess\\": 1000}}"\', got {value!r}',
+        )
     try:
         parsed = json.loads(value[1:-1].replace("\\", ""))
     except json.JSONDecodeError as e:
         _fail(where, f"rayStartParams.resources is not JSON after unquoting: {e}")
     if not isinstance(parsed, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
-        for k, v in parsed.items()
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in parsed.items()
     ):
         _fail(where, f"rayStartParams.resources must map names to ints >= 0, got {parsed!r}")
     return parsed
@@ -202,8 +198,11 @@ def _check_ray_cluster_spec(spec: Any, where: str, *, resource: str, loopback_da
         _fail(where, "spec must be a mapping")
     # GCS (6379) is reachable from every pod in the cluster network whatever the dashboard does.
     if ((spec.get("authOptions") or {}).get("mode")) != "token":
-        _fail(where, "authOptions.mode must be 'token' (KubeRay >= 1.5.1 creates the Secret and sets "
-                     "RAY_AUTH_MODE / RAY_AUTH_TOKEN on every Ray container)")
+        _fail(
+            where,
+            "authOptions.mode must be 'token' (KubeRay >= 1.5.1 creates the Secret and sets "
+            "RAY_AUTH_MODE / RAY_AUTH_TOKEN on every Ray container)",
+        )
     if spec.get("enableInTreeAutoscaling") is not True:
         _fail(where, "enableInTreeAutoscaling must be true (the autoscaler sidecar scales worker groups)")
 
@@ -213,17 +212,26 @@ def _check_ray_cluster_spec(spec: Any, where: str, *, resource: str, loopback_da
     hw = f"{where}.headGroupSpec"
     params = head.get("rayStartParams") or {}
     if str(params.get("num-cpus")) != "0":
-        _fail(hw, f"rayStartParams.num-cpus must be '0' (no training/preprocessing on the head), "
-                  f"got {params.get('num-cpus')!r}")
+        _fail(
+            hw,
+            f"rayStartParams.num-cpus must be '0' (no training/preprocessing on the head), "
+            f"got {params.get('num-cpus')!r}",
+        )
     host = params.get("dashboard-host")
     if loopback_dashboard and host not in _LOOPBACK:
-        _fail(hw, f"rayStartParams.dashboard-host must be 127.0.0.1 (got {host!r}; left out, KubeRay uses "
-                  "0.0.0.0); reach the dashboard with `kubectl port-forward`")
+        _fail(
+            hw,
+            f"rayStartParams.dashboard-host must be 127.0.0.1 (got {host!r}; left out, KubeRay uses "
+            "0.0.0.0); reach the dashboard with `kubectl port-forward`",
+        )
     svc_type = head.get("serviceType")
     svc_type = svc_type or ((head.get("headService") or {}).get("spec") or {}).get("type")
     if svc_type in _PUBLIC_SERVICE_TYPES:
-        _fail(hw, f"serviceType {svc_type} exposes the head (GCS 6379, dashboard/job API 8265) outside the "
-                  "cluster; use ClusterIP")
+        _fail(
+            hw,
+            f"serviceType {svc_type} exposes the head (GCS 6379, dashboard/job API 8265) outside the "
+            "cluster; use ClusterIP",
+        )
     for c in _containers(head, hw):
         for port in c.get("ports") or []:
             if port.get("hostPort"):
@@ -247,8 +255,11 @@ def _check_ray_cluster_spec(spec: Any, where: str, *, resource: str, loopback_da
     if not has_gpu:
         _fail(where, "no worker group requests nvidia.com/gpu (trainer nodes)")
     if not has_preprocess:
-        _fail(where, f"no CPU worker group advertises the custom resource {resource!r} "
-                     f"(rayStartParams.resources: '\"{{\\\"{resource}\\\": 1000}}\"')")
+        _fail(
+            where,
+            f"no CPU worker group advertises the custom resource {resource!r} "
+            f'(rayStartParams.resources: \'"{{\\"{resource}\\": 1000}}"\')',
+        )
 
 
 def check_kuberay_manifest(path: str | Path, *, resource: str = DEFAULT_PREPROCESS_RESOURCE) -> list[dict]:
@@ -295,8 +306,7 @@ def check_kuberay_manifest(path: str | Path, *, resource: str = DEFAULT_PREPROCE
             cluster = spec["rayClusterSpec"]
             # The submitter pod and the operator reach the job API through the head Service, so the
             # dashboard cannot be loopback-only here; token auth + ClusterIP are what protect it.
-            _check_ray_cluster_spec(cluster, f"{dw}.rayClusterSpec", resource=resource,
-                                    loopback_dashboard=False)
+            _check_ray_cluster_spec(cluster, f"{dw}.rayClusterSpec", resource=resource, loopback_dashboard=False)
             if spec.get("shutdownAfterJobFinishes") is not True:
                 _fail(dw, "shutdownAfterJobFinishes must be true (GPU nodes otherwise idle after the job)")
             ttl = spec.get("ttlSecondsAfterFinished")

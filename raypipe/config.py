@@ -180,8 +180,10 @@ class EvalAugment:
 
     def __post_init__(self) -> None:
         _set(self, "input_size", _size2("input_size", self.input_size))
-        if isinstance(self.crop_pct, bool) or not isinstance(self.crop_pct, (int, float)) or not (
-            0.0 < self.crop_pct <= 1.0
+        if (
+            isinstance(self.crop_pct, bool)
+            or not isinstance(self.crop_pct, (int, float))
+            or not (0.0 < self.crop_pct <= 1.0)
         ):
             _fail("crop_pct", self.crop_pct, "expected 0 < crop_pct <= 1")
         if self.crop_mode not in CROP_MODES:

@@ -14,9 +14,14 @@ from typing import Any
 from raypipe.config import BACKENDS, CONFIG_SECTIONS, TRAIN_SECTION, config_sections, load_yaml, resolve_sections
 
 __all__ = [
-    "add_augment_args", "add_config_arg", "add_index_arg", "add_pipeline_args", "add_source_args", "build_configs",
+    "add_augment_args",
+    "add_config_arg",
+    "add_index_arg",
+    "add_pipeline_args",
+    "add_source_args",
+    "build_configs",
     "SECTIONS",
-]  # fmt: skip
+]
 
 # flag dest -> (section, field)
 _AUG_FLAGS = {
@@ -67,8 +72,9 @@ def _default(section: str, name: str) -> str:
 
 def add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", help="image folder, Parquet file/folder, or CSV/JSONL manifest (local path or URI)")
-    p.add_argument("--kind", choices=("folder", "parquet", "manifest", "webdataset"),
-                   help="dataset kind (detected if omitted)")
+    p.add_argument(
+        "--kind", choices=("folder", "parquet", "manifest", "webdataset"), help="dataset kind (detected if omitted)"
+    )
     p.add_argument("--image-column", default="image", help="Parquet image-bytes column")
     p.add_argument("--label-column", default="label", help="Parquet/manifest label column")
     p.add_argument("--path-column", default="path", help="manifest path column")
@@ -77,81 +83,124 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_index_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--index", metavar="PATH",
-                   help="WebDataset shards: the index to list them from, when it is not raypipe-index.parquet "
-                        "beside them: a .parquet (`raypipe index --out`), 'dali' (DALI's SHARD.idx beside each "
-                        "shard) or a brace pattern of .idx paths")  # fmt: skip
+    p.add_argument(
+        "--index",
+        metavar="PATH",
+        help="WebDataset shards: the index to list them from, when it is not raypipe-index.parquet "
+        "beside them: a .parquet (`raypipe index --out`), 'dali' (DALI's SHARD.idx beside each "
+        "shard) or a brace pattern of .idx paths",
+    )
 
 
 def add_augment_args(p: argparse.ArgumentParser) -> None:
     d = _default
     g = p.add_argument_group("augmentation (timm train.py names)")
     g.add_argument("--img-size", type=int, help=f"output image size (square) {d('augment', 'input_size')}")
-    g.add_argument("--input-size", type=int, nargs=3, metavar=("C", "H", "W"),
-                   help="timm-style input size (overrides --img-size)")  # fmt: skip
-    g.add_argument("--scale", type=float, nargs=2, metavar=("MIN", "MAX"),
-                   help=f"RandomResizedCrop area range {d('augment', 'scale')}")  # fmt: skip
-    g.add_argument("--ratio", type=float, nargs=2, metavar=("MIN", "MAX"),
-                   help=f"RandomResizedCrop aspect range {d('augment', 'ratio')}")  # fmt: skip
+    g.add_argument(
+        "--input-size", type=int, nargs=3, metavar=("C", "H", "W"), help="timm-style input size (overrides --img-size)"
+    )
+    g.add_argument(
+        "--scale",
+        type=float,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help=f"RandomResizedCrop area range {d('augment', 'scale')}",
+    )
+    g.add_argument(
+        "--ratio",
+        type=float,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help=f"RandomResizedCrop aspect range {d('augment', 'ratio')}",
+    )
     g.add_argument("--hflip", type=float, help=f"horizontal flip probability {d('augment', 'hflip')}")
     g.add_argument("--vflip", type=float, help=f"vertical flip probability {d('augment', 'vflip')}")
-    g.add_argument("--color-jitter", type=float,
-                   help=f"colour jitter strength, 0 disables {d('augment', 'color_jitter')}")  # fmt: skip
-    g.add_argument("--color-jitter-prob", type=float,
-                   help="probability of applying colour jitter (default: always, when it is on)")  # fmt: skip
-    g.add_argument("--grayscale-prob", type=float,
-                   help=f"random grayscale probability {d('augment', 'grayscale_prob')}")  # fmt: skip
-    g.add_argument("--gaussian-blur-prob", type=float,
-                   help=f"gaussian blur probability {d('augment', 'gaussian_blur_prob')}")  # fmt: skip
+    g.add_argument(
+        "--color-jitter", type=float, help=f"colour jitter strength, 0 disables {d('augment', 'color_jitter')}"
+    )
+    g.add_argument(
+        "--color-jitter-prob", type=float, help="probability of applying colour jitter (default: always, when it is on)"
+    )
+    g.add_argument(
+        "--grayscale-prob", type=float, help=f"random grayscale probability {d('augment', 'grayscale_prob')}"
+    )
+    g.add_argument(
+        "--gaussian-blur-prob", type=float, help=f"gaussian blur probability {d('augment', 'gaussian_blur_prob')}"
+    )
     g.add_argument("--aa", help="timm auto-augment policy, e.g. rand-m9-mstd0.5-inc1 (default: none)")
-    g.add_argument("--interpolation", choices=("bilinear", "bicubic", "random"),
-                   help=f"crop interpolation {d('augment', 'interpolation')}")  # fmt: skip
-    g.add_argument("--crop-pct", type=float,
-                   help=f"eval: resize to size / crop_pct, then crop {d('eval', 'crop_pct')}")  # fmt: skip
-    g.add_argument("--crop-mode", choices=("center", "squash", "border"),
-                   help=f"eval crop mode {d('eval', 'crop_mode')}")  # fmt: skip
-    g.add_argument("--max-pixels", type=int,
-                   help=f"skip images with more pixels (bombs) {d('decode', 'max_pixels')}")  # fmt: skip
+    g.add_argument(
+        "--interpolation",
+        choices=("bilinear", "bicubic", "random"),
+        help=f"crop interpolation {d('augment', 'interpolation')}",
+    )
+    g.add_argument("--crop-pct", type=float, help=f"eval: resize to size / crop_pct, then crop {d('eval', 'crop_pct')}")
+    g.add_argument(
+        "--crop-mode", choices=("center", "squash", "border"), help=f"eval crop mode {d('eval', 'crop_mode')}"
+    )
+    g.add_argument("--max-pixels", type=int, help=f"skip images with more pixels (bombs) {d('decode', 'max_pixels')}")
 
 
 def add_pipeline_args(p: argparse.ArgumentParser) -> None:
     d = _default
     g = p.add_argument_group("pipeline")
     g.add_argument("-b", "--batch-size", type=int, help=f"images per packed batch {d('pipeline', 'batch_size')}")
-    g.add_argument("--seed", type=int,
-                   help=f"augmentation and shuffle seed; fixed, so runs agree {d('pipeline', 'seed')}")  # fmt: skip
+    g.add_argument(
+        "--seed", type=int, help=f"augmentation and shuffle seed; fixed, so runs agree {d('pipeline', 'seed')}"
+    )
     g.add_argument("--drop-last", action="store_true", default=None, help="drop the last partial batch")
-    g.add_argument("--shuffle-window", type=int,
-                   help=f"sharded sources: rows shuffled together, whole shards {d('pipeline', 'shuffle_window')}")
+    g.add_argument(
+        "--shuffle-window",
+        type=int,
+        help=f"sharded sources: rows shuffled together, whole shards {d('pipeline', 'shuffle_window')}",
+    )
     g = p.add_argument_group("execution")
-    g.add_argument("--backend", choices=BACKENDS,
-                   help="where the augmentation tasks run: ray (Ray tasks on the cluster), local (worker processes "
-                        "of this machine), nodes (raypipe's worker processes on the cluster's nodes, their images "
-                        "streamed to the trainer's node) or auto: ray when connected to Ray or RAY_ADDRESS is set, "
-                        "else local "
-                        f"{d('execution', 'backend')}")  # fmt: skip
+    g.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        help="where the augmentation tasks run: ray (Ray tasks on the cluster), local (worker processes "
+        "of this machine), nodes (raypipe's worker processes on the cluster's nodes, their images "
+        "streamed to the trainer's node) or auto: ray when connected to Ray or RAY_ADDRESS is set, "
+        "else local "
+        f"{d('execution', 'backend')}",
+    )
     g.add_argument("--num-tasks", type=int, help="augmentation tasks at once (default: this rank's share of the CPUs)")
-    g.add_argument("--cpus-per-task", type=float,
-                   help="CPUs each augmentation task asks for (default: 1; 0.5 for a folder or manifest in an "
-                        "object store)")  # fmt: skip
+    g.add_argument(
+        "--cpus-per-task",
+        type=float,
+        help="CPUs each augmentation task asks for (default: 1; 0.5 for a folder or manifest in an object store)",
+    )
     g.add_argument("--chunk-rows", type=int, help="rows per augmentation task (default: from the batch size)")
-    g.add_argument("--prefetch-chunks", type=int,
-                   help=f"finished chunks held ahead of the consumer {d('execution', 'prefetch_chunks')}")
-    g.add_argument("--worker-nice", type=int,
-                   help=f"workers' niceness 0-19; 0: fair share {d('execution', 'worker_nice')}")  # fmt: skip
-    g.add_argument("--worker-sched-idle", action=argparse.BooleanOptionalAction, default=None,
-                   help="workers' stage thread under Linux SCHED_IDLE, CPU nothing else wants (default: "
-                        "on when training on a GPU)")  # fmt: skip
-    g.add_argument("--max-skip-ratio", type=float,
-                   help="fail the epoch if more than this fraction is skipped (default: the pipeline's)")  # fmt: skip
+    g.add_argument(
+        "--prefetch-chunks",
+        type=int,
+        help=f"finished chunks held ahead of the consumer {d('execution', 'prefetch_chunks')}",
+    )
+    g.add_argument(
+        "--worker-nice", type=int, help=f"workers' niceness 0-19; 0: fair share {d('execution', 'worker_nice')}"
+    )
+    g.add_argument(
+        "--worker-sched-idle",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="workers' stage thread under Linux SCHED_IDLE, CPU nothing else wants (default: "
+        "on when training on a GPU)",
+    )
+    g.add_argument(
+        "--max-skip-ratio",
+        type=float,
+        help="fail the epoch if more than this fraction is skipped (default: the pipeline's)",
+    )
     g.add_argument("--max-skips", type=int, help="fail the epoch after this many skips (default: no count limit)")
     add_config_arg(g)
 
 
 def add_config_arg(p) -> None:
-    p.add_argument("-c", "--config",
-                   help=f"YAML config with sections {', '.join((*SECTIONS, TRAIN_SECTION))} (raypipe.config."
-                        f"load_config; only the training job reads {TRAIN_SECTION}); flags override it")  # fmt: skip
+    p.add_argument(
+        "-c",
+        "--config",
+        help=f"YAML config with sections {', '.join((*SECTIONS, TRAIN_SECTION))} (raypipe.config."
+        f"load_config; only the training job reads {TRAIN_SECTION}); flags override it",
+    )
 
 
 def _flags_into(raw: dict[str, dict], values: Mapping[str, Any]) -> None:

@@ -259,8 +259,11 @@ def check_ray_address(address: str, timeout_s: float | None = None) -> None:
             return  # http(s): Ray itself says at once that a driver cannot join a dashboard's address
         why = _not_grpc(conn, deadline, timeout_s)
     if why:
-        expected = ("a Ray Client server (ray://head:10001)" if scheme.lower() == "ray"
-                    else "a Ray head's GCS (head:6379, the address `ray start --head` prints)")  # fmt: skip
+        expected = (
+            "a Ray Client server (ray://head:10001)"
+            if scheme.lower() == "ray"
+            else "a Ray head's GCS (head:6379, the address `ray start --head` prints)"
+        )
         raise ConnectionError(
             f"RAY_ADDRESS={address!r}: {host}:{port} {why}, so it is not {expected}: check the port (the "
             "dashboard's 8265 is for `ray job submit --address http://…`, not for a driver), correct "

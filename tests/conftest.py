@@ -50,17 +50,28 @@ def pytest_pyfunc_call(pyfuncitem):
 
     wait_connected(120)  # not shut down half-way through a background start
     ray.shutdown()
-    env = dict(os.environ, **pyfuncitem.get_closest_marker("isolated").kwargs.get("env", {}),
-               RAYPIPE_ISOLATED_CHILD="1")
-    cmd = [sys.executable, "-m", "pytest", pyfuncitem.nodeid, "-q", "-p", "no:cacheprovider", "--rootdir",
-           str(pyfuncitem.config.rootpath)]
+    env = dict(
+        os.environ, **pyfuncitem.get_closest_marker("isolated").kwargs.get("env", {}), RAYPIPE_ISOLATED_CHILD="1"
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        pyfuncitem.nodeid,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(pyfuncitem.config.rootpath),
+    ]
     marker = pyfuncitem.get_closest_marker("timeout")
     limit = (marker.args[0] if marker and marker.args else 600) - 10
-    proc = subprocess.run(cmd, cwd=pyfuncitem.config.rootpath, env=env, capture_output=True, text=True,
-                          timeout=limit)
+    proc = subprocess.run(cmd, cwd=pyfuncitem.config.rootpath, env=env, capture_output=True, text=True, timeout=limit)
     if proc.returncode != 0:
-        pytest.fail(f"isolated run failed (exit {proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}",
-                    pytrace=False)
+        pytest.fail(
+            f"isolated run failed (exit {proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}",
+            pytrace=False,
+        )
     return True
 
 

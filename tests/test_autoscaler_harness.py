@@ -80,9 +80,15 @@ def _timeline(cluster: FakeAutoscalingCluster, start: float) -> str:
 
 def test_config_is_a_valid_fake_multinode_cluster():
     cfg = autoscaling_config(
-        gcs_address="127.0.0.1:40001", head_cpus=1, worker_cpus=2, worker_resources={PREPROCESS: 2.0},
-        min_workers=0, max_workers=3, idle_timeout_s=6, worker_object_store_bytes=128 << 20,
-    )  # fmt: skip
+        gcs_address="127.0.0.1:40001",
+        head_cpus=1,
+        worker_cpus=2,
+        worker_resources={PREPROCESS: 2.0},
+        min_workers=0,
+        max_workers=3,
+        idle_timeout_s=6,
+        worker_object_store_bytes=128 << 20,
+    )
     jsonschema.validate(cfg, json.loads(ray_schema_path().read_text(encoding="utf-8")))
     assert cfg["provider"]["type"] == "fake_multinode"
     assert cfg["provider"]["gcs_address"] == "127.0.0.1:40001"
@@ -140,8 +146,9 @@ def test_end_process_tree_ends_the_tree_and_the_marked_stray():
     import psutil
 
     mark = f"test-{os.getpid()}-{time.monotonic_ns()}"
-    root = subprocess.Popen([sys.executable, "-c", TREE], env={**os.environ, MARK_ENV: mark}, stdout=subprocess.PIPE,
-                            start_new_session=True)  # fmt: skip
+    root = subprocess.Popen(
+        [sys.executable, "-c", TREE], env={**os.environ, MARK_ENV: mark}, stdout=subprocess.PIPE, start_new_session=True
+    )
     try:
         assert root.stdout.readline().strip() == b"up"
         deadline = time.monotonic() + 30
@@ -204,8 +211,12 @@ def test_pending_actors_add_up_over_drivers_to_max_workers_and_go_with_their_own
         log.info(
             "pending actors: 3 CPU nodes up in %.1f s; 1 released %.1f s after the other driver ended, the last 2 "
             "%.1f s after ours were killed (idle timeout %.0f s); nodes over time: %s",
-            up, one_down, all_down, IDLE_S, _timeline(cluster, start),
-        )  # fmt: skip
+            up,
+            one_down,
+            all_down,
+            IDLE_S,
+            _timeline(cluster, start),
+        )
 
 
 @pytest.mark.slow
@@ -229,5 +240,9 @@ def test_request_resources_is_one_target_for_the_cluster_that_the_last_caller_se
         log.info(
             "request_resources: 2 CPU nodes up in %.1f s; 1 released %.1f s after another driver replaced the "
             "request, the last %.1f s after an empty one (idle timeout %.0f s); nodes over time: %s",
-            up, one_down, all_down, IDLE_S, _timeline(cluster, start),
-        )  # fmt: skip
+            up,
+            one_down,
+            all_down,
+            IDLE_S,
+            _timeline(cluster, start),
+        )

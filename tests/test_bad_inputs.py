@@ -77,9 +77,13 @@ def test_corpus_through_the_pipeline(ray_local, corpus):
     rows = open_source(str(root))  # listing happens before deletion, as in a real race
     (root / "cls" / "deleted.jpg").unlink()
     try:
-        pipe = Pipeline(rows, TrainAugment(input_size=40), config=PipelineConfig(batch_size=4, max_skip_ratio=None),
-                        execution=ExecutionConfig(chunk_rows=32),
-                        decode=DecodeConfig(max_pixels=50_000_000))
+        pipe = Pipeline(
+            rows,
+            TrainAugment(input_size=40),
+            config=PipelineConfig(batch_size=4, max_skip_ratio=None),
+            execution=ExecutionConfig(chunk_rows=32),
+            decode=DecodeConfig(max_pixels=50_000_000),
+        )
         run = pipe.epoch(0)
         batches = list(run)
     finally:
@@ -146,12 +150,18 @@ def test_mutated_files_give_an_image_or_a_skip_reason():
     from raypipe.config import EvalAugment
     from raypipe.kernels import REASONS, SkipImage, build_transform, sample_rng
 
-    transforms = [build_transform(TrainAugment(input_size=64)),
-                  build_transform(TrainAugment(input_size=64, auto_augment="rand-m9-mstd0.5-inc1")),
-                  build_transform(EvalAugment(input_size=64))]
+    transforms = [
+        build_transform(TrainAugment(input_size=64)),
+        build_transform(TrainAugment(input_size=64, auto_augment="rand-m9-mstd0.5-inc1")),
+        build_transform(EvalAugment(input_size=64)),
+    ]
     img = f.photo(size=(160, 120))
-    sources = [f.photo_jpeg(size=(160, 120)), f.encode(img, "JPEG", progressive=True, quality=80),
-               f.encode(img, "JPEG", subsampling=0), f.encode(img, "PNG")]
+    sources = [
+        f.photo_jpeg(size=(160, 120)),
+        f.encode(img, "JPEG", progressive=True, quality=80),
+        f.encode(img, "JPEG", subsampling=0),
+        f.encode(img, "PNG"),
+    ]
     rnd = random.Random(7)
     outcomes = {"image": 0}
     for i in range(240):

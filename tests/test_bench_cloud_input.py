@@ -21,10 +21,27 @@ def test_cloud_input_smoke(tmp_path):
     # the S3 server on a core of its own where there are two or more (the contenders on the others)
     split = ["--server-cores", "1"] if len(os.sched_getaffinity(0)) > 1 else []
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "cloud_input.py"), "--images", "200", "--epochs", "2",
-         "--rounds", "2", "--workdir", str(tmp_path / "work"), "--json", str(out), *split],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=880,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "bench" / "cloud_input.py"),
+            "--images",
+            "200",
+            "--epochs",
+            "2",
+            "--rounds",
+            "2",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--json",
+            str(out),
+            *split,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=880,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     figures = json.loads(out.read_text())
     assert len(figures["server_cores"]) == (1 if split else 0)
@@ -42,10 +59,27 @@ def test_cloud_input_smoke(tmp_path):
 
     # --only: those contenders and their baseline, on the data the first run made
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "cloud_input.py"), "--images", "200", "--epochs", "1",
-         "--workdir", str(tmp_path / "work"), "--json", str(out), "--only", "s3 parquet", *split],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "bench" / "cloud_input.py"),
+            "--images",
+            "200",
+            "--epochs",
+            "1",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--json",
+            str(out),
+            "--only",
+            "s3 parquet",
+            *split,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     figures = json.loads(out.read_text())
     assert list(figures["ratios"]) == ["folder", "s3 parquet"] and figures["cache"] is None

@@ -42,8 +42,9 @@ def _check(r: dict) -> None:
 
 @pytest.mark.timeout(420)
 def test_the_three_paths_and_timm_in_one_run(tiny_folder, tmp_path):
-    stdout, rounds = _run([str(tiny_folder), "--rounds", "1", "--nodes", "1", "--node-cpus", "1",
-                           "--timm-workers", "1"], tmp_path)  # fmt: skip
+    stdout, rounds = _run(
+        [str(tiny_folder), "--rounds", "1", "--nodes", "1", "--node-cpus", "1", "--timm-workers", "1"], tmp_path
+    )
     assert list(rounds[0]) == ["local", "ray-node", "ray-nodes", "nodes", "timm-1"]
     for r in rounds[0].values():
         _check(r)
@@ -57,8 +58,9 @@ def test_the_three_paths_and_timm_in_one_run(tiny_folder, tmp_path):
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("path", ["ray-nodes", "nodes"])
 def test_the_scaling_mode_runs_each_node_count(tiny_folder, tmp_path, path):
-    stdout, results = _run([str(tiny_folder), "--scaling", "1", "2", "--node-cpus", "1", "--scaling-path", path],
-                           tmp_path)  # fmt: skip
+    stdout, results = _run(
+        [str(tiny_folder), "--scaling", "1", "2", "--node-cpus", "1", "--scaling-path", path], tmp_path
+    )
     assert sorted(results) == ["1", "2"]
     for r in results.values():
         _check(r)

@@ -24,9 +24,12 @@ def tiny_folder(tmp_path_factory):
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize(
     "loader, steps",
-    [("dropin", ["loader (listing)"]), ("timm", ["loader (listing)"]),
-     ("feeder", ["Ray's start", "listing (Pipeline)", "FeederSource"])],
-)  # fmt: skip
+    [
+        ("dropin", ["loader (listing)"]),
+        ("timm", ["loader (listing)"]),
+        ("feeder", ["Ray's start", "listing (Pipeline)", "FeederSource"]),
+    ],
+)
 def test_each_loader_reports_its_first_batch(tiny_folder, loader, steps):
     cmd = [sys.executable, str(SCRIPT), str(tiny_folder), "--loader", loader, "-b", "4", "--img-size", "32"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
@@ -45,8 +48,19 @@ def test_each_loader_reports_its_first_batch(tiny_folder, loader, steps):
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("loader", ["dropin", "feeder"])
 def test_a_resumed_loader_reports_its_first_batch(tiny_folder, loader):
-    cmd = [sys.executable, str(SCRIPT), str(tiny_folder), "--loader", loader, "-b", "2", "--img-size", "32",
-           "--resume-at", "2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        str(tiny_folder),
+        "--loader",
+        loader,
+        "-b",
+        "2",
+        "--img-size",
+        "32",
+        "--resume-at",
+        "2",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "resumed after batch 2" in proc.stdout and "first batch" in proc.stdout

@@ -15,9 +15,30 @@ SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "bench" / "gpu_train.py"
 @pytest.mark.timeout(240)
 def test_cpu_smoke_run_reports_every_feed(tmp_path):
     out = tmp_path / "train.json"
-    cmd = [sys.executable, str(SCRIPT), "--device", "cpu", "--model", "resnet10t", "--batch", "8", "--size", "48",
-           "--images", "48", "--augments", "rrc", "--seconds", "1", "--warmup-steps", "1", "--workers", "2",
-           "--json", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--device",
+        "cpu",
+        "--model",
+        "resnet10t",
+        "--batch",
+        "8",
+        "--size",
+        "48",
+        "--images",
+        "48",
+        "--augments",
+        "rrc",
+        "--seconds",
+        "1",
+        "--warmup-steps",
+        "1",
+        "--workers",
+        "2",
+        "--json",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())

@@ -25,8 +25,22 @@ def _need(key: str) -> None:
 
 def _bench(data, tmp_path, *only: str, suites=("plain",)) -> list[dict]:
     out = tmp_path / "b.json"
-    args = ["bench", str(data), "--only", *only, "--suites", *suites, "--epochs", "2", "--img-size", "32",
-            "-b", "8", "--json", str(out)]  # fmt: skip
+    args = [
+        "bench",
+        str(data),
+        "--only",
+        *only,
+        "--suites",
+        *suites,
+        "--epochs",
+        "2",
+        "--img-size",
+        "32",
+        "-b",
+        "8",
+        "--json",
+        str(out),
+    ]
     assert cli(args) == 0
     return [r for suite in json.loads(out.read_text())["suites"].values() for r in suite["results"]]
 

@@ -38,8 +38,22 @@ def test_every_quoted_bench_script_exists_and_every_measurement_is_one_of_profil
             assert name in measurements, f"{path.relative_to(ROOT)} quotes profiles.py {name}"
 
 
-@pytest.mark.parametrize("name", ["slab-cost", "start-cost", "stage", "cpu-account", "s3-requests", "s3-listing",
-                                  "s3-folder-listing", "rng", "shard-listing", "idle-ray", "cross-node"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "slab-cost",
+        "start-cost",
+        "stage",
+        "cpu-account",
+        "s3-requests",
+        "s3-listing",
+        "s3-folder-listing",
+        "rng",
+        "shard-listing",
+        "idle-ray",
+        "cross-node",
+    ],
+)
 def test_each_measurement_explains_itself(name):
     out = _run(name, "--help")
     assert out.returncode == 0 and "usage: profiles.py " + name in out.stdout, out.stderr
@@ -63,14 +77,24 @@ def test_cross_node_measurement_runs():
     out = _run("cross-node", "--chunks", "2", "--rows", "2", "--size", "16", "--rounds", "1")
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if line.strip().endswith(" ms")]
-    assert [line.split(":")[0].strip() for line in lines] == [
-        "same node", "across nodes", "loopback TCP"], out.stdout
+    assert [line.split(":")[0].strip() for line in lines] == ["same node", "across nodes", "loopback TCP"], out.stdout
 
 
 def test_remote_folder_listing_measurement_runs(tmp_path):
     """Both listings list every object, and the server's count of requests comes back from its process."""
-    out = _run("s3-folder-listing", "--prefixes", "3", "--objects", "5", "--latency-ms", "0", "--server-cores", "0",
-               "--workdir", str(tmp_path / "work"))  # fmt: skip
+    out = _run(
+        "s3-folder-listing",
+        "--prefixes",
+        "3",
+        "--objects",
+        "5",
+        "--latency-ms",
+        "0",
+        "--server-cores",
+        "0",
+        "--workdir",
+        str(tmp_path / "work"),
+    )
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if "objects " in line and " s " in line]
     assert len(lines) == 2 and all(" 15 objects" in line for line in lines), out.stdout

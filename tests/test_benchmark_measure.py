@@ -26,7 +26,6 @@ def test_rate_is_all_warm_epochs_together():
     assert r.first_batch_s > 0
 
 
-
 def test_raypipe_reads_every_epoch_from_one_stream(ray_local, sample_dir, monkeypatch):
     """The bench's raypipe row runs as a training run does: one stream for all epochs (the warm-up epoch
     and the measured ones), closed when the measurement ends."""
@@ -39,8 +38,9 @@ def test_raypipe_reads_every_epoch_from_one_stream(ray_local, sample_dir, monkey
     make, close = Pipeline.stream, ChunkStream.close
     monkeypatch.setattr(Pipeline, "stream", lambda self, **kw: streams.append(kw) or make(self, **kw))
     monkeypatch.setattr(ChunkStream, "close", lambda self: closed.append(1) or close(self))
-    r = contenders.raypipe_pipeline(str(sample_dir), TrainAugment(input_size=32), batch_size=8, epochs=3,
-                                    device_side=False)
+    r = contenders.raypipe_pipeline(
+        str(sample_dir), TrainAugment(input_size=32), batch_size=8, epochs=3, device_side=False
+    )
     assert [kw["start_epoch"] for kw in streams] == [0]
     assert closed
     assert len(r.epoch_rates) == 2 and r.images_per_s > 0
@@ -53,9 +53,13 @@ def test_the_plot_shows_every_contender_with_its_spread_and_a_caption(tmp_path):
     from raypipe.benchmark.measure import Result
     from raypipe.benchmark.report import caption, machine, plot
 
-    suites = {"RRC224 + hflip": {"raypipe": Result("raypipe", 1000.0, 0.1, [900.0, 1100.0]),
-                                 "timm": Result("timm", 500.0, 0.4, [480.0, 520.0]),
-                                 "decode limit": Result("decode limit", 2500.0, 0.0, [2400.0])}}  # fmt: skip
+    suites = {
+        "RRC224 + hflip": {
+            "raypipe": Result("raypipe", 1000.0, 0.1, [900.0, 1100.0]),
+            "timm": Result("timm", 500.0, 0.4, [480.0, 520.0]),
+            "decode limit": Result("decode limit", 2500.0, 0.0, [2400.0]),
+        }
+    }
     text = caption(data="/data/photos", images=4000, batch_size=128, epochs=4, host=machine())
     assert "cores" in text and "/data/photos (4000 images)" in text and "slowest and fastest" in text
     assert "3 epochs after a warm-up epoch" in text  # 4 epochs run, the first not timed
@@ -118,10 +122,12 @@ def test_ratios_take_timms_fastest_setting():
     from raypipe.benchmark.measure import Result
     from raypipe.benchmark.report import ratios
 
-    results = {"raypipe": Result("raypipe", 1000.0, 2.0, [1000.0], steady_per_s=1200.0),
-               "timm (2 workers)": Result("timm (2 workers)", 400.0, 0.5, [400.0], steady_per_s=410.0),
-               "timm (4 workers)": Result("timm (4 workers)", 500.0, 1.0, [500.0], steady_per_s=600.0),
-               "naive Ray Data": Result("naive Ray Data", 100.0, 3.0, [100.0])}  # fmt: skip
+    results = {
+        "raypipe": Result("raypipe", 1000.0, 2.0, [1000.0], steady_per_s=1200.0),
+        "timm (2 workers)": Result("timm (2 workers)", 400.0, 0.5, [400.0], steady_per_s=410.0),
+        "timm (4 workers)": Result("timm (4 workers)", 500.0, 1.0, [500.0], steady_per_s=600.0),
+        "naive Ray Data": Result("naive Ray Data", 100.0, 3.0, [100.0]),
+    }
     got = ratios(results)
     assert got["raypipe/timm"] == 2.0
     assert got["steady raypipe/timm"] == 2.0
@@ -160,9 +166,12 @@ def test_every_loader_that_feeds_a_trainer_gives_normalised_fp32_nchw(ray_local,
     contenders.timm_loader(str(sample_dir), aug, batch_size=8, epochs=1, workers=1)
     contenders.naive_ray_data(str(sample_dir), aug, batch_size=8, epochs=1)
     contenders.raypipe_on_ray_data(str(sample_dir), aug, batch_size=8, epochs=1)
-    images = {"raypipe": got["raypipe"][0], "timm": got["timm (1 workers)"][0],
-              "naive": got["naive Ray Data"]["image"],
-              "raypipe on Ray Data": got["raypipe on Ray Data"]["image"]}  # fmt: skip
+    images = {
+        "raypipe": got["raypipe"][0],
+        "timm": got["timm (1 workers)"][0],
+        "naive": got["naive Ray Data"]["image"],
+        "raypipe on Ray Data": got["raypipe on Ray Data"]["image"],
+    }
     for name, x in images.items():
         assert str(x.dtype) == "torch.float32", name
         assert tuple(x.shape) == (8, 3, 32, 32), name

@@ -107,8 +107,10 @@ def test_two_processes_fill_one_entry_once(tmp_path):
     log = tmp_path / "fills.log"
     start = time.time() + 2.0
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    procs = [subprocess.Popen([sys.executable, "-c", _FILLER, str(tmp_path / "cache"), str(log), str(start)],
-                              env=env) for _ in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _FILLER, str(tmp_path / "cache"), str(log), str(start)], env=env)
+        for _ in range(2)
+    ]
     try:
         assert [p.wait(timeout=60) for p in procs] == [0, 0]
     finally:
@@ -243,12 +245,15 @@ def test_shards_and_parquet_are_cached_whole(served, tmp_path):
     server, bucket = served
     files = sorted((bucket / "folder").rglob("*.jpg"))
     (bucket / "pq").mkdir()
-    pq.write_table(pa.table({"image": [p.read_bytes() for p in files], "label": [i % 4 for i in range(len(files))]}),
-                   bucket / "pq" / "part.parquet", row_group_size=10)  # fmt: skip
+    pq.write_table(
+        pa.table({"image": [p.read_bytes() for p in files], "label": [i % 4 for i in range(len(files))]}),
+        bucket / "pq" / "part.parquet",
+        row_group_size=10,
+    )
     (bucket / "wds").mkdir()
     for s in range(3):
         with tarfile.open(bucket / "wds" / f"shard-{s}.tar", "w") as tar:
-            for i, p in enumerate(files[s * 16:(s + 1) * 16]):
+            for i, p in enumerate(files[s * 16 : (s + 1) * 16]):
                 for name, data in ((f"k{s}{i:02d}.jpg", p.read_bytes()), (f"k{s}{i:02d}.cls", b"1")):
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
@@ -279,8 +284,9 @@ def test_a_stage_made_before_the_cache_was_configured_is_made_again(served, tmp_
 
     server, _ = served
     rows = open_source("s3://bkt/folder", filesystem=server.filesystem())
-    spec = StageSpec(kind=rows.kind, root=rows.root, augment=EvalAugment(input_size=16), decode=DecodeConfig(),
-                     seed=0, epoch=0)  # fmt: skip
+    spec = StageSpec(
+        kind=rows.kind, root=rows.root, augment=EvalAugment(input_size=16), decode=DecodeConfig(), seed=0, epoch=0
+    )
     monkeypatch.delenv("RAYPIPE_CACHE_DIR", raising=False)
     before = stage_for(spec)
     assert before.reader.options.cache is None and stage_for(spec) is before  # reused while nothing changed

@@ -32,8 +32,15 @@ def test_run_reports_and_agrees_with_itself(ray_local, sample_dir, tmp_path, cap
         outs.append(json.loads(out.read_text()))
     e0, e1 = outs[0]["epochs"]
     for e in (e0, e1):
-        assert set(e) >= {"epoch", "emitted", "skipped", "skipped_paths", "images_per_s", "ids_sha256",
-                          "content_sha256"}
+        assert set(e) >= {
+            "epoch",
+            "emitted",
+            "skipped",
+            "skipped_paths",
+            "images_per_s",
+            "ids_sha256",
+            "content_sha256",
+        }
         assert e["emitted"] == 48 and e["skipped"] == {}
     assert e0["ids_sha256"] == e1["ids_sha256"]  # the same samples every epoch
     assert e0["content_sha256"] != e1["content_sha256"]  # augmented differently
@@ -85,8 +92,26 @@ def test_preview_writes_a_grid(ray_local, sample_dir, tmp_path):
 
 def test_bench_smoke(ray_local, sample_dir, tmp_path):
     out, png = tmp_path / "b.json", tmp_path / "b.png"
-    args = ["bench", str(sample_dir), "--only", "decode", "kernel", "packed", "--suites", "plain", "--epochs", "2",
-            "--img-size", "32", "-b", "8", "--json", str(out), "--plot", str(png)]
+    args = [
+        "bench",
+        str(sample_dir),
+        "--only",
+        "decode",
+        "kernel",
+        "packed",
+        "--suites",
+        "plain",
+        "--epochs",
+        "2",
+        "--img-size",
+        "32",
+        "-b",
+        "8",
+        "--json",
+        str(out),
+        "--plot",
+        str(png),
+    ]
     assert cli(args) == 0
     report = json.loads(out.read_text())
     (suite,) = report["suites"].values()
@@ -106,8 +131,22 @@ def test_bench_naive_contender_reads_only_the_images(sample_dir, tmp_path):
     shutil.copytree(sample_dir, data)
     (data / "notes.csv").write_text("path,label\n")
     out = tmp_path / "b.json"
-    args = ["bench", str(data), "--only", "naive", "--suites", "plain", "--epochs", "2", "--img-size", "32",
-            "-b", "8", "--json", str(out)]  # fmt: skip
+    args = [
+        "bench",
+        str(data),
+        "--only",
+        "naive",
+        "--suites",
+        "plain",
+        "--epochs",
+        "2",
+        "--img-size",
+        "32",
+        "-b",
+        "8",
+        "--json",
+        str(out),
+    ]
     assert cli(args) == 0
     (suite,) = json.loads(out.read_text())["suites"].values()
     assert [r["name"] for r in suite["results"]] == ["naive Ray Data"]
@@ -117,8 +156,22 @@ def test_bench_naive_contender_reads_only_the_images(sample_dir, tmp_path):
 def test_bench_raypipe_on_ray_data_contender(sample_dir, tmp_path):
     """The contender runs in its own bench process (its own Ray) and gives a figure beside the others'."""
     out = tmp_path / "b.json"
-    args = ["bench", str(sample_dir), "--only", "raydata", "--suites", "plain", "--epochs", "2", "--img-size", "32",
-            "-b", "8", "--json", str(out)]  # fmt: skip
+    args = [
+        "bench",
+        str(sample_dir),
+        "--only",
+        "raydata",
+        "--suites",
+        "plain",
+        "--epochs",
+        "2",
+        "--img-size",
+        "32",
+        "-b",
+        "8",
+        "--json",
+        str(out),
+    ]
     assert cli(args) == 0
     (suite,) = json.loads(out.read_text())["suites"].values()
     assert [r["name"] for r in suite["results"]] == ["raypipe on Ray Data"]
@@ -157,8 +210,25 @@ def test_bench_reads_any_source_and_gives_timm_a_folder_copy(ray_local, sample_d
 
     copies = set(Path(tempfile.gettempdir()).glob("raypipe-bench-folder-*"))
     out = tmp_path / "b.json"
-    args = ["bench", str(tmp_path / "pq"), "--only", "decode", "timm", "--timm-workers", "1", "--suites", "plain",
-            "--epochs", "2", "--img-size", "32", "-b", "8", "--json", str(out)]  # fmt: skip
+    args = [
+        "bench",
+        str(tmp_path / "pq"),
+        "--only",
+        "decode",
+        "timm",
+        "--timm-workers",
+        "1",
+        "--suites",
+        "plain",
+        "--epochs",
+        "2",
+        "--img-size",
+        "32",
+        "-b",
+        "8",
+        "--json",
+        str(out),
+    ]
     assert cli(args) == 0
     (suite,) = json.loads(out.read_text())["suites"].values()
     assert [r["name"] for r in suite["results"]] == ["decode limit", "timm (1 workers)"]

@@ -194,9 +194,15 @@ def test_a_lost_worker_or_feeder_is_exit_1(name, sample_dir, monkeypatch, capsys
     from raypipe.cli import run
     from raypipe.pipeline.feeder import FeederDiedError
 
-    exc = FeederDiedError("the feeder process of rank 0 died (exit code -9)") if name == "FeederDiedError" else (
-        getattr(ray.exceptions, name)() if name == "WorkerCrashedError" else ray.exceptions.NodeDiedError("node 1 died")
-    )  # fmt: skip
+    exc = (
+        FeederDiedError("the feeder process of rank 0 died (exit code -9)")
+        if name == "FeederDiedError"
+        else (
+            getattr(ray.exceptions, name)()
+            if name == "WorkerCrashedError"
+            else ray.exceptions.NodeDiedError("node 1 died")
+        )
+    )
     monkeypatch.setattr(run, "main", _raising(exc))
     assert cli(["run", str(sample_dir)]) == 1
     err = capsys.readouterr().err
@@ -395,8 +401,9 @@ def test_help_imports_nothing_heavy():
 
 def test_python_dash_m_raypipe(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "raypipe", "--version"], capture_output=True, text=True,
-                          env=env, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "raypipe", "--version"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert proc.returncode == 0 and proc.stdout.startswith("raypipe ")
 
 

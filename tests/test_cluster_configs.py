@@ -240,8 +240,9 @@ def test_kuberay_groups_advertise_the_intended_resources(path):
     spec = doc["spec"].get("rayClusterSpec", doc["spec"])
     assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
     groups = {g["groupName"]: g for g in spec["workerGroupSpecs"]}
-    limits = {name: g["template"]["spec"]["containers"][0]["resources"].get("limits") or {}
-              for name, g in groups.items()}  # fmt: skip
+    limits = {
+        name: g["template"]["spec"]["containers"][0]["resources"].get("limits") or {} for name, g in groups.items()
+    }
     assert int(limits["gpu"]["nvidia.com/gpu"]) > 0 and RESOURCE not in _advertised(groups["gpu"])
     assert _advertised(groups["preprocess"]) == {RESOURCE: 1000}
     assert "nvidia.com/gpu" not in limits["preprocess"]
@@ -282,9 +283,7 @@ KUBERAY_BREAKAGES = {
     ),
     "no_token_auth": (lambda d: _rc(d).pop("authOptions"), "authOptions"),
     "host_port": (
-        lambda d: _rc(d)["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"][0].update(
-            hostPort=8265
-        ),
+        lambda d: _rc(d)["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"][0].update(hostPort=8265),
         "hostPort",
     ),
 }
@@ -420,6 +419,12 @@ def test_cluster_check_runs_as_a_command():
     import sys
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "raypipe", "cluster-check"], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "raypipe", "cluster-check"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stdout.startswith("cluster.yaml: ok"), proc.stdout + proc.stderr

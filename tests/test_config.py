@@ -79,9 +79,20 @@ def test_config_from_dict_builds_valid_objects():
 
 
 @pytest.mark.parametrize(
-    "batch, block", [(1, 128), (32, 128), (48, 144), (100, 200), (128, 128), (256, 256), (384, 192), (512, 256),
-                     (1000, 250), (257, 256)],
-)  # fmt: skip
+    "batch, block",
+    [
+        (1, 128),
+        (32, 128),
+        (48, 144),
+        (100, 200),
+        (128, 128),
+        (256, 256),
+        (384, 192),
+        (512, 256),
+        (1000, 250),
+        (257, 256),
+    ],
+)
 def test_chunk_rows_follow_the_batch_size(batch, block):
     assert auto_chunk_rows(batch) == block
     assert ExecutionConfig().chunk_rows_for(batch) == block

@@ -134,8 +134,14 @@ def test_a_lost_worker_is_waited_for_not_grown_past():
     width = controller.wanted
     for _ in range(8):  # a node is lost: one worker fewer while the cluster replaces it
         obs = rank.interval(350.0, controller.wanted)
-        lost = Observation(span_s=obs.span_s, wait_s=obs.span_s * 0.15, idle_share=0.0, ready_chunks=0,
-                           width=obs.width - 1, images=obs.images)  # fmt: skip
+        lost = Observation(
+            span_s=obs.span_s,
+            wait_s=obs.span_s * 0.15,
+            idle_share=0.0,
+            ready_chunks=0,
+            width=obs.width - 1,
+            images=obs.images,
+        )
         assert controller.observe(lost) == width
     assert set(run(controller, rank, [350.0] * 20)) == {width}
 
@@ -230,8 +236,10 @@ def test_a_fixed_width_is_never_changed():
 def test_a_trainer_one_worker_feeds_never_asks_for_more_at_start_up():
     controller = WidthController(1, WidthBounds(ceiling=16))
     # the first intervals: the trainer waits for its first batches while the workers set up
-    start_up = [Observation(span_s=SPAN_S, wait_s=SPAN_S * w, idle_share=0.0, ready_chunks=0, width=1, images=i)
-                for w, i in ((0.9, 0), (0.6, 60), (0.3, 150))]  # fmt: skip
+    start_up = [
+        Observation(span_s=SPAN_S, wait_s=SPAN_S * w, idle_share=0.0, ready_chunks=0, width=1, images=i)
+        for w, i in ((0.9, 0), (0.6, 60), (0.3, 150))
+    ]
     assert [controller.observe(o) for o in start_up] == [1, 1, 1]
     rank = Rank(width=1, rng=random.Random(1))
     assert set(run(controller, rank, [80.0] * 200)) == {1}
@@ -316,8 +324,9 @@ def test_the_controller_imports_nothing_but_the_standard_library():
     import raypipe.pipeline.controller as module
 
     tree = ast.parse(open(module.__file__, encoding="utf-8").read())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}  # fmt: skip
+    imported = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported == {"__future__", "dataclasses", "math"}
 

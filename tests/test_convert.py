@@ -22,13 +22,22 @@ pytestmark = pytest.mark.timeout(240)
 
 def _digests(rows) -> dict[int, tuple[int, str]]:
     """sample_id -> (label, digest of the augmented image) for every emitted sample, through the stage."""
-    spec = StageSpec(kind=rows.kind, root=rows.root, augment=TrainAugment(input_size=32), decode=DecodeConfig(),
-                     seed=7, epoch=1, image_column=rows.image_column)  # fmt: skip
+    spec = StageSpec(
+        kind=rows.kind,
+        root=rows.root,
+        augment=TrainAugment(input_size=32),
+        decode=DecodeConfig(),
+        seed=7,
+        epoch=1,
+        image_column=rows.image_column,
+    )
     batch = {k: rows.table.column(k).to_numpy(zero_copy_only=False) for k in rows.table.column_names}
     out = AugmentStage(spec)(batch)
     assert out["ok"].all(), out["reason"]
-    return {int(s): (int(lbl), hashlib.sha256(img.tobytes()).hexdigest())
-            for s, lbl, img in zip(out["sample_id"], out["label"], out["image"], strict=True)}  # fmt: skip
+    return {
+        int(s): (int(lbl), hashlib.sha256(img.tobytes()).hexdigest())
+        for s, lbl, img in zip(out["sample_id"], out["label"], out["image"], strict=True)
+    }
 
 
 def _files(d) -> dict[str, bytes]:
@@ -43,7 +52,8 @@ def test_round_trip_gives_the_same_samples(ray_local, sample_dir, tmp_path, fmt)
     assert report.samples == len(folder) == 48 and report.skipped == () and len(report.shards) == 5
     ext = ".tar" if fmt == "webdataset" else ".parquet"
     assert sorted(set(os.listdir(tmp_path / "out")) - {INDEX_NAME}) == [
-        f"{'shard' if ext == '.tar' else 'part'}-{k:05d}{ext}" for k in range(5)]  # fmt: skip
+        f"{'shard' if ext == '.tar' else 'part'}-{k:05d}{ext}" for k in range(5)
+    ]
     assert os.path.exists(tmp_path / "out" / INDEX_NAME) == (fmt == "webdataset")
     shards = open_source(str(tmp_path / "out"))
     assert shards.kind == fmt and shards.num_shards == 5 if fmt == "webdataset" else shards.kind == fmt
@@ -69,8 +79,9 @@ def test_max_side_shrinks_and_keeps_keys_and_labels(ray_local, sample_dir, tmp_p
     assert rows.table.column("label").to_pylist() == folder.table.column("label").to_pylist()
     keys = [m.split(".")[0] for m in rows.table.column("member").to_pylist()]
     assert keys == [f"{i:06d}" for i in range(len(folder))]
-    data = BlockReader(rows.root, rows.kind).read_block({k: rows.table.column(k).to_numpy(zero_copy_only=False)
-                                                         for k in rows.table.column_names})  # fmt: skip
+    data = BlockReader(rows.root, rows.kind).read_block(
+        {k: rows.table.column(k).to_numpy(zero_copy_only=False) for k in rows.table.column_names}
+    )
     sizes = [probe_image(d) for d in data]
     assert max(max(s.width, s.height) for s in sizes) == 40
     assert Image.open(__import__("io").BytesIO(data[0])).format == "JPEG"
@@ -127,15 +138,27 @@ def test_cli_convert(ray_local, sample_dir, tmp_path, capsys):
     import json
 
     out = tmp_path / "wds"
-    rc = cli_main(["convert", str(sample_dir), str(out), "--format", "webdataset", "--shard-size", "200kB",
-                   "--json", str(tmp_path / "r.json")])  # fmt: skip
+    rc = cli_main(
+        [
+            "convert",
+            str(sample_dir),
+            str(out),
+            "--format",
+            "webdataset",
+            "--shard-size",
+            "200kB",
+            "--json",
+            str(tmp_path / "r.json"),
+        ]
+    )
     assert rc == 0
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["samples"] == 48 and len(report["shards"]) == len(os.listdir(out)) - 1 > 1  # and the index
     assert "48 samples" in capsys.readouterr().out
     rows = open_source(str(out / report["pattern"]))
-    assert len(rows) == 48 and np.array_equal(rows.table.column("label").to_numpy(),
-                                              open_source(str(sample_dir)).table.column("label").to_numpy())
+    assert len(rows) == 48 and np.array_equal(
+        rows.table.column("label").to_numpy(), open_source(str(sample_dir)).table.column("label").to_numpy()
+    )
     assert pa.types.is_int64(rows.table.schema.field("shard").type)
 
 

@@ -40,8 +40,12 @@ def _stage(root: Path) -> AugmentStage:
 
 def _batch(names: list[str]) -> dict[str, np.ndarray]:
     n = len(names)
-    return {"sample_id": np.arange(n, dtype=np.int64), "label": np.zeros(n, np.int64),
-            "path": np.array(names, dtype=object), "row": np.full(n, -1, np.int64)}  # fmt: skip
+    return {
+        "sample_id": np.arange(n, dtype=np.int64),
+        "label": np.zeros(n, np.int64),
+        "path": np.array(names, dtype=object),
+        "row": np.full(n, -1, np.int64),
+    }
 
 
 def test_stage_skips_bad_bytes_and_raises_bugs(tmp_path, monkeypatch):
@@ -53,15 +57,23 @@ def test_stage_skips_bad_bytes_and_raises_bugs(tmp_path, monkeypatch):
     names = ["good.jpg", "cut.jpg", "noise.png", "empty.jpg", "adir.jpg", "gone.jpg", "../outside.jpg"]
     out = _stage(tmp_path)(_batch(names))
     assert out["ok"].tolist() == [True] + [False] * 6
-    assert out["reason"].tolist() == ["", "truncated", "not_an_image", "empty", "unreadable", "missing",
-                                      "outside_root"]  # fmt: skip
+    assert out["reason"].tolist() == ["", "truncated", "not_an_image", "empty", "unreadable", "missing", "outside_root"]
     monkeypatch.setattr(transform.TrainTransform, "__call__", fault_hooks._raise)
     with pytest.raises(TypeError, match=fault_hooks.BUG):
         _stage(tmp_path)(_batch(["good.jpg"]))
 
 
-@pytest.mark.parametrize("error", [TypeError("bug"), AttributeError("bug"), MemoryError(), AssertionError("bug"),
-                                   KeyError("bug"), ImportError("no module")])  # fmt: skip
+@pytest.mark.parametrize(
+    "error",
+    [
+        TypeError("bug"),
+        AttributeError("bug"),
+        MemoryError(),
+        AssertionError("bug"),
+        KeyError("bug"),
+        ImportError("no module"),
+    ],
+)
 def test_errors_that_are_not_the_datas_propagate_from_the_decoders(monkeypatch, error):
     """The same exception raised where a decoder is called (Pillow's conversion, simplejpeg) is not turned
     into a skip: only the decoders' own error types are."""
@@ -79,10 +91,15 @@ def test_errors_that_are_not_the_datas_propagate_from_the_decoders(monkeypatch, 
         t(f.photo_jpeg(size=(60, 40)), sample_rng(0, 0, 0))
 
 
-@pytest.mark.parametrize(("error", "reason"), [(ValueError("Premature end of JPEG file"), "truncated"),
-                                               (OSError("broken data stream"), "decode_error"),
-                                               (SyntaxError("bad chunk"), "decode_error"),
-                                               (EOFError(), "truncated")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (ValueError("Premature end of JPEG file"), "truncated"),
+        (OSError("broken data stream"), "decode_error"),
+        (SyntaxError("bad chunk"), "decode_error"),
+        (EOFError(), "truncated"),
+    ],
+)
 def test_the_decoders_own_errors_are_skips(monkeypatch, error, reason):
     def broken(*args, **kwargs):
         raise error
@@ -98,10 +115,17 @@ def _hooked_ray():
     import ray
 
     ray.shutdown()  # the shared fixture's Ray has no hook
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 * 2**20,
-             logging_level="WARNING",
-             runtime_env={"worker_process_setup_hook": "fault_hooks.break_transforms",
-                          "env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])}})  # fmt: skip
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=200 * 2**20,
+        logging_level="WARNING",
+        runtime_env={
+            "worker_process_setup_hook": "fault_hooks.break_transforms",
+            "env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])},
+        },
+    )
     return ray
 
 
@@ -118,14 +142,16 @@ def test_a_bug_fails_the_epoch_with_its_own_type(sample_dir):
 
 def test_raypipe_run_exits_nonzero_naming_the_type_error(sample_dir, tmp_path):
     driver = tmp_path / "driver.py"
-    driver.write_text(textwrap.dedent(f"""
+    driver.write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path[:0] = [{str(REPO)!r}, {str(TESTS)!r}]
         import test_data_errors
         test_data_errors._hooked_ray()
         from raypipe.cli.main import main
         sys.exit(main(["run", {str(sample_dir)!r}, "--img-size", "32", "-b", "8"]))
-    """))
+    """)
+    )
     env = dict(os.environ, RAYPIPE_NO_PROGRESS="1", PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]))
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, timeout=240, env=env)
@@ -162,8 +188,10 @@ def test_thirty_percent_bad_fails_by_default_in_a_few_lines(ray_local, seventy_t
 
 def test_max_skip_ratio_half_emits_exactly_the_seventy(ray_local, seventy_thirty, tmp_path):
     out = tmp_path / "run.json"
-    assert cli(["run", str(seventy_thirty), "--img-size", "32", "-b", "10", "--max-skip-ratio", "0.5",
-                "--json", str(out)]) == 0  # fmt: skip
+    assert (
+        cli(["run", str(seventy_thirty), "--img-size", "32", "-b", "10", "--max-skip-ratio", "0.5", "--json", str(out)])
+        == 0
+    )
     epoch = json.loads(out.read_text())["epochs"][0]
     assert epoch["emitted"] == 70 and sum(epoch["skipped"].values()) == 30 and epoch["expected"] == 100
     assert all(os.path.basename(p["path"]).startswith("bad_") for p in epoch["skipped_paths"])

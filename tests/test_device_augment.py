@@ -259,8 +259,9 @@ def test_loader_mixes_after_erasing_with_soft_targets():
 
     src = packed_batches(4, n=8, num_classes=10)
     mixup = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, mode="pair", num_classes=10, label_smoothing=0.1)
-    with DeviceLoader(src, normalize=Normalize(dtype="float16"), erasing=RandomErasing(probability=0.5),
-                      mixup=mixup) as loader:  # fmt: skip
+    with DeviceLoader(
+        src, normalize=Normalize(dtype="float16"), erasing=RandomErasing(probability=0.5), mixup=mixup
+    ) as loader:
         for b in loader:
             assert b["label"].dtype == torch.float32 and tuple(b["label"].shape) == (8, 10)
             torch.testing.assert_close(b["label"].sum(1), torch.ones(8))

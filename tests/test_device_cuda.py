@@ -17,8 +17,16 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-AUG = dict(re_prob=0.5, re_mode="rand", re_count=2, mixup_alpha=0.8, cutmix_alpha=1.0, mixup_mode="elem",
-           label_smoothing=0.1, num_classes=10)  # fmt: skip
+AUG = dict(
+    re_prob=0.5,
+    re_mode="rand",
+    re_count=2,
+    mixup_alpha=0.8,
+    cutmix_alpha=1.0,
+    mixup_mode="elem",
+    label_smoothing=0.1,
+    num_classes=10,
+)
 
 
 def _collect(loader):

@@ -29,8 +29,9 @@ def test_exits_cleanly_without_cuda():
 def test_gpu_session_script_runs_its_steps_and_logs_them(tmp_path):
     script = SCRIPT.parent / "gpu_session.sh"
     env = dict(os.environ, OUT=str(tmp_path), STEPS="gpu_check")
-    out = subprocess.run(["bash", str(script)], cwd=SCRIPT.parents[1], env=env, capture_output=True, text=True,
-                         timeout=240)  # fmt: skip
+    out = subprocess.run(
+        ["bash", str(script)], cwd=SCRIPT.parents[1], env=env, capture_output=True, text=True, timeout=240
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "CUDA is absent" in (tmp_path / "gpu_check.log").read_text()
     assert "failed steps: 0" in out.stdout and not (tmp_path / "gpu_train.log").exists()

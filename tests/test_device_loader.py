@@ -84,8 +84,16 @@ def test_shape_change_within_epoch_is_an_error_naming_the_key():
 
 
 def test_determinism_under_seed_and_epochs_differ():
-    kw = dict(re_prob=0.7, re_mode="pixel", re_count=2, mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=10,
-              mixup_mode="elem", label_smoothing=0.1)  # fmt: skip
+    kw = dict(
+        re_prob=0.7,
+        re_mode="pixel",
+        re_count=2,
+        mixup_alpha=0.8,
+        cutmix_alpha=1.0,
+        num_classes=10,
+        mixup_mode="elem",
+        label_smoothing=0.1,
+    )
     src = packed_batches(3)
 
     def run(seed, epochs=2):
@@ -308,8 +316,18 @@ def test_cpu_default_dtype_is_float32():
 
 def _draws(rank, seed=0, epoch=0):
     src = packed_batches(2, n=8)
-    loader = from_timm_args(src, seed=seed, rank=rank, re_prob=0.5, re_mode="pixel", re_count=2,
-                            mixup_alpha=0.8, cutmix_alpha=1.0, mixup_mode="elem", num_classes=10)  # fmt: skip
+    loader = from_timm_args(
+        src,
+        seed=seed,
+        rank=rank,
+        re_prob=0.5,
+        re_mode="pixel",
+        re_count=2,
+        mixup_alpha=0.8,
+        cutmix_alpha=1.0,
+        mixup_mode="elem",
+        num_classes=10,
+    )
     with loader:
         loader.set_epoch(epoch)
         return [(b["image"].clone(), b["label"].clone()) for b in loader]
@@ -341,11 +359,33 @@ def test_labels_out_of_range_are_rejected():
 
 # The keywords DeviceLoader took before it composed objects: the factory covers each, by name or timm's.
 OLD_KEYWORDS = (
-    "device", "mean", "std", "img_dtype", "channels_last", "layout", "prefetch", "re_prob", "re_mode", "re_count",
-    "re_min_area", "re_max_area", "re_min_aspect", "re_max_aspect", "re_num_splits", "mixup_alpha", "cutmix_alpha",
-    "cutmix_minmax", "mix_prob", "switch_prob", "mixup_mode", "label_smoothing", "correct_lam", "num_classes",
-    "seed", "close_timeout_s",
-)  # fmt: skip
+    "device",
+    "mean",
+    "std",
+    "img_dtype",
+    "channels_last",
+    "layout",
+    "prefetch",
+    "re_prob",
+    "re_mode",
+    "re_count",
+    "re_min_area",
+    "re_max_area",
+    "re_min_aspect",
+    "re_max_aspect",
+    "re_num_splits",
+    "mixup_alpha",
+    "cutmix_alpha",
+    "cutmix_minmax",
+    "mix_prob",
+    "switch_prob",
+    "mixup_mode",
+    "label_smoothing",
+    "correct_lam",
+    "num_classes",
+    "seed",
+    "close_timeout_s",
+)
 TIMM_NAMES = {"mix_prob": "mixup_prob", "switch_prob": "mixup_switch_prob"}
 
 
@@ -355,11 +395,34 @@ def test_factory_accepts_every_old_keyword_or_its_timm_name():
     params = inspect.signature(from_timm_args).parameters
     missing = [k for k in OLD_KEYWORDS if TIMM_NAMES.get(k, k) not in params]
     assert not missing
-    values = dict(device="cpu", mean=MEAN, std=STD, img_dtype="bf16", channels_last=False, layout="NHWC", prefetch=3,
-                  re_prob=0.5, re_mode="rand", re_count=3, re_min_area=0.05, re_max_area=0.2, re_min_aspect=0.5,
-                  re_max_aspect=1.5, re_num_splits=2, mixup_alpha=0.2, cutmix_alpha=0.5, cutmix_minmax=None,
-                  mix_prob=0.7, switch_prob=0.3, mixup_mode="pair", label_smoothing=0.05, correct_lam=False,
-                  num_classes=10, seed=4, close_timeout_s=5.0)  # fmt: skip
+    values = dict(
+        device="cpu",
+        mean=MEAN,
+        std=STD,
+        img_dtype="bf16",
+        channels_last=False,
+        layout="NHWC",
+        prefetch=3,
+        re_prob=0.5,
+        re_mode="rand",
+        re_count=3,
+        re_min_area=0.05,
+        re_max_area=0.2,
+        re_min_aspect=0.5,
+        re_max_aspect=1.5,
+        re_num_splits=2,
+        mixup_alpha=0.2,
+        cutmix_alpha=0.5,
+        cutmix_minmax=None,
+        mix_prob=0.7,
+        switch_prob=0.3,
+        mixup_mode="pair",
+        label_smoothing=0.05,
+        correct_lam=False,
+        num_classes=10,
+        seed=4,
+        close_timeout_s=5.0,
+    )
     assert set(values) == set(OLD_KEYWORDS)
     loader = from_timm_args([], **{TIMM_NAMES.get(k, k): v for k, v in values.items()})
     n, e, m = loader.normalize, loader.erasing, loader.mixup
@@ -373,8 +436,9 @@ def test_factory_accepts_every_old_keyword_or_its_timm_name():
 
 
 def test_none_probabilities_mean_timm_defaults():
-    loader = from_timm_args([], re_prob=None, mixup_alpha=0.5, mixup_prob=None, mixup_switch_prob=None,
-                            label_smoothing=None, num_classes=5)  # fmt: skip
+    loader = from_timm_args(
+        [], re_prob=None, mixup_alpha=0.5, mixup_prob=None, mixup_switch_prob=None, label_smoothing=None, num_classes=5
+    )
     assert loader.erasing is None and (loader.mixup.prob, loader.mixup.switch_prob) == (1.0, 0.5)
     assert loader.mixup.label_smoothing == 0.0
     loader.close()

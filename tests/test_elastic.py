@@ -43,8 +43,9 @@ class _Clock:
         return self.now
 
 
-def _feed(elastic: ElasticWidth, clock: _Clock, *, seconds: float, chunk_s: float, wait_share: float, ready: int,
-          running: int) -> None:  # fmt: skip
+def _feed(
+    elastic: ElasticWidth, clock: _Clock, *, seconds: float, chunk_s: float, wait_share: float, ready: int, running: int
+) -> None:
     """``seconds`` of chunks handed out every ``chunk_s``, the consumer blocked ``wait_share`` of it."""
     end = clock.now + seconds
     while clock.now < end:
@@ -79,13 +80,16 @@ def test_bounds_and_the_start_width_come_from_the_config():
     assert start_width(3, bounds) == 3 and start_width(9, bounds) == 5
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"elastic": True}, "elastic"),  # backend auto
-    ({"elastic": True, "backend": "nodes", "num_tasks": 2}, "elastic"),
-    ({"backend": "nodes", "min_cpus": 0}, "min_cpus"),
-    ({"backend": "nodes", "min_cpus": 4, "max_cpus": 2}, "min_cpus"),
-    ({"backend": "nodes", "elastic": "yes"}, "elastic"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"elastic": True}, "elastic"),  # backend auto
+        ({"elastic": True, "backend": "nodes", "num_tasks": 2}, "elastic"),
+        ({"backend": "nodes", "min_cpus": 0}, "min_cpus"),
+        ({"backend": "nodes", "min_cpus": 4, "max_cpus": 2}, "min_cpus"),
+        ({"backend": "nodes", "elastic": "yes"}, "elastic"),
+    ],
+)
 def test_bad_elastic_settings_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=f"^{field}="):
         ExecutionConfig(**kwargs)
@@ -102,8 +106,9 @@ def _run(data, execution: ExecutionConfig, phases, cluster) -> tuple[list, dict]
     until), ``until(cluster, seconds in the phase)`` ending it (checked about twice a second)."""
     from raypipe.pipeline import EpochSource, Pipeline
 
-    pipe = Pipeline(str(data), TrainAugment(input_size=128), config=PipelineConfig(batch_size=16, seed=7),
-                    execution=execution)  # fmt: skip
+    pipe = Pipeline(
+        str(data), TrainAugment(input_size=128), config=PipelineConfig(batch_size=16, seed=7), execution=execution
+    )
     source = EpochSource(pipe)
     out, seen = [], {}
     epoch = 0
@@ -145,20 +150,24 @@ def test_the_cluster_follows_an_elastic_ranks_demand_and_its_epochs_are_exact(ph
     from raypipe.testing.autoscaler import PREPROCESS, FakeAutoscalingCluster
     from raypipe.workers.node import NodeWorkers
 
-    execution = ExecutionConfig(backend="nodes", elastic=True, resources={PREPROCESS: 0.001}, chunk_rows=16,
-                                max_cpus=3)  # fmt: skip
+    execution = ExecutionConfig(backend="nodes", elastic=True, resources={PREPROCESS: 0.001}, chunk_rows=16, max_cpus=3)
     with FakeAutoscalingCluster(head_cpus=1, worker_cpus=1, max_workers=3, idle_timeout_s=IDLE_S) as cluster:
         cluster.connect()
         started = time.monotonic()
         try:
-            elastic, seen = _run(photos, execution, [
-                # fed by one node (a slow step): the group never holds more, start-up included
-                ("fed", 0.3, lambda c, s: c.alive_workers() >= 2 or s > 30),
-                # no step: faster than one node makes, so the trainer waits and the group grows
-                ("starved", 0.0, lambda c, s: c.alive_workers() >= 2 or s > 150),
-                # slow again: the width narrows and the surplus nodes go
-                ("fed again", 0.3, lambda c, s: c.alive_workers() <= 1 or s > 3 * 6 + 6 + IDLE_S + SLACK_S),
-            ], cluster)  # fmt: skip
+            elastic, seen = _run(
+                photos,
+                execution,
+                [
+                    # fed by one node (a slow step): the group never holds more, start-up included
+                    ("fed", 0.3, lambda c, s: c.alive_workers() >= 2 or s > 30),
+                    # no step: faster than one node makes, so the trainer waits and the group grows
+                    ("starved", 0.0, lambda c, s: c.alive_workers() >= 2 or s > 150),
+                    # slow again: the width narrows and the surplus nodes go
+                    ("fed again", 0.3, lambda c, s: c.alive_workers() <= 1 or s > 3 * 6 + 6 + IDLE_S + SLACK_S),
+                ],
+                cluster,
+            )
         finally:
             NodeWorkers.shutdown_shared()
         timeline = ", ".join(f"{t - started:.1f}s:{n}" for t, n in cluster.timeline)
@@ -178,8 +187,12 @@ def _local_epochs(data, epochs: int) -> list:
     """The same epochs on local workers, without Ray: what a fixed-size run yields."""
     from raypipe.pipeline import EpochSource, Pipeline
 
-    pipe = Pipeline(str(data), TrainAugment(input_size=128), config=PipelineConfig(batch_size=16, seed=7),
-                    execution=ExecutionConfig(backend="local", chunk_rows=16))  # fmt: skip
+    pipe = Pipeline(
+        str(data),
+        TrainAugment(input_size=128),
+        config=PipelineConfig(batch_size=16, seed=7),
+        execution=ExecutionConfig(backend="local", chunk_rows=16),
+    )
     source = EpochSource(pipe, end_epoch=epochs)
     out = []
     for epoch in range(epochs):

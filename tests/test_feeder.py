@@ -63,8 +63,12 @@ def test_same_batches_and_reports_as_in_process(ray_local, sample_dir):
 def test_batches_packed_across_chunks_and_views_of_one_chunk_come_out_the_same(ray_local, sample_dir):
     """12-row chunks, batches of 8: a chunk's first 8 rows are handed over as its object's rows, the
     rest packed across chunks into copies; both are the pixels EpochSource yields, in its order."""
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8),
-                    execution=ExecutionConfig(backend="ray", chunk_rows=12))  # fmt: skip
+    pipe = Pipeline(
+        str(sample_dir),
+        AUG,
+        config=PipelineConfig(batch_size=8),
+        execution=ExecutionConfig(backend="ray", chunk_rows=12),
+    )
     here, feeder = EpochSource(pipe, end_epoch=1), FeederSource(pipe, end_epoch=1)
     try:
         want, got = _epochs(here, 1)[0], _epochs(feeder, 1)[0]

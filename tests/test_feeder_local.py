@@ -51,8 +51,9 @@ def _same(want, got):
 
 
 def test_batches_come_as_slabs_the_same_as_in_process_and_every_slab_is_released(ray_local, sample_dir):
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16),
-                    execution=ExecutionConfig(chunk_rows=16, **LOCAL))  # fmt: skip
+    pipe = Pipeline(
+        str(sample_dir), AUG, config=PipelineConfig(batch_size=16), execution=ExecutionConfig(chunk_rows=16, **LOCAL)
+    )
     feeder, here = FeederSource(pipe), None
     try:
         assert feeder.runs_on_local_workers
@@ -83,8 +84,9 @@ def test_batches_come_as_slabs_the_same_as_in_process_and_every_slab_is_released
 
 def test_views_and_packed_copies_mixed_come_out_as_in_process(ray_local, sample_dir):
     """12-row chunks, batches of 8: some batches are rows of one slab, the rest packed copies."""
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8),
-                    execution=ExecutionConfig(chunk_rows=12, **LOCAL))  # fmt: skip
+    pipe = Pipeline(
+        str(sample_dir), AUG, config=PipelineConfig(batch_size=8), execution=ExecutionConfig(chunk_rows=12, **LOCAL)
+    )
     feeder, here = FeederSource(pipe), None
     try:
         start = _warm(feeder)
@@ -100,8 +102,9 @@ def test_views_and_packed_copies_mixed_come_out_as_in_process(ray_local, sample_
 
 
 def test_a_batch_kept_by_the_trainer_stays_intact_while_the_feeder_goes_on(ray_local, sample_dir):
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8),
-                    execution=ExecutionConfig(chunk_rows=8, **LOCAL))  # fmt: skip
+    pipe = Pipeline(
+        str(sample_dir), AUG, config=PipelineConfig(batch_size=8), execution=ExecutionConfig(chunk_rows=8, **LOCAL)
+    )
     feeder = FeederSource(pipe)
     try:
         start = _warm(feeder)
@@ -119,8 +122,9 @@ def test_a_batch_kept_by_the_trainer_stays_intact_while_the_feeder_goes_on(ray_l
 
 
 def test_a_killed_feeder_on_local_workers_is_a_clear_error(ray_local, sample_dir):
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4),
-                    execution=ExecutionConfig(chunk_rows=16, **LOCAL))  # fmt: skip
+    pipe = Pipeline(
+        str(sample_dir), AUG, config=PipelineConfig(batch_size=4), execution=ExecutionConfig(chunk_rows=16, **LOCAL)
+    )
     assert_a_killed_feeder_is_a_clear_error(FeederSource(pipe, prefetch=1), before=_warm)
 
 
@@ -196,8 +200,9 @@ def test_a_trainer_that_cannot_reach_the_feeders_socket_gets_its_batches_by_valu
         raise OSError("no such socket here")
 
     monkeypatch.setattr(feeder_module, "SlabReceiver", unreachable)
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16),
-                    execution=ExecutionConfig(chunk_rows=16, **LOCAL))  # fmt: skip
+    pipe = Pipeline(
+        str(sample_dir), AUG, config=PipelineConfig(batch_size=16), execution=ExecutionConfig(chunk_rows=16, **LOCAL)
+    )
     feeder, here = FeederSource(pipe), None
     try:
         assert not feeder.runs_on_local_workers

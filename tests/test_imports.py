@@ -104,6 +104,9 @@ def test_no_module_of_the_sources_imports_another_modules_private_name():
     for path in sorted(Path(raypipe.sources.__file__).parent.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("raypipe"):
-                found += [f"{path.name}: {node.module}.{a.name}" for a in node.names
-                          if a.name.startswith("_") and not a.name.startswith("__")]  # fmt: skip
+                found += [
+                    f"{path.name}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
     assert not found, found

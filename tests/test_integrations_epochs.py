@@ -51,8 +51,9 @@ def test_eval_every_sample_once_and_equal_batch_counts(n, world, b):
     pad_to = eval_rows_per_rank(n, world)
     per_rank = []
     for r in range(world):
-        view = EqualBatches(FakeSource(n, r, world, b), batch_size=b, num_batches=-(-pad_to // b), pad_to=pad_to,
-                            image_shape=(2, 2, 3))  # fmt: skip
+        view = EqualBatches(
+            FakeSource(n, r, world, b), batch_size=b, num_batches=-(-pad_to // b), pad_to=pad_to, image_shape=(2, 2, 3)
+        )
         batches = list(view)
         assert len(batches) == len(view) == -(-pad_to // b)
         ids = np.concatenate([x["sample_id"] for x in batches])

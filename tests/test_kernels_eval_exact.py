@@ -23,9 +23,13 @@ def _images():
 
 def _timm_uint8(data: bytes, aug: EvalAugment) -> np.ndarray:
     t = create_transform(
-        aug.input_size, is_training=False, interpolation=aug.interpolation, crop_pct=aug.crop_pct,
-        crop_mode=aug.crop_mode, use_prefetcher=True,
-    )  # fmt: skip  (use_prefetcher: uint8 tensor, no normalise)
+        aug.input_size,
+        is_training=False,
+        interpolation=aug.interpolation,
+        crop_pct=aug.crop_pct,
+        crop_mode=aug.crop_mode,
+        use_prefetcher=True,
+    )  # use_prefetcher: uint8 tensor, no normalise
     img = Image.open(io.BytesIO(data)).convert("RGB")
     return t(img).permute(1, 2, 0).numpy()
 

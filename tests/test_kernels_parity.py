@@ -87,9 +87,12 @@ EVAL_CONFIGS = [
 def _eval_pair(kw, decode=None):
     aug = EvalAugment(**kw)
     ref_t = transforms_imagenet_eval(
-        img_size=aug.input_size, crop_pct=aug.crop_pct, crop_mode=aug.crop_mode,
-        interpolation=aug.interpolation, use_prefetcher=True,
-    )  # fmt: skip
+        img_size=aug.input_size,
+        crop_pct=aug.crop_pct,
+        crop_mode=aug.crop_mode,
+        interpolation=aug.interpolation,
+        use_prefetcher=True,
+    )
     return ref_t, build_transform(aug, decode)
 
 
@@ -186,8 +189,12 @@ def test_colour_ops_match_torchvision(monkeypatch, backend, factor):
 def test_jitter_is_torchvisions_color_jitter_on_pillow():
     """Random factors and orders, odd sizes and flat images: ColorJitter(0.4, 0.4, 0.4) byte for byte."""
     rng = np.random.default_rng(5)
-    images = [f.photo("chelsea", (97, 61)), f.photo("coffee", (224, 224)), np.full((9, 7, 3), 200, np.uint8),
-              rng.integers(0, 256, (33, 17, 3), dtype=np.uint8)]
+    images = [
+        f.photo("chelsea", (97, 61)),
+        f.photo("coffee", (224, 224)),
+        np.full((9, 7, 3), 200, np.uint8),
+        rng.integers(0, 256, (33, 17, 3), dtype=np.uint8),
+    ]
     for i in range(60):
         img = images[i % len(images)]
         params = color.jitter_params((0.4, 0.4, 0.4), rng)

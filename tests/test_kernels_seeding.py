@@ -51,8 +51,12 @@ def test_the_stage_makes_the_transforms_images_with_sample_rng(sample_dir):
     spec = StageSpec(kind="folder", root=root, augment=aug, decode=DecodeConfig(), seed=11, epoch=2)
     paths = sorted(os.path.relpath(os.path.join(d, f), sample_dir) for d, _, fs in os.walk(sample_dir) for f in fs)[:10]
     ids = np.arange(100, 100 + len(paths), dtype=np.int64)[::-1].copy()
-    batch = {"sample_id": ids, "path": np.array(paths, dtype=object), "label": np.zeros(len(paths), np.int64),
-             "row": np.zeros(len(paths), np.int64)}  # fmt: skip
+    batch = {
+        "sample_id": ids,
+        "path": np.array(paths, dtype=object),
+        "label": np.zeros(len(paths), np.int64),
+        "row": np.zeros(len(paths), np.int64),
+    }
     out = AugmentStage(spec)(batch)
     assert out["ok"].all()
     transform = build_transform(aug, DecodeConfig())

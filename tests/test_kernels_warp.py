@@ -56,8 +56,7 @@ def test_affine_gives_pillows_bytes(vector):
                             want = Image.Image.transform(
                                 plain, out_size, Image.Transform.AFFINE, a, resample, fillcolor=fillcolor
                             )
-                            got = aa_arrays.affine_array(img, out_size, Image.Transform.AFFINE, a, resample,
-                                                         fillcolor)  # fmt: skip
+                            got = aa_arrays.affine_array(img, out_size, Image.Transform.AFFINE, a, resample, fillcolor)
                             assert got is not None  # it ran in C, not Pillow
                             assert np.array_equal(got, np.asarray(want)), (k, a, out_size, resample)
     finally:
@@ -87,8 +86,12 @@ def test_extension_rejects_bad_arguments():
     ok = (src, 3, 2, dst, 3, 2, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 2, b"\0\0\0")
     warp.affine_rgb(*ok)
     for i, bad, message in [
-        (1, 4, "packed"), (4, 0, "positive"), (12, 1, "filter"), (13, b"\0", "fill"), (6, math.nan, "finite"),
-    ]:  # fmt: skip
+        (1, 4, "packed"),
+        (4, 0, "positive"),
+        (12, 1, "filter"),
+        (13, b"\0", "fill"),
+        (6, math.nan, "finite"),
+    ]:
         args = list(ok)
         args[i] = bad
         with pytest.raises(ValueError, match=message):

@@ -50,8 +50,11 @@ def test_no_module_imports_another_modules_private_name():
     for path in sorted(PACKAGE.rglob("*.py")):
         for module, names in _imports(path):
             if module.startswith("raypipe"):
-                private += [f"{path.relative_to(PACKAGE)}: {module}.{n}" for n in names
-                            if n.startswith("_") and not n.startswith("__")]  # fmt: skip
+                private += [
+                    f"{path.relative_to(PACKAGE)}: {module}.{n}"
+                    for n in names
+                    if n.startswith("_") and not n.startswith("__")
+                ]
     assert not private, private
 
 
@@ -63,5 +66,15 @@ def test_the_rooms_modules_stay_under_500_lines(room):
 
 def test_the_pipeline_holds_no_plan_or_worker_module():
     names = {p.stem for p in (PACKAGE / "pipeline").glob("*.py")}
-    assert not names & {"order", "position", "identity", "same_listing", "local_workers", "_local_worker",
-                        "node_workers", "slabs", "handover", "peer_auth"}  # fmt: skip
+    assert not names & {
+        "order",
+        "position",
+        "identity",
+        "same_listing",
+        "local_workers",
+        "_local_worker",
+        "node_workers",
+        "slabs",
+        "handover",
+        "peer_auth",
+    }

@@ -53,9 +53,17 @@ def test_each_bad_field_is_a_value_error_naming_it(field, value):
 
 def test_good_values_are_kept_or_normalised():
     fs = pafs.LocalFileSystem()
-    o = ListingOptions(kind="manifest", root=pathlib.Path("/data"), filesystem=fs, class_order="sorted",
-                       class_map={"cat": 0}, index=["a.idx", "b.idx"], by_shard=False, block_rows=8,
-                       max_bytes=1 << 20)  # fmt: skip
+    o = ListingOptions(
+        kind="manifest",
+        root=pathlib.Path("/data"),
+        filesystem=fs,
+        class_order="sorted",
+        class_map={"cat": 0},
+        index=["a.idx", "b.idx"],
+        by_shard=False,
+        block_rows=8,
+        max_bytes=1 << 20,
+    )
     assert o.root == "/data" and o.index == ("a.idx", "b.idx") and o.filesystem is fs
     assert ListingOptions(class_map=pathlib.Path("map.txt")).class_map == pathlib.Path("map.txt")
     with pytest.raises(AttributeError):
@@ -97,8 +105,10 @@ def test_a_folder_lists_the_same_with_keywords_or_the_value(sample_dir):
     old = open_source(str(sample_dir), **keywords)
     _same(open_source(str(sample_dir), options=ListingOptions(**keywords)), old)
     _same(open_source(str(sample_dir), options=ListingOptions(kind="folder", **keywords)), old)
-    assert Pipeline(str(sample_dir), TrainAugment(input_size=16), listing=ListingOptions(**keywords)).rows.digest() \
-        == old.digest()  # fmt: skip
+    assert (
+        Pipeline(str(sample_dir), TrainAugment(input_size=16), listing=ListingOptions(**keywords)).rows.digest()
+        == old.digest()
+    )
     assert old.digest() != open_source(str(sample_dir)).digest()  # the options did change the listing
 
 

@@ -32,8 +32,23 @@ def big_dir(tmp_path_factory):
 def test_long_epochs_with_capped_object_store(big_dir, tmp_path):
     out = tmp_path / "run.json"
     env = dict(os.environ, RAYPIPE_NO_PROGRESS="1")
-    cmd = [sys.executable, "-m", "raypipe.cli.main", "run", str(big_dir), "--epochs", "3", "--img-size", "128",
-           "-b", "256", "--object-store-mb", "500", "--json", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "raypipe.cli.main",
+        "run",
+        str(big_dir),
+        "--epochs",
+        "3",
+        "--img-size",
+        "128",
+        "-b",
+        "256",
+        "--object-store-mb",
+        "500",
+        "--json",
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=850)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     epochs = json.loads(out.read_text())["epochs"]
@@ -45,7 +60,7 @@ def test_long_epochs_with_capped_object_store(big_dir, tmp_path):
     # raypipe.runtime.pin_mmap_threshold made a no-op, 507/536/569 (glibc's arenas keep freed batches).
     # Object-store pages the driver has read zero-copy also count in its RSS (as shared memory): they
     # belong to the store, whose cap bounds them, and how many get touched depends on timing.
-    mem = [{k[len("driver_"):-len("_mb")]: v for k, v in e.items() if k.startswith("driver_")} for e in epochs]
+    mem = [{k[len("driver_") : -len("_mb")]: v for k, v in e.items() if k.startswith("driver_")} for e in epochs]
     print("load test:", [(e["images_per_s"], m) for e, m in zip(epochs, mem, strict=True)])
     if "anon" not in mem[0]:
         pytest.skip("per-kind resident memory needs Linux /proc")

@@ -21,7 +21,7 @@ LOCAL = ExecutionConfig(backend="local", chunk_rows=7, num_tasks=2)
 
 # Faults for the workers only: Python imports ``sitecustomize`` from the path at start-up, and a local
 # worker gets this process's path, so a test that puts this file on it breaks the workers it starts.
-SITECUSTOMIZE = textwrap.dedent('''
+SITECUSTOMIZE = textwrap.dedent("""
     import os
     fault = os.environ.get("RAYPIPE_TEST_FAULT", "")
     if fault == "start":
@@ -43,7 +43,7 @@ SITECUSTOMIZE = textwrap.dedent('''
 
         original = transform.TrainTransform.__call__
         transform.TrainTransform.__call__ = broken
-''')
+""")
 
 
 @pytest.fixture(autouse=True)
@@ -104,8 +104,9 @@ def _with_faults(tmp_path, monkeypatch, fault: str) -> None:
 
 def test_local_workers_make_the_same_batches_as_ray_tasks(ray_local, sample_dir):
     config = PipelineConfig(batch_size=5, seed=3)
-    on_ray = Pipeline(str(sample_dir), AUG, config=config,
-                      execution=ExecutionConfig(backend="ray", chunk_rows=7, num_tasks=2))  # fmt: skip
+    on_ray = Pipeline(
+        str(sample_dir), AUG, config=config, execution=ExecutionConfig(backend="ray", chunk_rows=7, num_tasks=2)
+    )
     local = Pipeline(str(sample_dir), AUG, config=config, execution=LOCAL)
     assert on_ray.uses_ray() and not local.uses_ray()
     want, got = _epochs(on_ray), _epochs(local)
@@ -166,8 +167,9 @@ def test_local_bad_images_are_counted_skips(sample_dir, tmp_path):
     victims = sorted((data / sorted(os.listdir(data))[1]).iterdir())[:2]
     victims[0].write_bytes(b"not an image")
     victims[1].write_bytes(victims[1].read_bytes()[:200])  # truncated
-    pipe = Pipeline(str(data), AUG, config=PipelineConfig(batch_size=8, drop_last=False, max_skip_ratio=0.5),
-                    execution=LOCAL)  # fmt: skip
+    pipe = Pipeline(
+        str(data), AUG, config=PipelineConfig(batch_size=8, drop_last=False, max_skip_ratio=0.5), execution=LOCAL
+    )
     source = EpochSource(pipe, end_epoch=1)
     ids = [i for b in source for i in b["sample_id"].tolist()]
     report = source.last_report
@@ -192,8 +194,12 @@ def test_a_worker_that_dies_is_replaced_and_its_chunk_made_again(sample_dir, tmp
 def test_a_chunk_whose_worker_always_dies_fails_the_epoch(sample_dir, tmp_path, monkeypatch):
     _with_faults(tmp_path, monkeypatch, "die")
     _pool_started(1)
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5),
-                    execution=ExecutionConfig(backend="local", chunk_rows=7, num_tasks=1))  # fmt: skip
+    pipe = Pipeline(
+        str(sample_dir),
+        AUG,
+        config=PipelineConfig(batch_size=5),
+        execution=ExecutionConfig(backend="local", chunk_rows=7, num_tasks=1),
+    )
     source = EpochSource(pipe, end_epoch=1)
     with pytest.raises(LocalWorkerDiedError, match="died on each of 4 tries"):
         list(source)
@@ -230,8 +236,14 @@ def test_the_timm_drop_in_without_ray_starts_no_cluster(sample_dir):
 
     if ray.is_initialized():
         ray.shutdown()  # an earlier test's; the ray_local fixture starts it again when needed
-    loader = create_loader(str(sample_dir), input_size=(3, 32, 32), batch_size=8, is_training=True,
-                           use_prefetcher=True, device=torch.device("cpu"))  # fmt: skip
+    loader = create_loader(
+        str(sample_dir),
+        input_size=(3, 32, 32),
+        batch_size=8,
+        is_training=True,
+        use_prefetcher=True,
+        device=torch.device("cpu"),
+    )
     try:
         seen = [int(i) for _ in range(2) for _, _, ids in _with_ids(loader) for i in ids]
     finally:
@@ -310,8 +322,11 @@ def test_a_dataset_in_an_object_store_runs_two_tasks_per_core(sample_dir, tmp_pa
         rows = open_source("s3://bkt/train", filesystem=server.filesystem())
         remote = Pipeline(rows, AUG, execution=ExecutionConfig(backend="local"))
         chosen = Pipeline(rows, AUG, execution=ExecutionConfig(backend="local", cpus_per_task=1.0))
-        shards = Pipeline(open_source("s3://bkt/shards", filesystem=server.filesystem()), AUG,
-                          execution=ExecutionConfig(backend="local"))  # fmt: skip
+        shards = Pipeline(
+            open_source("s3://bkt/shards", filesystem=server.filesystem()),
+            AUG,
+            execution=ExecutionConfig(backend="local"),
+        )
     local = Pipeline(str(sample_dir), AUG, execution=ExecutionConfig(backend="local"))
     assert shards.rows.kind == "webdataset"
     assert [p.execution.cpus_per_task for p in (remote, chosen, shards, local)] == [0.5, 1.0, 1.0, 1.0]
@@ -340,10 +355,18 @@ def test_the_pool_runs_chunks_on_the_latest_streams_count_of_workers(sample_dir,
         return send(sock, message, fds)
 
     monkeypatch.setattr(local_workers, "send_with_fds", recording)
-    four = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4),
-                    execution=ExecutionConfig(backend="local", num_tasks=4, chunk_rows=4))  # fmt: skip
-    two = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4),
-                   execution=ExecutionConfig(backend="local", num_tasks=2, chunk_rows=4))  # fmt: skip
+    four = Pipeline(
+        str(sample_dir),
+        AUG,
+        config=PipelineConfig(batch_size=4),
+        execution=ExecutionConfig(backend="local", num_tasks=4, chunk_rows=4),
+    )
+    two = Pipeline(
+        str(sample_dir),
+        AUG,
+        config=PipelineConfig(batch_size=4),
+        execution=ExecutionConfig(backend="local", num_tasks=2, chunk_rows=4),
+    )
     try:
         _, count, directory = four.local_budget()
         pool = LocalWorkers.shared(count, directory)
@@ -375,8 +398,9 @@ def test_no_memory_for_a_chunk_fails_the_epoch_with_the_error_not_a_hang(sample_
         return take(nbytes)
 
     monkeypatch.setattr(pool.slabs, "take", no_memory_after_two)
-    source = EpochSource(Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5), execution=LOCAL),
-                         end_epoch=1)  # fmt: skip
+    source = EpochSource(
+        Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5), execution=LOCAL), end_epoch=1
+    )
     with pytest.raises(OSError, match="Cannot allocate memory"):
         list(source)
     source.close()
@@ -389,8 +413,9 @@ def test_a_chunk_in_flight_when_the_pool_shuts_down_fails_instead_of_waiting(sam
 
     _with_faults(tmp_path, monkeypatch, "slow")
     pool = _pool_started()
-    source = EpochSource(Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5), execution=LOCAL),
-                         end_epoch=1)  # fmt: skip
+    source = EpochSource(
+        Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5), execution=LOCAL), end_epoch=1
+    )
     outcome = []
 
     def consume():
@@ -429,6 +454,7 @@ def test_a_chunk_is_answered_while_another_thread_still_views_its_images(monkeyp
         return {"image": out, "sample_id": rows["sample_id"]}
 
     monkeypatch.setattr(augment, "augment_block", stage)
+
     class Spec:
         image_shape = (4, 4, 3)
 

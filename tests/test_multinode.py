@@ -10,8 +10,13 @@ pytestmark = [pytest.mark.isolated, pytest.mark.timeout(300)]
 
 
 def _digest(data, batch_size, chunk_rows):
-    pipe = Pipeline(str(data), TrainAugment(input_size=48), config=PipelineConfig(batch_size=batch_size),
-                    execution=ExecutionConfig(chunk_rows=chunk_rows), content_digest=True)  # fmt: skip
+    pipe = Pipeline(
+        str(data),
+        TrainAugment(input_size=48),
+        config=PipelineConfig(batch_size=batch_size),
+        execution=ExecutionConfig(chunk_rows=chunk_rows),
+        content_digest=True,
+    )
     run = pipe.epoch(0)
     for _ in run:
         pass

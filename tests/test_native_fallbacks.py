@@ -35,8 +35,12 @@ EXTENSIONS = {
 
 
 def _images() -> list[bytes]:
-    return [f.photo_jpeg("astronaut", (320, 240)), f.photo_jpeg("chelsea", (200, 300)), f.exif_jpeg(6, (160, 120)),
-            f.encode(f.photo("coffee", (150, 110)), "PNG")]
+    return [
+        f.photo_jpeg("astronaut", (320, 240)),
+        f.photo_jpeg("chelsea", (200, 300)),
+        f.exif_jpeg(6, (160, 120)),
+        f.encode(f.photo("coffee", (150, 110)), "PNG"),
+    ]
 
 
 def _outputs() -> list[np.ndarray]:
@@ -76,5 +80,7 @@ def test_cpu_normalize_without_affine_gives_the_same_bits(monkeypatch, dtype):
     monkeypatch.setattr(norm, "_cext", None)
     for cl, a in zip((True, False), native, strict=True):
         b = norm.normalize(x, channels_last=cl, **kw)
-        assert torch.equal(a.view(torch.int16 if dtype != torch.float32 else torch.int32),
-                           b.view(torch.int16 if dtype != torch.float32 else torch.int32)), cl
+        assert torch.equal(
+            a.view(torch.int16 if dtype != torch.float32 else torch.int32),
+            b.view(torch.int16 if dtype != torch.float32 else torch.int32),
+        ), cl

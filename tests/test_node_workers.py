@@ -34,8 +34,10 @@ def _nodes(*cpus: float) -> list[EligibleNode]:
 @pytest.mark.parametrize("world_size", [1, 2, 3, 8])
 def test_ranks_share_the_slots_without_taking_one_twice(cpus, world_size):
     nodes = _nodes(*cpus)
-    shares = [node_slots(nodes, here="elsewhere", reserved_cpus=0, cpus_per_task=1.0, rank=r, world_size=world_size)
-              for r in range(world_size)]  # fmt: skip
+    shares = [
+        node_slots(nodes, here="elsewhere", reserved_cpus=0, cpus_per_task=1.0, rank=r, world_size=world_size)
+        for r in range(world_size)
+    ]
     for i, node in enumerate(nodes):
         on_node = [s[node.node_id].workers for s in shares if node.node_id in s]
         if sum(cpus) >= world_size:  # a slot for every rank: none is shared, none left over
@@ -82,7 +84,7 @@ def test_no_slot_anywhere_still_runs_one_worker():
 
 
 def _outcome(prove, sock: socket.socket, secret: bytes) -> object:
-    """"ok", or the ``PeerAuthError`` one end's proof raised; the socket is closed either way."""
+    """ "ok", or the ``PeerAuthError`` one end's proof raised; the socket is closed either way."""
     try:
         prove(sock, secret, timeout_s=5)
         return "ok"
@@ -164,9 +166,20 @@ def test_a_worker_told_a_wrong_secret_ends_without_serving():
     listener = socket.create_server(("127.0.0.1", 0))
     read, write = os.pipe()
     env = dict(os.environ, **{SECRET_ENV: new_secret().hex()})
-    proc = subprocess.Popen([sys.executable, "-m", "raypipe.workers.worker_process", "--connect", "127.0.0.1",
-                             str(listener.getsockname()[1]), str(read)], pass_fds=(read,), env=env,
-                            stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "raypipe.workers.worker_process",
+            "--connect",
+            "127.0.0.1",
+            str(listener.getsockname()[1]),
+            str(read),
+        ],
+        pass_fds=(read,),
+        env=env,
+        stderr=subprocess.PIPE,
+    )
     os.close(read)
     try:
         listener.settimeout(60)
@@ -189,8 +202,19 @@ def test_a_worker_ends_with_its_launcher():
     listener = socket.create_server(("127.0.0.1", 0))
     read, write = os.pipe()
     env = dict(os.environ, **{SECRET_ENV: secret.hex()})
-    proc = subprocess.Popen([sys.executable, "-m", "raypipe.workers.worker_process", "--connect", "127.0.0.1",
-                             str(listener.getsockname()[1]), str(read)], pass_fds=(read,), env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "raypipe.workers.worker_process",
+            "--connect",
+            "127.0.0.1",
+            str(listener.getsockname()[1]),
+            str(read),
+        ],
+        pass_fds=(read,),
+        env=env,
+    )
     os.close(read)
     try:
         listener.settimeout(60)
@@ -225,8 +249,12 @@ def test_nodes_backend_needs_a_ray_cluster(sample_dir):
 
     if ray.is_initialized():
         ray.shutdown()
-    pipe = Pipeline(str(sample_dir), TrainAugment(input_size=32), config=PipelineConfig(batch_size=8),
-                    execution=ExecutionConfig(backend="nodes"))  # fmt: skip
+    pipe = Pipeline(
+        str(sample_dir),
+        TrainAugment(input_size=32),
+        config=PipelineConfig(batch_size=8),
+        execution=ExecutionConfig(backend="nodes"),
+    )
     with pytest.raises(RuntimeError, match="backend='nodes' runs on a Ray cluster"):
         pipe.stream()
 
@@ -239,9 +267,12 @@ PREPROCESS = {"preprocess": 0.001}
 def _batches(data, backend: str, *, epochs: int, on_batch=None) -> tuple[list, list]:
     from raypipe.pipeline import EpochSource, Pipeline
 
-    pipe = Pipeline(str(data), TrainAugment(input_size=64), config=PipelineConfig(batch_size=8, seed=3),
-                    execution=ExecutionConfig(chunk_rows=8, backend=backend,
-                                              resources=PREPROCESS if backend == "nodes" else {}))  # fmt: skip
+    pipe = Pipeline(
+        str(data),
+        TrainAugment(input_size=64),
+        config=PipelineConfig(batch_size=8, seed=3),
+        execution=ExecutionConfig(chunk_rows=8, backend=backend, resources=PREPROCESS if backend == "nodes" else {}),
+    )
     source = EpochSource(pipe, end_epoch=epochs)
     out = []
     for epoch in range(epochs):
@@ -353,7 +384,6 @@ def test_node_workers_give_the_local_batches_from_the_other_nodes(photos):
 @pytest.mark.timeout(300)
 def test_a_node_lost_mid_epoch_loses_no_sample(photos, monkeypatch):
 
-
     from raypipe.pipeline import stream
     from raypipe.workers.node import NodeWorkers
 
@@ -388,8 +418,12 @@ def test_a_feeder_on_node_workers_hands_over_slabs(photos):
 
     local, _ = _batches(photos, "local", epochs=2)
     with _cluster(cpu_nodes=1):
-        pipe = Pipeline(str(photos), TrainAugment(input_size=64), config=PipelineConfig(batch_size=8, seed=3),
-                        execution=ExecutionConfig(chunk_rows=8, backend="nodes", resources=PREPROCESS))  # fmt: skip
+        pipe = Pipeline(
+            str(photos),
+            TrainAugment(input_size=64),
+            config=PipelineConfig(batch_size=8, seed=3),
+            execution=ExecutionConfig(chunk_rows=8, backend="nodes", resources=PREPROCESS),
+        )
         source = FeederSource(pipe, end_epoch=2)
         got = []
         try:
@@ -405,7 +439,6 @@ def test_a_feeder_on_node_workers_hands_over_slabs(photos):
 @pytest.mark.isolated
 @pytest.mark.timeout(300)
 def test_a_node_that_joins_gets_workers_at_the_next_budget_refresh(photos, monkeypatch):
-
 
     from raypipe.pipeline import stream
     from raypipe.workers.node import NodeWorkers
@@ -440,9 +473,29 @@ def test_raypipe_run_on_node_workers_gives_the_local_digest(sample_dir, tmp_path
     digests = {}
     for backend in ("local", "nodes"):
         out = tmp_path / f"{backend}.json"
-        proc = subprocess.run([sys.executable, "-m", "raypipe", "run", str(sample_dir), "--epochs", "1", "-b", "16",
-                               "--img-size", "40", "--backend", backend, "--json", str(out)],
-                              capture_output=True, text=True, timeout=240, cwd=tmp_path)  # fmt: skip
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "raypipe",
+                "run",
+                str(sample_dir),
+                "--epochs",
+                "1",
+                "-b",
+                "16",
+                "--img-size",
+                "40",
+                "--backend",
+                backend,
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         epoch = json.loads(out.read_text())["epochs"][0]
         assert epoch["emitted"] == 48
@@ -456,7 +509,6 @@ def test_with_no_node_to_run_on_a_launcher_waits_for_one(photos, monkeypatch):
     """A preprocessing group scaled to zero: a launcher asks Ray for any node with the resources (the
     request an autoscaler acts on); when one joins, the launcher runs there, and the next refresh pins
     the node's own launcher in its place."""
-
 
     from raypipe.pipeline import stream
     from raypipe.workers.node import ANY_NODE, NodeWorkers
@@ -491,8 +543,12 @@ def _local_nodes_run(data, epochs: int, on_first_batch=None) -> list:
     from raypipe.pipeline import EpochSource, Pipeline
     from raypipe.workers.node import NodeWorkers
 
-    pipe = Pipeline(str(data), TrainAugment(input_size=32), config=PipelineConfig(batch_size=8, seed=5),
-                    execution=ExecutionConfig(chunk_rows=8, backend="nodes"))  # fmt: skip
+    pipe = Pipeline(
+        str(data),
+        TrainAugment(input_size=32),
+        config=PipelineConfig(batch_size=8, seed=5),
+        execution=ExecutionConfig(chunk_rows=8, backend="nodes"),
+    )
     source = EpochSource(pipe, end_epoch=epochs)
     out = []
     for epoch in range(epochs):
@@ -580,4 +636,3 @@ def test_hostile_peers_at_the_worker_port_are_dropped_and_the_epochs_are_exact(r
     assert isinstance(outcomes.pop("wrong secret"), PeerAuthError)
     assert outcomes == dict.fromkeys(["random bytes", "first frame, then nothing", "a byte a second"], "dropped")
     _same(undisturbed, disturbed)
-

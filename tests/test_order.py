@@ -13,8 +13,12 @@ def test_every_row_once_per_epoch_across_ranks(world, sharded):
     n = 1000
     shards = np.repeat(np.arange(13), 80)[:n] if sharded else None
     for epoch in (0, 1, 5):
-        parts = [RankPlan(n, seed=3, shuffle=True, chunk_rows=64, rank=r, world_size=world, shards=shards,
-                          window_rows=200).rows(epoch) for r in range(world)]  # fmt: skip
+        parts = [
+            RankPlan(
+                n, seed=3, shuffle=True, chunk_rows=64, rank=r, world_size=world, shards=shards, window_rows=200
+            ).rows(epoch)
+            for r in range(world)
+        ]
         every = np.concatenate(parts)
         assert len(every) == n and np.array_equal(np.sort(every), np.arange(n))
         sizes = [len(p) for p in parts]
@@ -51,7 +55,7 @@ def test_a_streams_first_window_is_cut_into_doubling_pieces_in_the_same_order():
     first = len(whole[0])
     sizes = [len(c) for c in ramped[: len(ramped) - len(whole) + 1]]
     assert sizes[:-1] == [128 * 2**k for k in range(len(sizes) - 1)] and sum(sizes) == first
-    assert [len(c) for c in ramped[len(sizes):]] == [len(c) for c in whole[1:]]  # later windows stay whole
+    assert [len(c) for c in ramped[len(sizes) :]] == [len(c) for c in whole[1:]]  # later windows stay whole
     assert doubling_bounds(10, 10, 4) == [] and doubling_bounds(0, 3, 4) == [(0, 3)]
     folder = RankPlan(3000, seed=0, shuffle=True, chunk_rows=128)  # ordinary chunks: nothing to cut
     assert [len(c) for c in folder.chunks(0, ramp=True)] == [len(c) for c in folder.chunks(0)]
@@ -65,8 +69,7 @@ def test_a_huge_shard_is_cut_into_chunks():
 
 def test_tar_like_shards_mix_by_window_but_run_in_ordinary_chunks():
     shards = np.repeat(np.arange(4), 1000)  # four big tar shards: samples read one by one
-    plan = RankPlan(4000, seed=0, shuffle=True, chunk_rows=128, shards=shards, window_rows=2048,
-                    whole_windows=False)  # fmt: skip
+    plan = RankPlan(4000, seed=0, shuffle=True, chunk_rows=128, shards=shards, window_rows=2048, whole_windows=False)
     chunks = plan.chunks(0)
     assert max(len(c) for c in chunks) == 128 and len(chunks) >= 32  # every worker gets work
     assert sorted(np.concatenate(chunks).tolist()) == list(range(4000))
@@ -94,9 +97,9 @@ def test_class_sorted_parquet_mixes_batches_nearly_as_well_as_a_full_shuffle():
         return float(np.mean(ent))
 
     full = np.mean([mean_entropy(epoch_order(4000, seed=0, epoch=e, shuffle=True)[0]) for e in range(5)])
-    windowed = np.mean([
-        mean_entropy(RankPlan(4000, seed=0, shuffle=True, chunk_rows=128, shards=shards).rows(e)) for e in range(5)
-    ])  # fmt: skip
+    windowed = np.mean(
+        [mean_entropy(RankPlan(4000, seed=0, shuffle=True, chunk_rows=128, shards=shards).rows(e)) for e in range(5)]
+    )
     assert windowed >= 0.95 * full, (windowed, full)
 
 
@@ -112,13 +115,16 @@ def test_rank_slices_and_chunk_bounds():
 def test_ranks_budgets_add_up_to_the_cluster_not_a_multiple_of_it():
     one = rank_budget(eligible_cpus=32, reserved_cpus=8, world_size=1, cpus_per_task=0.5, prefetch_chunks=2)
     assert one.workers == 48 and one.in_flight == 50
-    two = [rank_budget(eligible_cpus=32, reserved_cpus=8, world_size=2, cpus_per_task=0.5, prefetch_chunks=2)
-           for _ in range(2)]  # fmt: skip
+    two = [
+        rank_budget(eligible_cpus=32, reserved_cpus=8, world_size=2, cpus_per_task=0.5, prefetch_chunks=2)
+        for _ in range(2)
+    ]
     assert sum(b.workers for b in two) == one.workers
     tiny = rank_budget(eligible_cpus=2, reserved_cpus=2, world_size=4, cpus_per_task=0.5, prefetch_chunks=0)
     assert tiny.workers == 1  # a rank always progresses
-    fixed = rank_budget(eligible_cpus=64, reserved_cpus=0, world_size=8, cpus_per_task=1, prefetch_chunks=1,
-                        num_tasks=3)  # fmt: skip
+    fixed = rank_budget(
+        eligible_cpus=64, reserved_cpus=0, world_size=8, cpus_per_task=1, prefetch_chunks=1, num_tasks=3
+    )
     assert (fixed.workers, fixed.in_flight) == (3, 4)
 
 
@@ -135,8 +141,16 @@ def test_a_ranks_share_leaves_no_core_idle_and_asks_for_no_more_than_the_share(c
 
 
 def _check_shares(cores: int, ranks: int, reserved: float, cpus_per_task: float) -> None:
-    budgets = [rank_budget(eligible_cpus=cores, reserved_cpus=reserved, world_size=ranks,
-                           cpus_per_task=cpus_per_task, prefetch_chunks=2) for _ in range(ranks)]  # fmt: skip
+    budgets = [
+        rank_budget(
+            eligible_cpus=cores,
+            reserved_cpus=reserved,
+            world_size=ranks,
+            cpus_per_task=cpus_per_task,
+            prefetch_chunks=2,
+        )
+        for _ in range(ranks)
+    ]
     share = (cores - reserved) / ranks
     for b in budgets:
         asked = b.workers * b.task_cpus

@@ -23,8 +23,11 @@ def reference_order(n, *, seed, epoch, shuffle, shards=None, window_rows=1):
         at += int((inverse == s).sum())
     order, starts = [], []
     for w, number in enumerate(sorted(set(window_of_shard.values()))):
-        rows = [r for s in sorted(u for u, v in window_of_shard.items() if v == number)
-                for r in np.flatnonzero(inverse == s)]  # fmt: skip
+        rows = [
+            r
+            for s in sorted(u for u, v in window_of_shard.items() if v == number)
+            for r in np.flatnonzero(inverse == s)
+        ]
         rows = np.array(rows, dtype=np.int64)
         starts.append(len(order))
         order.extend(rows[rng(0x1A3E, w).permutation(len(rows))] if shuffle else rows)
@@ -63,10 +66,12 @@ def test_sharded_order_matches_the_reference_over_many_layouts():
         for shuffle in (True, False):
             for seed, epoch in ((0, 0), (3, 1), (11, 7)):
                 for window_rows in (1, 2, 64, 2048):
-                    got = epoch_order(n, seed=seed, epoch=epoch, shuffle=shuffle, shards=shards,
-                                      window_rows=window_rows)  # fmt: skip
-                    want = reference_order(n, seed=seed, epoch=epoch, shuffle=shuffle, shards=shards,
-                                           window_rows=window_rows)  # fmt: skip
+                    got = epoch_order(
+                        n, seed=seed, epoch=epoch, shuffle=shuffle, shards=shards, window_rows=window_rows
+                    )
+                    want = reference_order(
+                        n, seed=seed, epoch=epoch, shuffle=shuffle, shards=shards, window_rows=window_rows
+                    )
                     where = f"{name}, n={n}, shuffle={shuffle}, seed={seed}, epoch={epoch}, window={window_rows}"
                     assert np.array_equal(got[0], want[0]), where
                     assert np.array_equal(got[1], want[1]), where
@@ -81,10 +86,12 @@ def test_counts_from_an_index_give_the_order_of_the_rows_they_count(window_rows)
     shards = np.repeat(np.arange(400), counts)
     n = len(shards)
     for epoch in range(3):
-        from_rows = EpochOrder(n, seed=5, epoch=epoch, shuffle=True, runs=ShardRuns.from_shards(shards),
-                               window_rows=window_rows)  # fmt: skip
-        from_counts = EpochOrder(n, seed=5, epoch=epoch, shuffle=True, runs=ShardRuns.from_sizes(counts),
-                                 window_rows=window_rows)  # fmt: skip
+        from_rows = EpochOrder(
+            n, seed=5, epoch=epoch, shuffle=True, runs=ShardRuns.from_shards(shards), window_rows=window_rows
+        )
+        from_counts = EpochOrder(
+            n, seed=5, epoch=epoch, shuffle=True, runs=ShardRuns.from_sizes(counts), window_rows=window_rows
+        )
         assert np.array_equal(from_rows.all(), from_counts.all())
         assert np.array_equal(from_rows.starts, from_counts.starts)
 
@@ -103,8 +110,7 @@ def test_any_positions_are_taken_without_the_others():
 
 def test_a_billion_rows_in_shards_plan_with_arrays_of_shards():
     runs = ShardRuns.from_sizes(np.full(100_000, 10_000))
-    plan = RankPlan(10**9, seed=0, shuffle=True, chunk_rows=256, runs=runs, window_rows=2048, rank=1,
-                    world_size=3)  # fmt: skip
+    plan = RankPlan(10**9, seed=0, shuffle=True, chunk_rows=256, runs=runs, window_rows=2048, rank=1, world_size=3)
     chunks = plan.chunks(4)
     assert chunks.bounds[0, 0] == 333_333_334 and chunks.bounds[-1, 1] == 666_666_667  # rank 0 takes the extra row
     first, last = chunks[0], chunks[len(chunks) - 1]

@@ -48,8 +48,9 @@ def test_every_sample_once_exact_batches(ray_local, sample_dir):
         assert b["image"].dtype == np.uint8 and b["image"].shape[1:] == (32, 32, 3)
         assert b["image"].flags.c_contiguous
         assert b["label"].dtype == np.int64
-    labels = dict(zip(pipe.rows.table.column("sample_id").to_pylist(), pipe.rows.table.column("label").to_pylist(),
-                      strict=True))
+    labels = dict(
+        zip(pipe.rows.table.column("sample_id").to_pylist(), pipe.rows.table.column("label").to_pylist(), strict=True)
+    )
     for b in batches:
         assert [labels[int(s)] for s in b["sample_id"]] == b["label"].tolist()
 
@@ -88,15 +89,23 @@ def test_ranks_are_disjoint_and_cover(ray_local, sample_dir):
 
 
 def test_bad_files_are_skipped_with_reasons_neighbours_survive(ray_local, bad_dir):
-    pipe = Pipeline(str(bad_dir), AUG, config=PipelineConfig(batch_size=16, max_skip_ratio=0.1),
-                    execution=ExecutionConfig(chunk_rows=64))  # fmt: skip
+    pipe = Pipeline(
+        str(bad_dir),
+        AUG,
+        config=PipelineConfig(batch_size=16, max_skip_ratio=0.1),
+        execution=ExecutionConfig(chunk_rows=64),
+    )
     batches, rep = run_epoch(pipe)
     assert rep.expected == 52
     assert rep.emitted == 48  # all good images, including the ones sharing a block with bad ones
     assert rep.emitted + rep.num_skipped == rep.expected
     by_path = {os.path.basename(s["path"]): s["reason"] for s in rep.skipped_paths}
-    assert by_path == {"trunc.jpg": "truncated", "empty.jpg": "empty", "noise.jpg": "not_an_image",
-                       "text.png": "not_an_image"}
+    assert by_path == {
+        "trunc.jpg": "truncated",
+        "empty.jpg": "empty",
+        "noise.jpg": "not_an_image",
+        "text.png": "not_an_image",
+    }
 
 
 def test_skip_limit_lists_paths(ray_local, bad_dir):
@@ -194,8 +203,9 @@ def test_a_stalled_chunk_says_so(ray_local, sample_dir, monkeypatch, caplog):
 
 def test_worker_niceness_travels_in_the_stage_spec(ray_local, sample_dir):
     assert Pipeline(str(sample_dir), AUG).stage_spec(0).nice == 10  # default: the consumer before its workers
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16),
-                    execution=ExecutionConfig(worker_nice=5))  # fmt: skip
+    pipe = Pipeline(
+        str(sample_dir), AUG, config=PipelineConfig(batch_size=16), execution=ExecutionConfig(worker_nice=5)
+    )
     assert pipe.stage_spec(3).nice == 5
     batches, rep = run_epoch(pipe)  # the stage lowers its worker's priority and still delivers everything
     assert rep.emitted == 48 and sum(len(b["sample_id"]) for b in batches) == 48
@@ -241,8 +251,9 @@ def test_worker_nice_applies_to_the_stage_thread_only(ray_local, sample_dir):
 
     # raypipe's local clusters start workers at 0, not Ray's default 15 (starved beside any busy process)
     assert set(ray_local.get([niceness.remote() for _ in range(4)])) == {0}
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16),
-                    execution=ExecutionConfig(worker_nice=7))  # fmt: skip
+    pipe = Pipeline(
+        str(sample_dir), AUG, config=PipelineConfig(batch_size=16), execution=ExecutionConfig(worker_nice=7)
+    )
     _, rep = run_epoch(pipe)
     assert rep.emitted == 48
     threads = {pid: _thread_stat(pid, 19) for pid in _ray_worker_pids()}  # niceness per thread
@@ -252,12 +263,15 @@ def test_worker_nice_applies_to_the_stage_thread_only(ray_local, sample_dir):
     assert set(ray_local.get([niceness.remote() for _ in range(8)])) == {0}
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE") or not os.path.isdir("/proc/self/task"),
-                    reason="SCHED_IDLE and per-thread policies are Linux's")  # fmt: skip
+@pytest.mark.skipif(
+    not hasattr(os, "SCHED_IDLE") or not os.path.isdir("/proc/self/task"),
+    reason="SCHED_IDLE and per-thread policies are Linux's",
+)
 def test_worker_sched_idle_applies_to_the_stage_thread_only(ray_local, sample_dir):
     assert Pipeline(str(sample_dir), AUG).stage_spec(0).sched_idle is False  # off by default
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=16),
-                    execution=ExecutionConfig(worker_sched_idle=True))  # fmt: skip
+    pipe = Pipeline(
+        str(sample_dir), AUG, config=PipelineConfig(batch_size=16), execution=ExecutionConfig(worker_sched_idle=True)
+    )
     assert pipe.stage_spec(0).sched_idle is True
     _, rep = run_epoch(pipe)
     assert rep.emitted == 48  # the stage still delivers every image from its idle-policy thread

@@ -12,8 +12,9 @@ import pytest
 
 from raypipe.plan.position import PlanIdentity, Position, StateMismatchError, read_positions
 
-PLAN = PlanIdentity(listing="ab" * 32, rows=100, shards="", seed=0, shuffle=True, shuffle_window=2048, batch_size=5,
-                    drop_last=False)  # fmt: skip
+PLAN = PlanIdentity(
+    listing="ab" * 32, rows=100, shards="", seed=0, shuffle=True, shuffle_window=2048, batch_size=5, drop_last=False
+)
 OLD = json.loads((Path(__file__).parent / "fixtures" / "rank_loader_positions_v0.1.0.json").read_text())
 
 
@@ -24,10 +25,26 @@ def position(rank=0, world=2, batches=3, remaining=((15, 50),), epoch=1, plan=PL
 def test_a_position_is_one_json_value_read_back_as_written():
     at = position()
     saved = json.loads(json.dumps(at.as_dict()))
-    plan = {"listing": "ab" * 32, "rows": 100, "shards": "", "seed": 0, "shuffle": True, "shuffle_window": 2048,
-            "batch_size": 5, "drop_last": False}  # fmt: skip
-    assert saved == {"format": "raypipe-position", "version": 2, "epoch": 1, "rank": 0, "world_size": 2,
-                     "batches": 3, "remaining": [[15, 50]], "plan": plan}  # fmt: skip
+    plan = {
+        "listing": "ab" * 32,
+        "rows": 100,
+        "shards": "",
+        "seed": 0,
+        "shuffle": True,
+        "shuffle_window": 2048,
+        "batch_size": 5,
+        "drop_last": False,
+    }
+    assert saved == {
+        "format": "raypipe-position",
+        "version": 2,
+        "epoch": 1,
+        "rank": 0,
+        "world_size": 2,
+        "batches": 3,
+        "remaining": [[15, 50]],
+        "plan": plan,
+    }
     assert Position.from_dict(saved) == at
     assert at.rows_left == 35 and at.placed and at.with_batches(7).batches == 7
     bare = Position(epoch=2, batches=4)  # a loader over a source with no plan: the epoch and the count
@@ -70,11 +87,16 @@ def test_one_ranks_value_or_every_ranks_list():
     assert every.rows_left == 35 + 40 and isinstance(every.as_state(), list)
     assert every.segments(PLAN, rank=1, world_size=2) == [(60, 100)]  # the same ranks: each its own
     assert [every.segments(PLAN, rank=r, world_size=3) for r in range(3)] == [
-        [(15, 40)], [(40, 50), (60, 75)], [(75, 100)]
-    ]  # another number: what is left, split again  # fmt: skip
-    for bad, match in (([], "no saved position"), ([states[0]], r"ranks \[1\], expected each of 0 … 1"),
-                       ([states[1], position(epoch=2, rank=1).as_dict()], "different epochs"),
-                       ([states[1], Position(epoch=1, batches=0).as_dict()], "with and without a plan")):  # fmt: skip
+        [(15, 40)],
+        [(40, 50), (60, 75)],
+        [(75, 100)],
+    ]  # another number: what is left, split again
+    for bad, match in (
+        ([], "no saved position"),
+        ([states[0]], r"ranks \[1\], expected each of 0 … 1"),
+        ([states[1], position(epoch=2, rank=1).as_dict()], "different epochs"),
+        ([states[1], Position(epoch=1, batches=0).as_dict()], "with and without a plan"),
+    ):
         with pytest.raises(StateMismatchError, match=match):
             read_positions(bad)
     other = PlanIdentity(**{**PLAN.__dict__, "seed": 1})

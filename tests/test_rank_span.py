@@ -72,8 +72,10 @@ def test_sources_refuse_both_forms_before_starting_anything(sample_dir):
 
 def _run(source) -> list[list[tuple[list[int], str]]]:
     try:
-        return [[(b["sample_id"].tolist(), hashlib.sha256(b["image"].tobytes()).hexdigest()) for b in source]
-                for _ in range(2)]  # fmt: skip
+        return [
+            [(b["sample_id"].tolist(), hashlib.sha256(b["image"].tobytes()).hexdigest()) for b in source]
+            for _ in range(2)
+        ]
     finally:
         source.close()
 

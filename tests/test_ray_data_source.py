@@ -49,8 +49,14 @@ def data(tmp_path_factory):
         label_col.append(label)
         split.append("train")
         train.append((None, -1 if reason == "bad_label" else label, reason))
-    table = pa.table({"image": pa.array(images, pa.binary()), "label": pa.array(label_col, pa.int64()),
-                      "split": split, "id": np.arange(len(images))})  # fmt: skip
+    table = pa.table(
+        {
+            "image": pa.array(images, pa.binary()),
+            "label": pa.array(label_col, pa.int64()),
+            "split": split,
+            "id": np.arange(len(images)),
+        }
+    )
     pq.write_table(table, root / "data.parquet", row_group_size=5)
     return {"folder": folder, "parquet": str(root / "data.parquet"), "train": train, "n_all": len(images)}
 
@@ -87,10 +93,14 @@ def _epoch_on_ranks(pipe: Pipeline, epoch: int, world: int = 2):
 def _folder_images(folder, ids_files: dict[int, str], epoch: int) -> dict[int, np.ndarray]:
     """The stage's images of ``folder/<file>`` under each sample id (the folder source's reading)."""
     ids = sorted(ids_files)
-    rows = {"sample_id": np.array(ids, np.int64), "label": np.zeros(len(ids), np.int64),
-            "path": np.array([ids_files[i] for i in ids], dtype=object)}  # fmt: skip
-    spec = StageSpec(kind="folder", root=open_root(str(folder)), augment=AUG, decode=DecodeConfig(), seed=SEED,
-                     epoch=epoch)  # fmt: skip
+    rows = {
+        "sample_id": np.array(ids, np.int64),
+        "label": np.zeros(len(ids), np.int64),
+        "path": np.array([ids_files[i] for i in ids], dtype=object),
+    }
+    spec = StageSpec(
+        kind="folder", root=open_root(str(folder)), augment=AUG, decode=DecodeConfig(), seed=SEED, epoch=epoch
+    )
     out = augment_block(rows, spec)
     assert out["ok"].all()
     return dict(zip(ids, out["image"], strict=True))
@@ -122,8 +132,11 @@ def test_a_dataset_of_paths_and_class_names_runs_exactly_once_on_two_ranks(ray_l
     train = [(f, lbl) for f, lbl, _ in data["train"] if f is not None]
     names = ["zebra", "ant", "moth"]  # numbered in sorted order: ant 0, moth 1, zebra 2
     items = [{"path": f, "label": names[lbl]} for f, lbl in train]
-    items += [{"path": "missing.jpg", "label": "ant"}, {"path": train[0][0], "label": None},
-              {"path": None, "label": "ant"}]  # fmt: skip
+    items += [
+        {"path": "missing.jpg", "label": "ant"},
+        {"path": train[0][0], "label": None},
+        {"path": None, "label": "ant"},
+    ]
     ds = ray.data.from_items(items)
     with pytest.raises(ValueError, match="holds paths: pass root="):
         open_source(ds)
@@ -158,7 +171,8 @@ def test_pipeline_takes_a_dataset_and_bad_inputs_are_one_line_errors(ray_local, 
     ds.write_parquet(str(tmp_path / "written"))  # what the message says to do: a source raypipe reads
     written = open_source(str(tmp_path / "written"))
     assert written.kind == "parquet" and sorted(written.table.column("label").to_pylist()) == sorted(
-        pipe.rows.table.column("label").to_pylist())  # fmt: skip
+        pipe.rows.table.column("label").to_pylist()
+    )
     from raypipe.timm import create_loader
 
     with pytest.raises(ValueError, match=r"Ray Dataset: list it once, rows = raypipe.open_source\(ds\)"):
@@ -184,5 +198,6 @@ def test_convert_takes_a_dataset(ray_local, data, tmp_path):
     rows = shards.table.to_pydict()
     assert rows["label"] == [lbl for _, lbl in written]
     read = BlockReader(shards.root, shards.kind).read_block({k: np.asarray(v, dtype=object) for k, v in rows.items()})
-    assert [read[k] for k, (f, _) in enumerate(written) if f] == [(data["folder"] / f).read_bytes()
-                                                                  for f, _ in written if f]  # fmt: skip
+    assert [read[k] for k, (f, _) in enumerate(written) if f] == [
+        (data["folder"] / f).read_bytes() for f, _ in written if f
+    ]

@@ -55,8 +55,12 @@ def train_loop_per_worker(config: dict) -> None:
                 steps += 1
     rank = ray.train.get_context().get_world_rank()
     ids = sorted(kept.images)
-    np.savez(Path(config["out"], f"rank{rank}.npz"), ids=np.array(ids, np.int64),
-             images=np.stack([kept.images[i] for i in ids]), steps=steps)  # fmt: skip
+    np.savez(
+        Path(config["out"], f"rank{rank}.npz"),
+        ids=np.array(ids, np.int64),
+        images=np.stack([kept.images[i] for i in ids]),
+        steps=steps,
+    )
     ray.train.report({"steps": steps})
 
 
@@ -74,8 +78,13 @@ def test_torch_trainer_with_datasets_gives_raypipes_pixels(tmp_path, monkeypatch
     from raypipe.runtime import connect
 
     files = write_sample_data(tmp_path / "data", classes=3, per_class=7, seed=3)  # 21 images
-    table = pa.table({"image": [p.read_bytes() for p in files], "label": [k % 3 for k in range(len(files))],
-                      "sample_id": np.arange(len(files), dtype=np.int64)})  # fmt: skip
+    table = pa.table(
+        {
+            "image": [p.read_bytes() for p in files],
+            "label": [k % 3 for k in range(len(files))],
+            "sample_id": np.arange(len(files), dtype=np.int64),
+        }
+    )
     pq.write_table(table, tmp_path / "train.parquet")
     out = tmp_path / "out"
     out.mkdir()
@@ -87,8 +96,12 @@ def test_torch_trainer_with_datasets_gives_raypipes_pixels(tmp_path, monkeypatch
     augment = TrainAugment(input_size=32)
     try:
         ds = ray.data.read_parquet(str(tmp_path / "train.parquet"))
-        train = ds.map_batches(RayDataAugment, batch_size=8, compute=ray.data.ActorPoolStrategy(size=1),
-                               fn_constructor_kwargs=dict(augment=augment, seed=SEED, epoch=EPOCH))  # fmt: skip
+        train = ds.map_batches(
+            RayDataAugment,
+            batch_size=8,
+            compute=ray.data.ActorPoolStrategy(size=1),
+            fn_constructor_kwargs=dict(augment=augment, seed=SEED, epoch=EPOCH),
+        )
         TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"epochs": 1, "out": str(out)},
@@ -100,8 +113,9 @@ def test_torch_trainer_with_datasets_gives_raypipes_pixels(tmp_path, monkeypatch
         pipe = Pipeline(ds, augment, config=PipelineConfig(batch_size=4, seed=SEED))
         source = EpochSource(pipe, start_epoch=EPOCH, end_epoch=EPOCH + 1)
         try:
-            stream = {sid: np.array(img) for b in source for sid, img in zip(b["sample_id"].tolist(), b["image"],
-                                                                             strict=True)}  # fmt: skip
+            stream = {
+                sid: np.array(img) for b in source for sid, img in zip(b["sample_id"].tolist(), b["image"], strict=True)
+            }
         finally:
             source.close()
     finally:

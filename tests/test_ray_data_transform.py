@@ -28,8 +28,13 @@ def parquet(tmp_path_factory):
     files = write_sample_data(root / "folder", classes=2, per_class=5, seed=4)
     images = [p.read_bytes() for p in files] + [None, b"", files[0].read_bytes()]
     labels = [k % 2 for k in range(len(files))] + [0, 1, None]
-    table = pa.table({"image": pa.array(images, pa.binary()), "label": pa.array(labels, pa.int64()),
-                      "id": np.arange(len(images), dtype=np.int64)})  # fmt: skip
+    table = pa.table(
+        {
+            "image": pa.array(images, pa.binary()),
+            "label": pa.array(labels, pa.int64()),
+            "id": np.arange(len(images), dtype=np.int64),
+        }
+    )
     pq.write_table(table, root / "data.parquet")
     return {"path": str(root / "data.parquet"), "folder": root / "folder", "files": files, "good": len(files)}
 
@@ -39,9 +44,12 @@ def _transformed(ds, *, epoch: int, batch_size: int, batch_format: str = "numpy"
     import ray.data
 
     out = ds.map_batches(
-        RayDataAugment, batch_size=batch_size, batch_format=batch_format, compute=ray.data.ActorPoolStrategy(size=1),
+        RayDataAugment,
+        batch_size=batch_size,
+        batch_format=batch_format,
+        compute=ray.data.ActorPoolStrategy(size=1),
         fn_constructor_kwargs=dict(augment=AUG, seed=3, epoch=epoch, id_column="id", **kwargs),
-    )  # fmt: skip
+    )
     got = {}
     for batch in out.iter_batches(batch_size=None, batch_format="numpy"):
         for k, sid in enumerate(batch["sample_id"].tolist()):
@@ -64,12 +72,14 @@ def test_same_seed_epoch_and_id_give_the_same_pixels_as_raypipes_stream(ray_loca
         np.testing.assert_array_equal(small[sid][1], large[sid][1], err_msg=f"sample {sid}")
         assert small[sid][1].shape == (32, 32, 3) and small[sid][1].dtype == np.uint8
     # raypipe's own stream, epoch 1 at seed 3: the listing numbers the rows as the id column does
-    pipe = Pipeline(list_ray_dataset(ds, block_rows=4), AUG, config=PipelineConfig(batch_size=4, seed=3,
-                                                                                   max_skip_ratio=1.0))  # fmt: skip
+    pipe = Pipeline(
+        list_ray_dataset(ds, block_rows=4), AUG, config=PipelineConfig(batch_size=4, seed=3, max_skip_ratio=1.0)
+    )
     source = EpochSource(pipe, start_epoch=1, end_epoch=2)
     try:
-        stream = {sid: np.array(img) for b in source for sid, img in zip(b["sample_id"].tolist(), b["image"],
-                                                                         strict=True)}  # fmt: skip
+        stream = {
+            sid: np.array(img) for b in source for sid, img in zip(b["sample_id"].tolist(), b["image"], strict=True)
+        }
     finally:
         source.close()
     assert sorted(stream) == list(range(good))
@@ -86,7 +96,10 @@ def test_bad_rows_are_kept_with_their_reasons_when_asked(ray_local, parquet):
     kept = _transformed(ds, epoch=0, batch_size=4, bad_rows="keep")
     good = parquet["good"]
     assert {sid: reason for sid, (_, _, reason) in kept.items() if reason} == {
-        good: "null_image", good + 1: "empty", good + 2: "bad_label"}  # fmt: skip
+        good: "null_image",
+        good + 1: "empty",
+        good + 2: "bad_label",
+    }
     assert not kept[good][1].any() and kept[good + 2][0] == -1  # black, and no label
     with pytest.raises(ValueError, match="bad_rows='skip'"):
         RayDataAugment(AUG, seed=0, epoch=0, bad_rows="skip")
@@ -102,15 +115,18 @@ def test_kept_bad_rows_go_into_iter_torch_batches(ray_local, parquet):
     import torch
 
     ds = ray.data.read_parquet(parquet["path"]).map_batches(
-        RayDataAugment, batch_size=4, compute=ray.data.ActorPoolStrategy(size=1),
+        RayDataAugment,
+        batch_size=4,
+        compute=ray.data.ActorPoolStrategy(size=1),
         fn_constructor_kwargs=dict(augment=AUG, seed=3, epoch=0, id_column="id", bad_rows="keep"),
-    )  # fmt: skip
+    )
     good = parquet["good"]
     reasons = {}
     for batch in ds.iter_torch_batches(batch_size=5):
         assert batch["image"].dtype == torch.uint8 and batch["ok"].dtype == torch.bool
-        for sid, ok, code in zip(batch["sample_id"].tolist(), batch["ok"].tolist(), batch["reason"].tolist(),
-                                 strict=True):  # fmt: skip
+        for sid, ok, code in zip(
+            batch["sample_id"].tolist(), batch["ok"].tolist(), batch["reason"].tolist(), strict=True
+        ):
             assert ok == (code == 0)
             reasons[sid] = REASON_NAMES[code]
     assert reasons == {**dict.fromkeys(range(good), ""), good: "null_image", good + 1: "empty", good + 2: "bad_label"}
@@ -136,9 +152,13 @@ def test_a_path_column_is_read_under_root(ray_local, parquet):
     for sid in by_path:
         np.testing.assert_array_equal(by_path[sid][1], by_bytes[sid][1], err_msg=f"sample {sid}")
     with pytest.raises(ValueError, match="holds paths: pass root="):
-        RayDataAugment(AUG, seed=0, epoch=0, image_column="path")({"path": np.array(rels[:1], dtype=object),
-                                                                   "label": np.zeros(1, np.int64),
-                                                                   "sample_id": np.zeros(1, np.int64)})  # fmt: skip
+        RayDataAugment(AUG, seed=0, epoch=0, image_column="path")(
+            {
+                "path": np.array(rels[:1], dtype=object),
+                "label": np.zeros(1, np.int64),
+                "sample_id": np.zeros(1, np.int64),
+            }
+        )
 
 
 def test_ids_must_be_integers_and_class_names_need_classes():

@@ -55,8 +55,9 @@ def test_parquet_row_groups_are_read_once_per_block(tmp_path, row_group_reads):
     n = 40
     cells = [b"cell%d" % i for i in range(n)]
     cells[13] = None
-    pq.write_table(pa.table({"image": cells, "label": [i % 4 for i in range(n)]}), tmp_path / "a.parquet",
-                   row_group_size=10)  # fmt: skip
+    pq.write_table(
+        pa.table({"image": cells, "label": [i % 4 for i in range(n)]}), tmp_path / "a.parquet", row_group_size=10
+    )
     rows = open_source(str(tmp_path / "a.parquet"))
     assert rows.table.column("shard").to_pylist() == [i // 10 for i in range(n)] and rows.num_shards == 4
     reads = row_group_reads
@@ -185,11 +186,16 @@ def test_transient_errors_are_retried_then_counted(tmp_path):
     rows = open_source(str(data), filesystem=fs)
     out = BlockReader(rows.root, "folder", options=FAST).read_block(_batch(rows.table))
     assert out == _expected(rows) and set(handler.attempts.values()) == {3}
-    fs, handler = wrapped(fail_first=100, error=OSError("AWS Error SLOW_DOWN during GetObject operation: "
-                                                          "Please reduce your request rate. (HTTP status 503)"))
+    fs, handler = wrapped(
+        fail_first=100,
+        error=OSError(
+            "AWS Error SLOW_DOWN during GetObject operation: Please reduce your request rate. (HTTP status 503)"
+        ),
+    )
     rows = open_source(str(data), filesystem=fs)
     out = BlockReader(rows.root, "folder", options=ReadOptions(retries=3, backoff_s=0.001)).read_block(
-        _batch(rows.table))
+        _batch(rows.table)
+    )
     assert all(o.reason == UNREADABLE and "SLOW_DOWN" in o.detail for o in out)
     assert set(handler.attempts.values()) == {4}  # the first attempt and 3 retries
 
@@ -216,16 +222,19 @@ def test_errors_that_are_not_io_propagate(tmp_path):
         BlockReader(rows.root, "folder", options=FAST).read_block(_batch(rows.table))
 
 
-@pytest.mark.parametrize("message, transient", [
-    ("AWS Error NETWORK_CONNECTION during GetObject operation: curlCode: 56, Failure when receiving data", True),
-    ("AWS Error UNKNOWN (HTTP status 500) during GetObject operation: InternalError", True),
-    ("AWS Error SLOW_DOWN during GetObject operation (HTTP status 503)", True),
-    ("Connection reset by peer", True),
-    ("Operation timed out", True),
-    ("AWS Error ACCESS_DENIED during GetObject operation: Access Denied", False),
-    ("Path does not exist 'bucket/x.jpg'", False),
-    ("images/500/x.jpg: Is a directory", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "message, transient",
+    [
+        ("AWS Error NETWORK_CONNECTION during GetObject operation: curlCode: 56, Failure when receiving data", True),
+        ("AWS Error UNKNOWN (HTTP status 500) during GetObject operation: InternalError", True),
+        ("AWS Error SLOW_DOWN during GetObject operation (HTTP status 503)", True),
+        ("Connection reset by peer", True),
+        ("Operation timed out", True),
+        ("AWS Error ACCESS_DENIED during GetObject operation: Access Denied", False),
+        ("Path does not exist 'bucket/x.jpg'", False),
+        ("images/500/x.jpg: Is a directory", False),
+    ],
+)
 def test_transient_classification(message, transient):
     assert is_transient(OSError(message)) is transient
     assert is_transient(TimeoutError()) and not is_transient(FileNotFoundError("x"))

@@ -25,9 +25,13 @@ def test_the_python_example_trains_two_epochs(tmp_path):
     code = _python_example()
     assert '"sample_data"' in code
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=540,
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=540,
         env={**__import__("os").environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("epoch ")]
     assert [line.split(":")[0] for line in lines] == ["epoch 0", "epoch 1"]

@@ -35,8 +35,9 @@ def data(sample_dir, tmp_path_factory):
 
 def pipeline(data, *, seed=0, batch_size=5, chunk_rows=7):
     execution = ExecutionConfig(backend="local", chunk_rows=chunk_rows, num_tasks=2)
-    return Pipeline(str(data), AUG, config=PipelineConfig(batch_size=batch_size, seed=seed, max_skip_ratio=0.5),
-                    execution=execution)  # fmt: skip
+    return Pipeline(
+        str(data), AUG, config=PipelineConfig(batch_size=batch_size, seed=seed, max_skip_ratio=0.5), execution=execution
+    )
 
 
 def digest(batch) -> tuple[list[int], str]:
@@ -219,8 +220,17 @@ def device_loader(data):
     from raypipe.device import from_timm_args
 
     source = EpochSource(pipeline(data), end_epoch=2)
-    return from_timm_args(source, device="cpu", re_prob=0.5, re_mode="pixel", mixup_alpha=0.8, cutmix_alpha=1.0,
-                          num_classes=4, seed=3, prefetch=3)  # fmt: skip
+    return from_timm_args(
+        source,
+        device="cpu",
+        re_prob=0.5,
+        re_mode="pixel",
+        mixup_alpha=0.8,
+        cutmix_alpha=1.0,
+        num_classes=4,
+        seed=3,
+        prefetch=3,
+    )
 
 
 def test_a_device_loader_resumes_its_batches_and_its_draws(data):
@@ -254,8 +264,15 @@ def test_a_cuda_device_loader_resumes_its_batches_and_its_draws(data):
     from raypipe.device import from_timm_args
 
     def make():
-        return from_timm_args(EpochSource(pipeline(data), end_epoch=1), device="cuda", re_prob=0.5,
-                              re_mode="pixel", mixup_alpha=0.8, num_classes=4, seed=3)  # fmt: skip
+        return from_timm_args(
+            EpochSource(pipeline(data), end_epoch=1),
+            device="cuda",
+            re_prob=0.5,
+            re_mode="pixel",
+            mixup_alpha=0.8,
+            num_classes=4,
+            seed=3,
+        )
 
     def dig(b):
         return b["sample_id"].tolist(), hashlib.sha256(b["image"].float().cpu().numpy().tobytes()).hexdigest()
@@ -277,9 +294,19 @@ def test_timms_create_loader_resumes_mid_epoch_with_its_batch_count(sample_dir):
     from raypipe.timm import create_loader
 
     def make(rank=0, world=1):
-        return create_loader(str(sample_dir), input_size=32, batch_size=4, is_training=True, device=torch.device("cpu"),
-                             re_prob=0.25, seed=1, rank=rank, world_size=world, yield_ids=True,
-                             execution=LOCAL)  # fmt: skip
+        return create_loader(
+            str(sample_dir),
+            input_size=32,
+            batch_size=4,
+            is_training=True,
+            device=torch.device("cpu"),
+            re_prob=0.25,
+            seed=1,
+            rank=rank,
+            world_size=world,
+            yield_ids=True,
+            execution=LOCAL,
+        )
 
     def dig(item):
         x, y, ids = item
@@ -314,8 +341,12 @@ def test_a_feeder_source_resumes_mid_epoch(data, ray_local):
     from raypipe.pipeline import FeederSource
 
     execution = ExecutionConfig(chunk_rows=7, num_tasks=1)
-    pipe = lambda: Pipeline(str(data), AUG, config=PipelineConfig(batch_size=5, max_skip_ratio=0.5),  # noqa: E731
-                            execution=execution)  # fmt: skip
+    pipe = lambda: Pipeline(
+        str(data),
+        AUG,
+        config=PipelineConfig(batch_size=5, max_skip_ratio=0.5),  # noqa: E731
+        execution=execution,
+    )
     whole = FeederSource(pipe(), end_epoch=1)
     want = [digest(b) for b in whole]
     whole.close()

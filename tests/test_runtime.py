@@ -97,8 +97,14 @@ ray.shutdown()
 def test_local_cluster_dashboard_only_on_request_and_on_loopback(on):
     # Ray Train's placement-group cleaner needs the dashboard's State API; nothing else here does
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    out = subprocess.run([sys.executable, "-c", _DASHBOARD_PROBE.format(on=on)], capture_output=True, text=True,
-                         env=env, timeout=120, check=True).stdout.split()[-1]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _DASHBOARD_PROBE.format(on=on)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    ).stdout.split()[-1]
     if on:
         assert out.startswith("127.0.0.1:"), out
     else:
@@ -127,8 +133,9 @@ def test_a_private_rays_state_api_is_found_beside_another_ray(ray_local):
     """With another Ray on the machine (the test's own), the State API called with no address in a
     worker of the private Ray finds that Ray's, where Ray's search of the machine finds two and fails."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
-    proc = subprocess.run([sys.executable, "-c", _STATE_API_PROBE], capture_output=True, text=True, env=env,
-                          timeout=150)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _STATE_API_PROBE], capture_output=True, text=True, env=env, timeout=150
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     _, nodes, url, named = proc.stdout.split()[-4:]
     assert nodes == "1" and url.startswith("127.0.0.1:"), proc.stdout
@@ -197,8 +204,13 @@ def test_a_loader_has_its_first_epoch_before_ray_is_up_and_the_same_batches(tmp_
 
     write_sample_data(tmp_path, classes=2, per_class=9, seed=2)  # 18 images: 3 full batches of 6
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    out = subprocess.run([sys.executable, "-c", _FIRST_EPOCH_BEFORE_RAY, str(tmp_path)], capture_output=True,
-                         text=True, env=env, timeout=240)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _FIRST_EPOCH_BEFORE_RAY, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert int(out.stdout.split()[-1]) >= 1
 
@@ -242,8 +254,13 @@ def test_a_process_that_ends_while_ray_starts_leaves_no_ray_process_behind(after
     import psutil
 
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.Popen([sys.executable, "-c", _END_WHILE_RAY_STARTS, str(after_s)], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _END_WHILE_RAY_STARTS, str(after_s)],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 1 and "bad data path" in err
     # Ray's session directory ends with the driver's pid; its processes keep their logs there open

@@ -16,12 +16,22 @@ from raypipe.testing import S3Server
 pytestmark = pytest.mark.timeout(120)
 
 FILES = {  # relative path: bytes (a function of the path, so sizes differ)
-    "a/1.jpg": 1, "a/10.jpg": 2, "a/2.jpg": 3, "a/z.JPEG": 4, "a/notes.txt": 5,
-    "a/sub/x.jpg": 6, "a/sub/deeper/y.png": 7, "a/sub/deeper/skip.json": 8, "a/aa/w.webp": 9,
+    "a/1.jpg": 1,
+    "a/10.jpg": 2,
+    "a/2.jpg": 3,
+    "a/z.JPEG": 4,
+    "a/notes.txt": 5,
+    "a/sub/x.jpg": 6,
+    "a/sub/deeper/y.png": 7,
+    "a/sub/deeper/skip.json": 8,
+    "a/aa/w.webp": 9,
     "b/only.txt": 10,  # a class folder without images
-    "d10/p.jpg": 11, "d2/q.jpg": 12, "d2/r/s/t.bmp": 13,
-    "root.jpg": 14, "readme.txt": 15,  # files at the root: not a class's
-}  # fmt: skip
+    "d10/p.jpg": 11,
+    "d2/q.jpg": 12,
+    "d2/r/s/t.bmp": 13,
+    "root.jpg": 14,
+    "readme.txt": 15,  # files at the root: not a class's
+}
 
 
 @pytest.fixture
@@ -46,8 +56,15 @@ def test_concurrent_listing_equals_one_recursive_listing(tree, monkeypatch):
         assert server.count("ListObjectsV2") == 1 + 5
         assert sorted(flat[0]) == sorted(concurrent[0]) == ["a", "b", "c", "d10", "d2"]
         assert flat[1] == concurrent[1]
-        assert concurrent[1]["a"] == ["a/1.jpg", "a/10.jpg", "a/2.jpg", "a/z.JPEG", "a/aa/w.webp", "a/sub/x.jpg",
-                                      "a/sub/deeper/y.png"]  # fmt: skip
+        assert concurrent[1]["a"] == [
+            "a/1.jpg",
+            "a/10.jpg",
+            "a/2.jpg",
+            "a/z.JPEG",
+            "a/aa/w.webp",
+            "a/sub/x.jpg",
+            "a/sub/deeper/y.png",
+        ]
         assert flat[2] == concurrent[2]
         for rel, stamp in concurrent[2].items():
             assert stamp[0] == os.path.getsize(tree / "bkt" / "tree" / rel) and stamp[1] > 0

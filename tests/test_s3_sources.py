@@ -30,8 +30,13 @@ def s3(sample_dir, tmp_path_factory):
     server.start()
     try:
         host, port = server.get_host_and_port()
-        client = boto3.client("s3", endpoint_url=f"http://{host}:{port}", aws_access_key_id="testing",
-                              aws_secret_access_key="testing", region_name="us-east-1")  # fmt: skip
+        client = boto3.client(
+            "s3",
+            endpoint_url=f"http://{host}:{port}",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
         client.create_bucket(Bucket=BUCKET)
         files = sorted(sample_dir.rglob("*.jpg"))
         for path in files:
@@ -43,13 +48,18 @@ def s3(sample_dir, tmp_path_factory):
         (local / "wds").mkdir()
         for s in range(2):
             members = []
-            for i, p in enumerate(files[s * 10:(s + 1) * 10]):
+            for i, p in enumerate(files[s * 10 : (s + 1) * 10]):
                 members += [(f"k{s}{i:02d}.jpg", p.read_bytes()), (f"k{s}{i:02d}.cls", str(i % 4).encode())]
             data = tar_bytes(members)
             (local / "wds" / f"shard-{s}.tar").write_bytes(data)
             client.put_object(Bucket=BUCKET, Key=f"wds/shard-{s}.tar", Body=data)
-        fs = pafs.S3FileSystem(access_key="testing", secret_key="testing", endpoint_override=f"{host}:{port}",
-                               scheme="http", region="us-east-1")  # fmt: skip
+        fs = pafs.S3FileSystem(
+            access_key="testing",
+            secret_key="testing",
+            endpoint_override=f"{host}:{port}",
+            scheme="http",
+            region="us-east-1",
+        )
         yield fs, local
     finally:
         server.stop()
@@ -87,6 +97,7 @@ def test_a_remote_folder_block_read_without_waiting_gives_futures_of_the_same_by
     reader = BlockReader(remote.root, "folder", options=ReadOptions(in_flight=4))
     pending = reader.read_block(batch, wait=False)
     assert len(pending) == len(batch["path"]) and all(isinstance(x, Future) for x in pending)
+
     def shown(x):
         return x.reason if isinstance(x, SkipImage) else x
 

@@ -33,7 +33,7 @@ def data(sample_dir, tmp_path_factory):
     (bucket / "wds").mkdir()
     for s in range(2):
         members = []
-        for i, p in enumerate(files[s * 10:(s + 1) * 10]):
+        for i, p in enumerate(files[s * 10 : (s + 1) * 10]):
             members += [(f"k{s}{i:02d}.jpg", p.read_bytes()), (f"k{s}{i:02d}.cls", str(i % 4).encode())]
         (bucket / "wds" / f"shard-{s}.tar").write_bytes(tar_bytes(members))
     return root
@@ -111,8 +111,9 @@ def test_pagination_and_delimiter(server):
     from botocore import UNSIGNED
     from botocore.config import Config
 
-    client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
-                          config=Config(signature_version=UNSIGNED))  # fmt: skip
+    client = boto3.client(
+        "s3", endpoint_url=server.endpoint, region_name="us-east-1", config=Config(signature_version=UNSIGNED)
+    )
     keys, token = [], None
     while True:
         kwargs = {"ContinuationToken": token} if token else {}
@@ -150,8 +151,12 @@ def test_never_serves_outside_its_root(server, data, tmp_path):
     link.symlink_to(secret)
     try:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-        for path in ("/bkt/link.txt", "/bkt/../bkt/folder", "/bkt/%2E%2E/%2E%2E" + str(secret),
-                     "/bkt/folder/../../" + os.path.relpath(secret, data)):  # fmt: skip
+        for path in (
+            "/bkt/link.txt",
+            "/bkt/../bkt/folder",
+            "/bkt/%2E%2E/%2E%2E" + str(secret),
+            "/bkt/folder/../../" + os.path.relpath(secret, data),
+        ):
             conn.request("GET", path)
             resp = conn.getresponse()
             assert resp.status == 404 and b"not for you" not in resp.read(), path
@@ -169,8 +174,9 @@ def test_the_same_prefix_through_another_filesystem_reads_through_that_one(data,
 
     def spec_and_rows(server):
         rows = open_source("s3://bkt/folder", filesystem=server.filesystem())
-        spec = StageSpec(kind=rows.kind, root=rows.root, augment=TrainAugment(input_size=24), decode=DecodeConfig(),
-                         seed=0, epoch=0)  # fmt: skip
+        spec = StageSpec(
+            kind=rows.kind, root=rows.root, augment=TrainAugment(input_size=24), decode=DecodeConfig(), seed=0, epoch=0
+        )
         return spec, {k: v[:8] for k, v in _batch(rows).items()}
 
     with S3Server(data) as first:

@@ -32,11 +32,15 @@ def test_digest_is_the_listing():
     paths = [f"c{i % 3}/img{i}.jpg" for i in range(50)]
     base = _rows(paths, np.arange(50) % 3)
     assert base.digest() == _rows(paths, np.arange(50) % 3, root="/mnt/elsewhere").digest()  # not the mount
-    chunked = SourceRows(kind="folder", root=base.root,
-                         table=pa.concat_tables([base.table.slice(0, 7), base.table.slice(7)]))  # fmt: skip
+    chunked = SourceRows(
+        kind="folder", root=base.root, table=pa.concat_tables([base.table.slice(0, 7), base.table.slice(7)])
+    )
     assert chunked.digest() == base.digest()  # not how Arrow happens to chunk the columns
-    stamped = SourceRows(kind="folder", root=base.root, table=make_rows(
-        paths, np.arange(50) % 3, object_sizes=np.arange(50) + 100, object_mtimes=np.full(50, 10**18)))  # fmt: skip
+    stamped = SourceRows(
+        kind="folder",
+        root=base.root,
+        table=make_rows(paths, np.arange(50) % 3, object_sizes=np.arange(50) + 100, object_mtimes=np.full(50, 10**18)),
+    )
     assert stamped.digest() == base.digest()  # not the sizes and times a store gives (a copy on disk differs)
     changed = [
         _rows(paths, (np.arange(50) + 1) % 3),  # labels
@@ -57,8 +61,9 @@ def test_no_process_group_or_one_rank_is_no_check():
 def _rank_main(rank: int, port: int, digests: list[str], results) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=60))  # fmt: skip
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
+    )
     try:
         check_same_listing(digests[0], rank=rank, world_size=2)  # the same listing: passes
         try:

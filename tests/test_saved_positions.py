@@ -90,12 +90,20 @@ def rank_data(tmp_path_factory):
 
 def rank_loader(data, rank: int, world: int) -> RankLoader:
     kw, ex = RANK["rank_loader"], RANK["execution"]
-    config = PipelineConfig(batch_size=kw["batch_size"], drop_last=True, seed=kw["seed"],
-                            max_skip_ratio=kw["max_skip_ratio"])  # fmt: skip
-    pipe = Pipeline(str(data), TrainAugment(input_size=tuple(kw["input_size"])), config=config,
-                    execution=ExecutionConfig(**ex))  # fmt: skip
-    return RankLoader(pipe, training=True, rank=rank, world_size=world, yield_ids=True,
-                      device_kwargs={"device": "cpu", "re_prob": kw["re_prob"]})  # fmt: skip
+    config = PipelineConfig(
+        batch_size=kw["batch_size"], drop_last=True, seed=kw["seed"], max_skip_ratio=kw["max_skip_ratio"]
+    )
+    pipe = Pipeline(
+        str(data), TrainAugment(input_size=tuple(kw["input_size"])), config=config, execution=ExecutionConfig(**ex)
+    )
+    return RankLoader(
+        pipe,
+        training=True,
+        rank=rank,
+        world_size=world,
+        yield_ids=True,
+        device_kwargs={"device": "cpu", "re_prob": kw["re_prob"]},
+    )
 
 
 @pytest.mark.parametrize("case", RANK["cases"], ids=[c["name"] for c in RANK["cases"]])
@@ -115,10 +123,15 @@ def test_rank_loader_states_of_0_1_0_resume_with_their_exact_batches(rank_data, 
 
 def rank_pipeline(data) -> Pipeline:
     kw = RANK["rank_loader"]
-    config = PipelineConfig(batch_size=kw["batch_size"], drop_last=True, seed=kw["seed"],
-                            max_skip_ratio=kw["max_skip_ratio"])  # fmt: skip
-    return Pipeline(str(data), TrainAugment(input_size=tuple(kw["input_size"])), config=config,
-                    execution=ExecutionConfig(**RANK["execution"]))  # fmt: skip
+    config = PipelineConfig(
+        batch_size=kw["batch_size"], drop_last=True, seed=kw["seed"], max_skip_ratio=kw["max_skip_ratio"]
+    )
+    return Pipeline(
+        str(data),
+        TrainAugment(input_size=tuple(kw["input_size"])),
+        config=config,
+        execution=ExecutionConfig(**RANK["execution"]),
+    )
 
 
 def test_both_loader_stacks_save_one_value(rank_data):

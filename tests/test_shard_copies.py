@@ -131,8 +131,12 @@ def _rewrite_keeping_size_and_time(path, members, **kwargs) -> None:
 
 
 def _epoch(rows) -> list[int]:
-    pipe = Pipeline(rows, TrainAugment(input_size=(16, 16)), config=PipelineConfig(batch_size=4, max_skip_ratio=1.0),
-                    execution=ExecutionConfig(backend="local", chunk_rows=8, num_tasks=1))  # fmt: skip
+    pipe = Pipeline(
+        rows,
+        TrainAugment(input_size=(16, 16)),
+        config=PipelineConfig(batch_size=4, max_skip_ratio=1.0),
+        execution=ExecutionConfig(backend="local", chunk_rows=8, num_tasks=1),
+    )
     source = EpochSource(pipe, end_epoch=1)
     try:
         return [i for batch in source for i in batch["sample_id"].tolist()]
@@ -182,8 +186,9 @@ def test_convert_into_a_store_leaves_an_index_the_next_listing_uses(ray_local, s
     (buckets / "data").mkdir(parents=True)
     with S3Server(buckets, latency_ms=2) as server:
         fs = server.filesystem()
-        report = convert(str(sample_dir), "s3://data/direct", format="webdataset", samples_per_shard=16,
-                         dst_filesystem=fs)  # fmt: skip
+        report = convert(
+            str(sample_dir), "s3://data/direct", format="webdataset", samples_per_shard=16, dst_filesystem=fs
+        )
         assert (buckets / "data" / "direct" / INDEX_NAME).is_file()
         convert(str(sample_dir), str(tmp_path / "local"), format="webdataset", samples_per_shard=16)
         _upload(tmp_path / "local", buckets / "data" / "uploaded")

@@ -156,7 +156,7 @@ def _dali_index(shard, version="v1.2"):
                 continue
             base = m.name.rpartition("/")[2]
             dot = m.name.find(".", m.name.rfind("/") + 1)
-            key, ext = m.name[:dot], m.name[dot + 1:]
+            key, ext = m.name[:dot], m.name[dot + 1 :]
             if not base or base.startswith("."):
                 continue
             member = (ext, m.offset_data, m.size) + ((m.name,) if version == "v1.2" else ())
@@ -173,8 +173,10 @@ def _dali_index(shard, version="v1.2"):
 def test_dali_index_files_give_the_same_listing(tmp_path, monkeypatch):
     d = tmp_path / "wds"
     for s in range(2):  # names without spaces: DALI's format separates fields by spaces
-        write_shard(d / f"shard-{s}.tar", [m for i in range(5) for m in sample(f"s{s}/k{i}", None if i == 1 else i)]
-                    + [("__meta__.json", b"{}")])  # fmt: skip
+        write_shard(
+            d / f"shard-{s}.tar",
+            [m for i in range(5) for m in sample(f"s{s}/k{i}", None if i == 1 else i)] + [("__meta__.json", b"{}")],
+        )
     scanned = open_source(str(d))
     for s in range(2):
         _dali_index(d / f"shard-{s}.tar", "v1.2")
@@ -185,8 +187,9 @@ def test_dali_index_files_give_the_same_listing(tmp_path, monkeypatch):
         _dali_index(d / f"shard-{s}.tar", "v1.1")  # no member names: the same samples, ids and labels
     v11 = open_source(str(d), index="dali")
     assert v11.digest() == scanned.digest()  # ids, labels, shards (the reasons name no key: none is known)
-    assert [e and e.split(":")[0] for e in v11.table.column("error").to_pylist()] == \
-        [e and e.split(":")[0] for e in scanned.table.column("error").to_pylist()]  # fmt: skip
+    assert [e and e.split(":")[0] for e in v11.table.column("error").to_pylist()] == [
+        e and e.split(":")[0] for e in scanned.table.column("error").to_pylist()
+    ]
     (d / "shard-0.idx").write_text("v1.2 3\njpg 512 10 a.jpg\n")
     with pytest.raises(ValueError, match="says 3 samples"):
         open_source(str(d), index="dali")
@@ -207,9 +210,12 @@ def test_a_shard_newer_than_its_dali_index_is_listed_from_its_headers(tmp_path, 
 def test_a_wids_shard_list_names_the_shards(tmp_path, caplog):
     d = _shards(tmp_path / "wds", n=3)
     shards = sorted(p.name for p in d.glob("*.tar"))
-    desc = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "test",
-            "shardlist": [{"url": n, "nsamples": 8, "filesize": os.path.getsize(d / n), "md5sum": "x"}
-                          for n in shards[:2]]}  # fmt: skip
+    desc = {
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "name": "test",
+        "shardlist": [{"url": n, "nsamples": 8, "filesize": os.path.getsize(d / n), "md5sum": "x"} for n in shards[:2]],
+    }
     (d / "train.json").write_text(json.dumps(desc))
     rows = open_source(str(d / "train.json"))
     assert rows.kind == "webdataset" and rows.digest() == _scan_only(str(d / "shard-{0000..0001}.tar")).digest()

@@ -37,11 +37,16 @@ def indexed(tmp_path):
 
 
 def batches(rows, rank, world):
-    pipe = Pipeline(rows, AUG, config=PipelineConfig(batch_size=4, max_skip_ratio=0.5, shuffle_window=16),
-                    execution=ExecutionConfig(backend="local", chunk_rows=8, num_tasks=1))  # fmt: skip
+    pipe = Pipeline(
+        rows,
+        AUG,
+        config=PipelineConfig(batch_size=4, max_skip_ratio=0.5, shuffle_window=16),
+        execution=ExecutionConfig(backend="local", chunk_rows=8, num_tasks=1),
+    )
     source = EpochSource(pipe, rank=rank, world_size=world, end_epoch=2)
-    out = [[(b["sample_id"].tolist(), hashlib.sha256(b["image"].tobytes()).hexdigest()) for b in source]
-           for _ in range(2)]  # fmt: skip
+    out = [
+        [(b["sample_id"].tolist(), hashlib.sha256(b["image"].tobytes()).hexdigest()) for b in source] for _ in range(2)
+    ]
     source.close()
     return out, source.reports
 
@@ -120,8 +125,14 @@ def test_the_timm_drop_in_takes_a_listing_by_shard(tmp_path):
         write_shard(d / f"shard-{s:04d}.tar", members)
     index_shards(str(d), use_ray=False)
     rows = open_source(str(d), by_shard=True)
-    loader = create_loader(rows, input_size=(3, 16, 16), batch_size=4, is_training=True, device=torch.device("cpu"),
-                           execution=ExecutionConfig(backend="local", num_tasks=1))  # fmt: skip
+    loader = create_loader(
+        rows,
+        input_size=(3, 16, 16),
+        batch_size=4,
+        is_training=True,
+        device=torch.device("cpu"),
+        execution=ExecutionConfig(backend="local", num_tasks=1),
+    )
     loader.yield_ids = True
     try:
         ids = sorted(i for _, _, batch_ids in loader for i in batch_ids.tolist())

@@ -87,16 +87,28 @@ def test_a_missing_object_is_still_a_missing_skip(served):
 
 
 def test_what_the_store_is_built_from(monkeypatch, tmp_path):
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
-                "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):  # fmt: skip
+    for var in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    keyed = pafs.S3FileSystem(access_key="AK", secret_key="SK", session_token="T", region="eu-west-1",
-                              connect_timeout=5, request_timeout=30)  # fmt: skip
+    keyed = pafs.S3FileSystem(
+        access_key="AK", secret_key="SK", session_token="T", region="eu-west-1", connect_timeout=5, request_timeout=30
+    )
     config = single_get_for(keyed)._options
-    assert config["config"] == {"region": "eu-west-1", "access_key_id": "AK", "secret_access_key": "SK",
-                                "session_token": "T"}  # fmt: skip
+    assert config["config"] == {
+        "region": "eu-west-1",
+        "access_key_id": "AK",
+        "secret_access_key": "SK",
+        "session_token": "T",
+    }
     assert config["client_options"] == {"connect_timeout": "5s", "timeout": "30s"}
     assert config["retry_config"] == {"max_retries": 0}  # a failure goes to pyarrow, with raypipe's retries
     # credentials from the environment or the instance: obstore's chain finds them too

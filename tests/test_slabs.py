@@ -160,8 +160,11 @@ def test_local_chunks_in_flight_fit_the_room_for_their_slabs(sample_dir, monkeyp
     from raypipe.config import ExecutionConfig, TrainAugment
     from raypipe.pipeline import Pipeline
 
-    pipe = Pipeline(str(sample_dir), TrainAugment(input_size=(32, 32)),
-                    execution=ExecutionConfig(backend="local", chunk_rows=16, num_tasks=4))  # fmt: skip
+    pipe = Pipeline(
+        str(sample_dir),
+        TrainAugment(input_size=(32, 32)),
+        execution=ExecutionConfig(backend="local", chunk_rows=16, num_tasks=4),
+    )
     assert pipe.local_budget()[0].in_flight > 2
     chunk = 16 * 32 * 32 * 3
     monkeypatch.setattr(pipeline_module, "slab_room", lambda free: 4 * chunk)  # half of it: 2 chunks

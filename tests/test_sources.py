@@ -22,8 +22,10 @@ def test_folder_listing_matches_torchvision_imagefolder(sample_dir, tmp_path):
     rows = open_source(str(sample_dir), class_order="sorted")  # torchvision's plain sort
     tv = ImageFolder(str(sample_dir))
     assert list(rows.classes) == tv.classes
-    ours = [(os.path.join(str(sample_dir), p), lbl) for p, lbl in zip(
-        rows.table.column("path").to_pylist(), rows.table.column("label").to_pylist(), strict=True)]
+    ours = [
+        (os.path.join(str(sample_dir), p), lbl)
+        for p, lbl in zip(rows.table.column("path").to_pylist(), rows.table.column("label").to_pylist(), strict=True)
+    ]
     assert ours == [(os.path.realpath(p), lbl) for p, lbl in tv.samples]
     assert rows.table.column("sample_id").to_pylist() == list(range(len(tv.samples)))
 
@@ -106,13 +108,24 @@ def test_local_reads_stay_inside_the_root_on_both_read_paths(tmp_path, monkeypat
         assert root.read_bytes("dlink/target.jpg") == b"target"
         assert root.read_bytes(str(root_dir / "c" / "ok.jpg")) == b"ok"
         assert root.read_bytes("c/sub/../ok.jpg") == b"ok"
-        for bad in ["c/out.jpg", "c/dirlink/secret.jpg", "../outside/secret.jpg", "c/../../outside/secret.jpg",
-                    str(outside / "secret.jpg"), "..", "c/../.."]:  # fmt: skip
+        for bad in [
+            "c/out.jpg",
+            "c/dirlink/secret.jpg",
+            "../outside/secret.jpg",
+            "c/../../outside/secret.jpg",
+            str(outside / "secret.jpg"),
+            "..",
+            "c/../..",
+        ]:
             with pytest.raises(SkipImage) as e:
                 root.read_bytes(bad)
             assert e.value.reason == OUTSIDE_ROOT, bad
-        for name, reason in [("c/missing.jpg", "missing"), ("nodir/x.jpg", "missing"), ("c/sub", "unreadable"),
-                             ("c/..", "unreadable")]:  # fmt: skip
+        for name, reason in [
+            ("c/missing.jpg", "missing"),
+            ("nodir/x.jpg", "missing"),
+            ("c/sub", "unreadable"),
+            ("c/..", "unreadable"),
+        ]:
             with pytest.raises(SkipImage) as e:
                 root.read_bytes(name)
             assert e.value.reason == reason, name
@@ -349,8 +362,12 @@ def test_table_columns_equal_pyarrows_own_conversion():
     ``to_numpy(zero_copy_only=False)`` gives, for sliced and multi-chunk columns and nulls too."""
     from raypipe.sources.table import column_array, int64_array, make_rows, table_columns
 
-    table = make_rows([f"c{i % 3}/é{i}.jpg" for i in range(10)], [i % 3 for i in range(10)],
-                      errors=[None, "bad"] * 5, members=[f"m{i}" for i in range(10)])  # fmt: skip
+    table = make_rows(
+        [f"c{i % 3}/é{i}.jpg" for i in range(10)],
+        [i % 3 for i in range(10)],
+        errors=[None, "bad"] * 5,
+        members=[f"m{i}" for i in range(10)],
+    )
     two_chunks = pa.concat_tables([table.slice(0, 4), table.slice(4)])
     for t in (table, table.slice(3, 5), two_chunks, table.slice(0, 0)):
         got = table_columns(t)
@@ -372,9 +389,13 @@ def test_a_chunks_rows_from_table_columns_equal_a_take_of_the_numpy_columns():
     from raypipe.sources.table import TableColumns, make_file_rows, make_rows, string_array, table_columns
 
     n = 50
-    table = make_rows([f"c{i % 3}/é{i}.jpg" for i in range(n)], [i % 3 for i in range(n)],
-                      errors=[None, "bad"] * (n // 2), members=[f"m{i}" if i % 4 else None for i in range(n)],
-                      shards=np.arange(n) // 7)  # fmt: skip
+    table = make_rows(
+        [f"c{i % 3}/é{i}.jpg" for i in range(n)],
+        [i % 3 for i in range(n)],
+        errors=[None, "bad"] * (n // 2),
+        members=[f"m{i}" if i % 4 else None for i in range(n)],
+        shards=np.arange(n) // 7,
+    )
     many = pa.concat_tables([table.slice(a, 9) for a in range(0, n, 9)])
     manifest = make_file_rows(pa.chunked_array([string_array(["a.jpg", "b.jpg"]), string_array(["c.jpg"])]), [0, 1, 2])
     rng = np.random.default_rng(0)

@@ -30,8 +30,12 @@ def test_epochs_come_from_one_stream_that_runs_ahead_across_the_boundary(ray_loc
         submitted.extend(e for e, *_ in list(self._pending)[before:])
 
     monkeypatch.setattr(ChunkStream, "_submit", recording_submit)
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8),
-                    execution=ExecutionConfig(chunk_rows=8, num_tasks=2, prefetch_chunks=2))  # fmt: skip
+    pipe = Pipeline(
+        str(sample_dir),
+        AUG,
+        config=PipelineConfig(batch_size=8),
+        execution=ExecutionConfig(chunk_rows=8, num_tasks=2, prefetch_chunks=2),
+    )
     source = EpochSource(pipe, end_epoch=3)
     per_epoch = []
     for _ in range(3):
@@ -52,8 +56,12 @@ def test_epochs_come_from_one_stream_that_runs_ahead_across_the_boundary(ray_loc
 
 def test_same_seed_same_batches_in_the_same_order(ray_local, sample_dir):
     def batches(seed):
-        pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5, seed=seed),
-                        execution=ExecutionConfig(chunk_rows=7, num_tasks=3))  # fmt: skip
+        pipe = Pipeline(
+            str(sample_dir),
+            AUG,
+            config=PipelineConfig(batch_size=5, seed=seed),
+            execution=ExecutionConfig(chunk_rows=7, num_tasks=3),
+        )
         source = EpochSource(pipe, end_epoch=2)
         out = [[(b["sample_id"].tolist(), b["image"].tobytes()) for b in source] for _ in range(2)]
         source.close()
@@ -73,8 +81,12 @@ def test_chunks_in_flight_never_exceed_the_window(ray_local, sample_dir, monkeyp
         peak.append(len(self._pending))
 
     monkeypatch.setattr(ChunkStream, "_submit", recording_submit)
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4),
-                    execution=ExecutionConfig(chunk_rows=4, num_tasks=2, prefetch_chunks=1))  # fmt: skip
+    pipe = Pipeline(
+        str(sample_dir),
+        AUG,
+        config=PipelineConfig(batch_size=4),
+        execution=ExecutionConfig(chunk_rows=4, num_tasks=2, prefetch_chunks=1),
+    )
     source = EpochSource(pipe)  # open-ended: the window alone bounds the run-ahead
     for _ in source:
         time.sleep(0.01)  # a slow consumer
@@ -83,8 +95,9 @@ def test_chunks_in_flight_never_exceed_the_window(ray_local, sample_dir, monkeyp
 
 
 def test_stopping_mid_epoch_returns_at_once_and_the_next_epoch_is_whole(ray_local, sample_dir):
-    pipe = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=4),
-                    execution=ExecutionConfig(chunk_rows=4, num_tasks=2))  # fmt: skip
+    pipe = Pipeline(
+        str(sample_dir), AUG, config=PipelineConfig(batch_size=4), execution=ExecutionConfig(chunk_rows=4, num_tasks=2)
+    )
     source = EpochSource(pipe, end_epoch=5)
     it = iter(source)
     next(it)
@@ -111,7 +124,7 @@ def test_remote_shards_are_fetched_in_few_requests(ray_local, sample_dir, tmp_pa
     folder.mkdir(parents=True)
     for s in range(4):
         with tarfile.open(folder / f"shard-{s}.tar", "w") as tar:
-            for i, path in enumerate(files[s * 12:(s + 1) * 12]):
+            for i, path in enumerate(files[s * 12 : (s + 1) * 12]):
                 tar.add(path, arcname=f"s{s}k{i:02d}.jpg")
                 info = tarfile.TarInfo(f"s{s}k{i:02d}.cls")
                 label = f"{i % 4}".encode()
@@ -119,8 +132,12 @@ def test_remote_shards_are_fetched_in_few_requests(ray_local, sample_dir, tmp_pa
                 tar.addfile(info, io.BytesIO(label))
     with S3Server(tmp_path / "buckets") as server:
         rows = open_source("s3://bkt/wds", filesystem=server.filesystem())
-        pipe = Pipeline(rows, AUG, config=PipelineConfig(batch_size=4, shuffle_window=24),
-                        execution=ExecutionConfig(chunk_rows=4, num_tasks=2))  # fmt: skip
+        pipe = Pipeline(
+            rows,
+            AUG,
+            config=PipelineConfig(batch_size=4, shuffle_window=24),
+            execution=ExecutionConfig(chunk_rows=4, num_tasks=2),
+        )
         assert pipe.rows.kind == "webdataset" and len(pipe) == 48
         source = EpochSource(pipe, end_epoch=2)
         server.reset_counts()
@@ -218,8 +235,12 @@ def test_trainers_cpus_are_not_taken_from_cpu_nodes_they_do_not_run_on(sample_di
         ray.init(address=cluster.address, logging_level="WARNING")
         cluster.add_node(num_cpus=2, resources={"preprocess": 2}, object_store_memory=150 * 2**20)
         cluster.wait_for_nodes()
-        steered = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8),
-                           execution=ExecutionConfig(resources={"preprocess": 0.001}))  # fmt: skip
+        steered = Pipeline(
+            str(sample_dir),
+            AUG,
+            config=PipelineConfig(batch_size=8),
+            execution=ExecutionConfig(resources={"preprocess": 0.001}),
+        )
         b = steered.budget(world_size=1, reserved_cpus=1.25)
         assert (b.workers, b.task_cpus, b.cpus) == (2, 1.0, 2.0)
         anywhere = Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=8))
@@ -233,9 +254,14 @@ def test_trainers_cpus_are_not_taken_from_cpu_nodes_they_do_not_run_on(sample_di
 def test_chunks_made_here_while_the_cluster_starts_are_the_tasks_chunks(ray_local, sample_dir, monkeypatch):
     """While the cluster starts, then until the workers' set-up tasks are done, the consumer makes the
     chunks itself: the same batches as Ray's tasks make."""
+
     def pipe() -> Pipeline:
-        return Pipeline(str(sample_dir), AUG, config=PipelineConfig(batch_size=5, seed=3),
-                        execution=ExecutionConfig(chunk_rows=7, num_tasks=2))  # fmt: skip
+        return Pipeline(
+            str(sample_dir),
+            AUG,
+            config=PipelineConfig(batch_size=5, seed=3),
+            execution=ExecutionConfig(chunk_rows=7, num_tasks=2),
+        )
 
     reference, from_tasks = _two_epochs_started_late(monkeypatch, pipe, 0, 0)
     started_late, here = _two_epochs_started_late(monkeypatch, pipe, 3, 2)
@@ -247,8 +273,9 @@ def test_chunks_made_here_while_the_cluster_starts_are_the_tasks_chunks(ray_loca
     assert all(sorted(i for ids, _ in epoch for i in ids) == list(range(48)) for epoch in started_late)
 
 
-def test_a_piece_longer_than_a_chunk_leaves_the_next_chunks_to_the_workers(ray_local, sample_dir, tmp_path,
-                                                                          monkeypatch):  # fmt: skip
+def test_a_piece_longer_than_a_chunk_leaves_the_next_chunks_to_the_workers(
+    ray_local, sample_dir, tmp_path, monkeypatch
+):
     """A whole-window source's first pieces double from ``chunk_rows``: once the workers can take
     chunks (here: the cluster up, its set-up tasks not done), the consumer sends the chunks after a long
     piece to them before it makes that piece itself, instead of making the next ones too while the
@@ -259,13 +286,21 @@ def test_a_piece_longer_than_a_chunk_leaves_the_next_chunks_to_the_workers(ray_l
     from raypipe.sources import open_source
 
     files = sorted(sample_dir.rglob("*.jpg"))
-    table = pa.table({"image": pa.array([f.read_bytes() for f in files], pa.binary()),
-                      "label": pa.array([i % 3 for i in range(len(files))], pa.int64())})  # fmt: skip
+    table = pa.table(
+        {
+            "image": pa.array([f.read_bytes() for f in files], pa.binary()),
+            "label": pa.array([i % 3 for i in range(len(files))], pa.int64()),
+        }
+    )
     pq.write_table(table, tmp_path / "part-0.parquet", row_group_size=4)
 
     def pipe() -> Pipeline:
-        return Pipeline(open_source(str(tmp_path)), AUG, config=PipelineConfig(batch_size=5, seed=3, shuffle_window=48),
-                        execution=ExecutionConfig(chunk_rows=3, num_tasks=2))  # fmt: skip
+        return Pipeline(
+            open_source(str(tmp_path)),
+            AUG,
+            config=PipelineConfig(batch_size=5, seed=3, shuffle_window=48),
+            execution=ExecutionConfig(chunk_rows=3, num_tasks=2),
+        )
 
     # one 48-row window (12 row groups) an epoch, cut in the first epoch into 3, 6, 12, 24, 3 rows
     assert [len(c) for c in pipe().plan(0, 1).chunks(0, ramp=True)] == [3, 6, 12, 24, 3]

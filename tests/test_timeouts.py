@@ -27,8 +27,9 @@ RUN = "from raypipe.cli.main import console_main; console_main()"
 
 def _raypipe_run(*args: str, **env: str) -> subprocess.CompletedProcess:
     environ = dict(os.environ, PYTHONPATH=str(REPO), RAYPIPE_NO_PROGRESS="1", **env)
-    return subprocess.run([sys.executable, "-c", RUN, "run", *args], capture_output=True, text=True,
-                          timeout=60, env=environ, cwd=REPO)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", RUN, "run", *args], capture_output=True, text=True, timeout=60, env=environ, cwd=REPO
+    )
 
 
 def _one_line_error(proc: subprocess.CompletedProcess) -> str:
@@ -114,8 +115,12 @@ def test_gcs_without_credentials_fails_fast_and_clearly():
 
 
 def test_s3_endpoint_that_never_answers_fails_fast_and_clearly(silent_endpoint):
-    env = dict(AWS_ENDPOINT_URL=silent_endpoint, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y",
-               AWS_EC2_METADATA_DISABLED="true")  # fmt: skip
+    env = dict(
+        AWS_ENDPOINT_URL=silent_endpoint,
+        AWS_ACCESS_KEY_ID="x",
+        AWS_SECRET_ACCESS_KEY="y",
+        AWS_EC2_METADATA_DISABLED="true",
+    )
     line = _one_line_error(_raypipe_run("s3://bucket/data", **env))
     assert "s3://bucket/data" in line and "AWS_ENDPOINT_URL" in line
 
@@ -141,8 +146,14 @@ def test_a_ray_address_that_answers_http_fails_fast_with_one_line(http_endpoint,
 def test_the_training_job_reports_a_ray_address_that_is_no_ray_in_one_line(garbage_endpoint, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), RAYPIPE_NO_PROGRESS="1", RAY_ADDRESS=garbage_endpoint)
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, str(REPO / "jobs" / "train.py"), "--epochs", "1"], capture_output=True,
-                          text=True, timeout=60, env=env, cwd=tmp_path)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "jobs" / "train.py"), "--epochs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
     line = _one_line_error(proc)
     assert time.monotonic() - t0 < 30  # a hang guard, as above
     assert line.startswith(f"train.py: error: RAY_ADDRESS='{garbage_endpoint}': ")
@@ -153,8 +164,11 @@ def test_the_training_job_reports_a_ray_address_that_is_no_ray_in_one_line(garba
 @pytest.mark.parametrize("scheme", ["", "ray://"])
 def test_what_accepts_but_is_not_a_grpc_server_is_named(scheme, http_endpoint, garbage_endpoint, silent_endpoint):
     silent = silent_endpoint.removeprefix("http://")
-    for endpoint, why in ((http_endpoint, "answers HTTP"), (garbage_endpoint, "something other than gRPC"),
-                          (silent, "sent nothing in 0.5 s")):  # fmt: skip
+    for endpoint, why in (
+        (http_endpoint, "answers HTTP"),
+        (garbage_endpoint, "something other than gRPC"),
+        (silent, "sent nothing in 0.5 s"),
+    ):
         with pytest.raises(ConnectionError, match=why):
             check_ray_address(scheme + endpoint, timeout_s=0.5)
 
@@ -218,8 +232,13 @@ while timeouts.threads_left_behind() and time.monotonic() < deadline:
 assert not timeouts.threads_left_behind()
 print("ok")
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)))  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
@@ -228,13 +247,26 @@ def test_the_training_job_ends_at_once_after_a_listing_that_timed_out(silent_end
     that never answers (here one the client would wait 300 s for): the job prints its one-line error
     and ends then, its Ray shut down, rather than in an interpreter shutdown that waits for that request
     (or crashes under it, as a GCS client's did)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), RAYPIPE_NO_PROGRESS="1", AWS_ENDPOINT_URL=silent_endpoint,
-               AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y", AWS_EC2_METADATA_DISABLED="true",
-               RAYPIPE_FIRST_ANSWER_S="2", RAYPIPE_STORE_REQUEST_S="300")  # fmt: skip
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO),
+        RAYPIPE_NO_PROGRESS="1",
+        AWS_ENDPOINT_URL=silent_endpoint,
+        AWS_ACCESS_KEY_ID="x",
+        AWS_SECRET_ACCESS_KEY="y",
+        AWS_EC2_METADATA_DISABLED="true",
+        RAYPIPE_FIRST_ANSWER_S="2",
+        RAYPIPE_STORE_REQUEST_S="300",
+    )
     with open(tmp_path / "out.txt", "w") as out:
-        proc = subprocess.Popen([sys.executable, str(REPO / "jobs" / "train.py"), "--data", "s3://bucket/data",
-                                 "--epochs", "1"], stdout=out, stderr=subprocess.PIPE, text=True, env=env,
-                                cwd=tmp_path)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "jobs" / "train.py"), "--data", "s3://bucket/data", "--epochs", "1"],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
         try:
             errors = []
             for line in proc.stderr:  # up to its error line

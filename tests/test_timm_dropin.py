@@ -70,10 +70,14 @@ def test_refuses_what_it_cannot_honour(folder33, kwargs, name):
 
 @pytest.mark.parametrize(
     "given, device, sched_idle",
-    [(None, "cuda", True), (None, torch.device("cuda:0"), True), (None, "cpu", False),
-     (ExecutionConfig(worker_sched_idle=False, worker_nice=3), "cuda", False),
-     (ExecutionConfig(worker_sched_idle=True), "cpu", True)],
-)  # fmt: skip
+    [
+        (None, "cuda", True),
+        (None, torch.device("cuda:0"), True),
+        (None, "cpu", False),
+        (ExecutionConfig(worker_sched_idle=False, worker_nice=3), "cuda", False),
+        (ExecutionConfig(worker_sched_idle=True), "cpu", True),
+    ],
+)
 def test_workers_idle_policy_follows_the_device_unless_given(given, device, sched_idle):
     # as the training job decides it: SCHED_IDLE augmentation beside a CUDA trainer, never beside a CPU one
     resolved = execution_for(given, device)
@@ -82,8 +86,14 @@ def test_workers_idle_policy_follows_the_device_unless_given(given, device, sche
 
 
 def test_cpu_loader_runs_its_workers_at_normal_policy(folder33):
-    loader = create_loader(str(folder33), input_size=32, batch_size=4, is_training=True, device=torch.device("cpu"),
-                           execution=ExecutionConfig(backend="local"))  # fmt: skip
+    loader = create_loader(
+        str(folder33),
+        input_size=32,
+        batch_size=4,
+        is_training=True,
+        device=torch.device("cpu"),
+        execution=ExecutionConfig(backend="local"),
+    )
     try:
         assert loader.pipeline.execution.worker_sched_idle is False
     finally:
@@ -92,8 +102,14 @@ def test_cpu_loader_runs_its_workers_at_normal_policy(folder33):
 
 @pytest.mark.needs_cuda
 def test_cuda_loader_runs_its_workers_idle_policy(folder33):
-    loader = create_loader(str(folder33), input_size=32, batch_size=4, is_training=True, device=torch.device("cuda"),
-                           execution=ExecutionConfig(backend="local"))  # fmt: skip
+    loader = create_loader(
+        str(folder33),
+        input_size=32,
+        batch_size=4,
+        is_training=True,
+        device=torch.device("cuda"),
+        execution=ExecutionConfig(backend="local"),
+    )
     try:
         assert loader.pipeline.execution.worker_sched_idle is True
         x, y = next(iter(loader))
@@ -162,18 +178,56 @@ def test_timm_train_loop_runs_an_epoch(ray_local, folder33):
     ds_train = create_dataset("", root=str(folder33), is_training=True)
     ds_eval = create_dataset("", root=str(folder33))
     mixup = FastCollateMixup(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=3)
-    common = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), pin_memory=False, img_dtype=torch.float32,
-                  device=torch.device("cpu"), distributed=False, use_prefetcher=True)  # fmt: skip
+    common = dict(
+        mean=(0.485, 0.456, 0.406),
+        std=(0.229, 0.224, 0.225),
+        pin_memory=False,
+        img_dtype=torch.float32,
+        device=torch.device("cpu"),
+        distributed=False,
+        use_prefetcher=True,
+    )
     train = create_loader(
-        ds_train, input_size=(3, 32, 32), batch_size=8, is_training=True, re_prob=0.25, re_mode="pixel",
-        re_count=1, re_split=False, scale=None, ratio=None, hflip=0.5, vflip=0.0, color_jitter=0.4,
-        color_jitter_prob=None, grayscale_prob=None, gaussian_blur_prob=None, auto_augment="rand-m9-mstd0.5-inc1",
-        num_aug_repeats=0, num_aug_splits=0, interpolation="random", num_workers=4, worker_seeding="all",
-        collate_fn=mixup, use_multi_epochs_loader=False, input_size_choices=None, batch_size_choices=None,
-        batch_choice_seed=42, num_batches=None, **common,
-    )  # fmt: skip
-    evaluate = create_loader(ds_eval, input_size=(3, 32, 32), batch_size=16, is_training=False,
-                             interpolation="bicubic", num_workers=4, crop_pct=0.9, **common)  # fmt: skip
+        ds_train,
+        input_size=(3, 32, 32),
+        batch_size=8,
+        is_training=True,
+        re_prob=0.25,
+        re_mode="pixel",
+        re_count=1,
+        re_split=False,
+        scale=None,
+        ratio=None,
+        hflip=0.5,
+        vflip=0.0,
+        color_jitter=0.4,
+        color_jitter_prob=None,
+        grayscale_prob=None,
+        gaussian_blur_prob=None,
+        auto_augment="rand-m9-mstd0.5-inc1",
+        num_aug_repeats=0,
+        num_aug_splits=0,
+        interpolation="random",
+        num_workers=4,
+        worker_seeding="all",
+        collate_fn=mixup,
+        use_multi_epochs_loader=False,
+        input_size_choices=None,
+        batch_size_choices=None,
+        batch_choice_seed=42,
+        num_batches=None,
+        **common,
+    )
+    evaluate = create_loader(
+        ds_eval,
+        input_size=(3, 32, 32),
+        batch_size=16,
+        is_training=False,
+        interpolation="bicubic",
+        num_workers=4,
+        crop_pct=0.9,
+        **common,
+    )
     try:
         assert len(train) == 33 // 8 and len(evaluate) == math.ceil(33 / 16)
         assert train.mixup_enabled and train.dataset is ds_train and train.batch_sampler is None
@@ -201,8 +255,15 @@ def test_eval_batches_equal_timms_loader(ray_local, folder33):
     import timm.data
 
     ds = create_dataset("", root=str(folder33))
-    kwargs = dict(input_size=(3, 40, 40), batch_size=16, is_training=False, interpolation="bicubic", crop_pct=0.9,
-                  device=torch.device("cpu"), num_workers=0)  # fmt: skip
+    kwargs = dict(
+        input_size=(3, 40, 40),
+        batch_size=16,
+        is_training=False,
+        interpolation="bicubic",
+        crop_pct=0.9,
+        device=torch.device("cpu"),
+        num_workers=0,
+    )
     ours = create_loader(ds, yield_ids=True, **kwargs)
     try:
         got = {}
@@ -230,8 +291,9 @@ def test_eval_batches_equal_timms_loader(ray_local, folder33):
 
 @pytest.mark.timeout(600)
 def test_eval_across_two_ranks_every_image_once(ray_local, folder33):
-    loaders = [create_loader(str(folder33), (3, 32, 32), 8, device="cpu", rank=r, world_size=2, yield_ids=True)
-               for r in (0, 1)]  # fmt: skip
+    loaders = [
+        create_loader(str(folder33), (3, 32, 32), 8, device="cpu", rank=r, world_size=2, yield_ids=True) for r in (0, 1)
+    ]
     try:
         seen, counts = [], []
         for ld in loaders:

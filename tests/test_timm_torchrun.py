@@ -37,13 +37,23 @@ def test_torchrun_two_ranks_train_and_eval_exactly_once(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     env.pop("RAY_ADDRESS", None)  # the ranks must start their node's Ray themselves
     env["RAY_AUTH_MODE"] = "token"  # as docs/timm.md says to launch: Ray reads it when imported
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--nnodes=1",
-           "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(REPO / "tests" / "torchrun_timm.py"),
-           str(data), str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--nnodes=1",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+        str(REPO / "tests" / "torchrun_timm.py"),
+        str(data),
+        str(out),
+    ]
     # Its own session: on a timeout the whole tree we started (torchrun, the ranks, the Ray they
     # started) is ended by that group's id, and nothing else.
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         log, _ = proc.communicate(timeout=540)
     except subprocess.TimeoutExpired:

@@ -25,8 +25,11 @@ def test_defaults_are_the_embedded_job():
 
 
 def test_flags_override_yaml_override_defaults(tmp_path):
-    cfg = _yaml(tmp_path, "train: {model: resnet18, epochs: 7, lr: 0.5}\npipeline: {batch_size: 48}\n"
-                          "augment: {input_size: 96, scale: [0.5, 1.0]}\n")  # fmt: skip
+    cfg = _yaml(
+        tmp_path,
+        "train: {model: resnet18, epochs: 7, lr: 0.5}\npipeline: {batch_size: 48}\n"
+        "augment: {input_size: 96, scale: [0.5, 1.0]}\n",
+    )
     job = parse_job(["-c", cfg, "--epochs", "3", "-b", "8", "--amp", "--preprocess-resource", "preprocess"])
     assert job.model == "resnet18"  # YAML over default
     assert job.lr == 0.5
@@ -48,8 +51,13 @@ def test_timm_flag_names(tmp_path):
     assert job.augment.input_size == (40, 48) and job.augment.color_jitter is None
     assert job.augment.auto_augment == "rand-m9-mstd0.5" and job.pipeline.seed == 3
     assert (job.reprob, job.remode, job.recount, job.mixup, job.cutmix, job.smoothing) == (
-        0.25, "const", 2, 0.2, 1.0, 0.1,
-    )  # fmt: skip
+        0.25,
+        "const",
+        2,
+        0.2,
+        1.0,
+        0.1,
+    )
     assert job.soft_targets and job.use_gpu and job.num_workers == 2 and job.cpus_per_worker == 0.25
     assert (job.storage_path, job.name, job.max_failures, job.opt, job.sched) == ("/s", "r", 2, "sgd", "step")
 
@@ -151,8 +159,10 @@ def test_what_the_trainers_and_feeders_leave_to_augmentation():
     assert augmentation_cpus(two, 2.0) == 2.0 - 2 * (0.5 + 2 * 0.25) == 0
     one = parse_job(["--num-workers", "1", "--cpus-per-worker", "0.5"])
     assert augmentation_cpus(one, 2.0) == 1.0
-    assert augmentation_cpus(parse_job(["--num-workers", "2", "--cpus-per-worker", "0.5", "--feeder", "thread"]),
-                             2.0) == 1.0  # fmt: skip
+    assert (
+        augmentation_cpus(parse_job(["--num-workers", "2", "--cpus-per-worker", "0.5", "--feeder", "thread"]), 2.0)
+        == 1.0
+    )
     assert augmentation_cpus(parse_job(["--num-workers", "2", "--cpus-per-worker", "1"]), 2.0) < 0  # none left
 
 
@@ -287,19 +297,25 @@ def test_ray_worker_lines_are_hidden_through_rays_setting_read_at_import():
 @pytest.mark.parametrize(
     ("line", "hidden"),
     [
-        ("Reporting training result 2: TrainingReport(checkpoint=Checkpoint(filesystem=local, path=/r/c), "
-         "metrics={'epoch': 1}, validation=False) from rank 0", True),
+        (
+            "Reporting training result 2: TrainingReport(checkpoint=Checkpoint(filesystem=local, path=/r/c), "
+            "metrics={'epoch': 1}, validation=False) from rank 0",
+            True,
+        ),
         ("Checkpoint successfully created at: Checkpoint(filesystem=local, path=/r/checkpoint_1)", True),
         ("Requesting resources: {'CPU': 0.5} * 1", True),
         ("- (ip=10.0.0.2, pid=8482) world_rank=0, local_rank=0, node_rank=0", True),
-        ("[2026-12-05 03:19:51,805 E 8108 8143] core_worker.cc:2465: Actor with class name: 'PreemptionWatcher' "
-         "and ID: 'bb19ab3c' has constructor arguments in the object store and max_restarts > 0.", True),
+        (
+            "[2026-12-05 03:19:51,805 E 8108 8143] core_worker.cc:2465: Actor with class name: 'PreemptionWatcher' "
+            "and ID: 'bb19ab3c' has constructor arguments in the object store and max_restarts > 0.",
+            True,
+        ),
         # other errors from the same C++ file, and the job's own lines, still show
         ("[2026-12-05 03:19:51,805 E 8108 8143] core_worker.cc:812: Failed to register worker to Raylet", False),
         ("epoch 1/2  loss 1.7864  top1 40.00  top5 100.00  emitted 19/20 skipped 1", False),
         ("Traceback (most recent call last):", False),
     ],
-)  # fmt: skip
+)
 def test_only_rays_own_lines_match(line, hidden):
     import re
 

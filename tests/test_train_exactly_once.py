@@ -35,8 +35,20 @@ def two_nodes():
 def test_every_sample_trained_once_per_epoch_across_ranks(tmp_path, monkeypatch, backend):
     data = tiny_dataset(tmp_path / "data", corrupt=3)
     # --val-split 0.15 leaves 37 training rows, whose shards give uneven step counts in both epochs
-    job = tiny_job(data, tmp_path / "runs", "once", "--num-workers", "2", "--epochs", "2", "--record-ids",
-                   "--val-split", "0.15", "--backend", backend)  # fmt: skip
+    job = tiny_job(
+        data,
+        tmp_path / "runs",
+        "once",
+        "--num-workers",
+        "2",
+        "--epochs",
+        "2",
+        "--record-ids",
+        "--val-split",
+        "0.15",
+        "--backend",
+        backend,
+    )
     # backend="nodes": each rank's feeder starts local workers and a launcher on the other node, whose
     # workers connect to the loopback interface (both simulated nodes are this machine)
     monkeypatch.setenv("RAYPIPE_NODE_WORKERS_HOST", "127.0.0.1")

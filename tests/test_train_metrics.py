@@ -14,9 +14,20 @@ def _refuse(token):
 
 
 def test_an_epoch_without_eval_samples(tmp_path):
-    ranks = [RankEpoch(rank=0, steps=2, samples=6, loss_sum=3.0, train_s=2.0, wait_s=0.5, emitted=6, expected=6),
-             RankEpoch(rank=1, steps=1, samples=2, loss_sum=1.0, train_s=1.0, wait_s=0.5, emitted=2, expected=3,
-                       skipped={"truncated": 1})]
+    ranks = [
+        RankEpoch(rank=0, steps=2, samples=6, loss_sum=3.0, train_s=2.0, wait_s=0.5, emitted=6, expected=6),
+        RankEpoch(
+            rank=1,
+            steps=1,
+            samples=2,
+            loss_sum=1.0,
+            train_s=1.0,
+            wait_s=0.5,
+            emitted=2,
+            expected=3,
+            skipped={"truncated": 1},
+        ),
+    ]
     m = combine(0, ranks, lr=0.1, resumed_from_epoch=None)
     assert m["train_loss"] == 0.5 and m["train_samples"] == 8 and m["eval_samples"] == 0
     assert math.isnan(m["eval_top1"])

@@ -63,8 +63,13 @@ def test_allowed_skips_are_what_the_epoch_ledger_lets_pass():
 
     def fails(rows: int, skips: int, ratio: float) -> bool:
         ledger = EpochLedger(epoch=0, expected=rows, max_skip_ratio=ratio)
-        block = {"ok": np.zeros(skips, bool), "sample_id": np.arange(skips), "path": np.array(["p"] * skips),
-                 "reason": np.array(["r"] * skips), "detail": np.array(["d"] * skips)}  # fmt: skip
+        block = {
+            "ok": np.zeros(skips, bool),
+            "sample_id": np.arange(skips),
+            "path": np.array(["p"] * skips),
+            "reason": np.array(["r"] * skips),
+            "detail": np.array(["d"] * skips),
+        }
         try:
             ledger.record_block(block)
         except SkipLimitError:
@@ -88,8 +93,11 @@ def test_where_an_attempt_resumes_and_what_it_repeats():
     assert (mid.epoch, mid.step, mid.mid_epoch, mid.loaders, mid.ids) == (2, 5, True, loaders, [[1, 2], [3]])
     # a dead attempt's ranks: one at step 8 of epoch 2, one that went on into epoch 3 (its epoch-2
     # checkpoint never registered), one that had not passed the checkpoint's step
-    progress = [{"epoch": 2, "step": 8, "ended": {}}, {"epoch": 3, "step": 4, "ended": {"2": 17}},
-                {"epoch": 2, "step": 5, "ended": {"1": 17}}]  # fmt: skip
+    progress = [
+        {"epoch": 2, "step": 8, "ended": {}},
+        {"epoch": 3, "step": 4, "ended": {"2": 17}},
+        {"epoch": 2, "step": 5, "ended": {"1": 17}},
+    ]
     assert repeated_batches(progress, mid) == {2: (8 - 5) + (17 - 5), 3: 4}
     assert repeated_batches(progress, ResumePoint(epoch=3, from_checkpoint=True)) == {3: 4}
     assert repeated_batches([], mid) == {}

@@ -69,17 +69,35 @@ def ray_head(tmp_path):
         ports = _free_ports(9)
     gcs, dash, client, nm, om, ag_listen, ag_grpc, metrics, renv = ports
     temp_dir = tempfile.mkdtemp(prefix="rp", dir="/tmp")  # unix socket paths must stay < 100 chars
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_worker_niceness": "0", "RAY_num_workers_soft_limit": "8"}  # as cluster.yaml's nodes  # fmt: skip
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_worker_niceness": "0",
+        "RAY_num_workers_soft_limit": "8",
+    }  # as cluster.yaml's nodes
     env.pop("RAY_ADDRESS", None)
     cmd = [
-        str(RAY_BIN), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
-        "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
-        f"--node-manager-port={nm}", f"--object-manager-port={om}", f"--dashboard-agent-listen-port={ag_listen}",
-        f"--dashboard-agent-grpc-port={ag_grpc}", f"--metrics-export-port={metrics}",
-        f"--runtime-env-agent-port={renv}", f"--min-worker-port={workers}", f"--max-worker-port={workers + 59}",
-        f"--temp-dir={temp_dir}", "--num-cpus=2",
-    ]  # fmt: skip
+        str(RAY_BIN),
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        f"--port={gcs}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dash}",
+        f"--ray-client-server-port={client}",
+        f"--node-manager-port={nm}",
+        f"--object-manager-port={om}",
+        f"--dashboard-agent-listen-port={ag_listen}",
+        f"--dashboard-agent-grpc-port={ag_grpc}",
+        f"--metrics-export-port={metrics}",
+        f"--runtime-env-agent-port={renv}",
+        f"--min-worker-port={workers}",
+        f"--max-worker-port={workers + 59}",
+        f"--temp-dir={temp_dir}",
+        "--num-cpus=2",
+    ]
     log = open(tmp_path / "head.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -107,9 +125,20 @@ def test_job_submission_runs_and_writes_metrics(ray_head, tmp_path):
     storage = tmp_path / "runs"
     sid = f"raypipe-test-{os.getpid()}-{int(time.time())}"
     submit = [
-        str(RAY_BIN), "job", "submit", "--address", address, "--submission-id", sid, "--working-dir", str(REPO),
-        "--", "python", "jobs/train.py", *tiny_args(data, storage, "submitted", "--epochs", "2"),
-    ]  # fmt: skip
+        str(RAY_BIN),
+        "job",
+        "submit",
+        "--address",
+        address,
+        "--submission-id",
+        sid,
+        "--working-dir",
+        str(REPO),
+        "--",
+        "python",
+        "jobs/train.py",
+        *tiny_args(data, storage, "submitted", "--epochs", "2"),
+    ]
     out = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=270)
     tail = (out.stdout + out.stderr)[-4000:]
     assert out.returncode == 0, tail

@@ -58,8 +58,15 @@ def test_killed_training_worker_resumes_from_checkpoint(tmp_path):
     args = tiny_args(data, storage, "crash", "--max-failures", "1", "-v")  # -v: Ray's own lines too
     args[args.index("--epochs") + 1] = "5"
     env = dict(os.environ, RAYPIPE_NO_PROGRESS="1", RAY_ADDRESS="")
-    proc = subprocess.Popen([sys.executable, str(REPO / "jobs" / "train.py"), *args], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "jobs" / "train.py"), *args],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     metrics_path = storage / "crash" / "metrics.json"
     killed = None
     try:
@@ -144,23 +151,49 @@ def test_a_worker_killed_inside_an_epoch_resumes_after_the_checkpoint_step(tmp_p
     # 2 ranks of 0.25 CPU and no feeder processes leave 1.5 of the 2 CPUs to augmentation; 134 training
     # rows, 67 per rank in batches of 4: 17 steps an epoch, checkpoints after steps 5, 10 and 15 (a rank
     # may skip 3 of its 67 rows, so each is sure to reach step 16).
-    extra = ["--epochs", str(epochs), "-b", str(batch), "--num-workers", str(world), "--cpus-per-worker", "0.25",
-             "--feeder", "thread", "--checkpoint-steps", str(every), "--max-skip-ratio", "0.05",
-             "--record-ids"]  # fmt: skip
+    extra = [
+        "--epochs",
+        str(epochs),
+        "-b",
+        str(batch),
+        "--num-workers",
+        str(world),
+        "--cpus-per-worker",
+        "0.25",
+        "--feeder",
+        "thread",
+        "--checkpoint-steps",
+        str(every),
+        "--max-skip-ratio",
+        "0.05",
+        "--record-ids",
+    ]
     env = dict(os.environ, RAYPIPE_NO_PROGRESS="1", RAY_ADDRESS="")
     job = [sys.executable, str(REPO / "jobs" / "train.py")]
 
-    whole = subprocess.run([*job, *tiny_args(data, storage, "whole", *extra)], env=env, cwd=tmp_path,
-                           capture_output=True, text=True, timeout=240)  # fmt: skip
+    whole = subprocess.run(
+        [*job, *tiny_args(data, storage, "whole", *extra)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
     want = {m["epoch"]: m for m in json.loads((storage / "whole" / "metrics.json").read_text())}
     steps = {e: m["steps_per_worker"] for e, m in want.items()}
     assert all(min(s) >= 16 for s in steps.values()), steps
 
     run = storage / "crash"
-    proc = subprocess.Popen([*job, *tiny_args(data, storage, "crash", *extra, "--max-failures", "1")], env=env,
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*job, *tiny_args(data, storage, "crash", *extra, "--max-failures", "1")],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         seen = _kill_inside_an_epoch(proc, run, world, steps)
         out, _ = proc.communicate(timeout=300)
@@ -210,17 +243,36 @@ def test_a_job_stopped_inside_an_epoch_resumes_there_on_fewer_workers(tmp_path):
     run = storage / "elastic"
     batch, every, epochs = 4, 5, 3
     # as above: 17 steps a rank and epoch on 2 workers, each sure to reach step 16
-    extra = ["--epochs", str(epochs), "-b", str(batch), "--cpus-per-worker", "0.25", "--feeder", "thread",
-             "--checkpoint-steps", str(every), "--max-skip-ratio", "0.05", "--record-ids"]  # fmt: skip
+    extra = [
+        "--epochs",
+        str(epochs),
+        "-b",
+        str(batch),
+        "--cpus-per-worker",
+        "0.25",
+        "--feeder",
+        "thread",
+        "--checkpoint-steps",
+        str(every),
+        "--max-skip-ratio",
+        "0.05",
+        "--record-ids",
+    ]
     rows = job_rows(tiny_job(data, storage, "elastic", *extra))[0].table.to_pydict()
     good = {i for i, p in zip(rows["sample_id"], rows["path"], strict=True) if "zz_corrupt" not in p}
     env = dict(os.environ, RAYPIPE_NO_PROGRESS="1", RAY_ADDRESS="")
     job = [sys.executable, str(REPO / "jobs" / "train.py")]
 
     # Two workers and no restarts: the kill ends the job inside an epoch.
-    proc = subprocess.Popen([*job, *tiny_args(data, storage, "elastic", *extra, "--num-workers", "2")], env=env,
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*job, *tiny_args(data, storage, "elastic", *extra, "--num-workers", "2")],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         seen = _kill_inside_an_epoch(proc, run, 2, {e: [16, 16] for e in range(epochs)})
         out, _ = proc.communicate(timeout=300)
@@ -232,8 +284,14 @@ def test_a_job_stopped_inside_an_epoch_resumes_there_on_fewer_workers(tmp_path):
     epoch, step, _ = seen
 
     # The same run again on one worker: it goes on inside that epoch with what neither rank trained.
-    again = subprocess.run([*job, *tiny_args(data, storage, "elastic", *extra, "--num-workers", "1")], env=env,
-                           cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    again = subprocess.run(
+        [*job, *tiny_args(data, storage, "elastic", *extra, "--num-workers", "1")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     got = {m["epoch"]: m for m in json.loads((run / "metrics.json").read_text())}
     assert sorted(got) == list(range(epochs))

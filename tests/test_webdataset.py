@@ -48,25 +48,39 @@ def test_brace_patterns():
 def test_listing_ids_keys_labels(tmp_path):
     d = tmp_path / "wds"
     write_shard(d / "b.tar", sample("x/k0", 3) + sample("x/k1", 1))
-    write_shard(d / "a.tar", [
-        *sample("dir.v2/img0", 0),                                # a dotted folder; the key is dir.v2/img0
-        ("dir.v2/img0.json", b"{}"),                              # another member of the same sample
-        ("__meta__.json", b"{}"),                                 # no image, no .cls: not a sample
-        *sample("n/nolabel", None, ext="png"),                    # no .cls: bad_label
-        *sample("n/badlabel", "cat"),
-        *sample("n/neg", -2),
-        ("n/onlycls.cls", b"4"),                                  # a label, no image: null_image
-        *sample("n/" + "long" * 40, 2),                           # a name only pax headers can hold
-        ("n/seg.seg.png", b"mask"), ("n/seg.jpg", b"img"), ("n/seg.cls", b" 5\n"),  # seg.png is no image
-        ("n/x.0.jpg", b"?"),                                      # key n/x, extension "0.jpg": no image
-    ])  # fmt: skip
+    write_shard(
+        d / "a.tar",
+        [
+            *sample("dir.v2/img0", 0),  # a dotted folder; the key is dir.v2/img0
+            ("dir.v2/img0.json", b"{}"),  # another member of the same sample
+            ("__meta__.json", b"{}"),  # no image, no .cls: not a sample
+            *sample("n/nolabel", None, ext="png"),  # no .cls: bad_label
+            *sample("n/badlabel", "cat"),
+            *sample("n/neg", -2),
+            ("n/onlycls.cls", b"4"),  # a label, no image: null_image
+            *sample("n/" + "long" * 40, 2),  # a name only pax headers can hold
+            ("n/seg.seg.png", b"mask"),
+            ("n/seg.jpg", b"img"),
+            ("n/seg.cls", b" 5\n"),  # seg.png is no image
+            ("n/x.0.jpg", b"?"),  # key n/x, extension "0.jpg": no image
+        ],
+    )
     assert detect_kind(str(d)) == "webdataset"
     rows = open_source(str(d))
     t = rows.table.to_pydict()
     assert rows.kind == "webdataset" and rows.extra["shards"] == ("a.tar", "b.tar")
     assert t["sample_id"] == list(range(9)) and t["path"] == ["a.tar"] * 7 + ["b.tar"] * 2
-    assert t["member"] == ["dir.v2/img0.jpg", "n/nolabel.png", "n/badlabel.jpg", "n/neg.jpg", "n/onlycls.cls",
-                           f"n/{'long' * 40}.jpg", "n/seg.jpg", "x/k0.jpg", "x/k1.jpg"]  # fmt: skip
+    assert t["member"] == [
+        "dir.v2/img0.jpg",
+        "n/nolabel.png",
+        "n/badlabel.jpg",
+        "n/neg.jpg",
+        "n/onlycls.cls",
+        f"n/{'long' * 40}.jpg",
+        "n/seg.jpg",
+        "x/k0.jpg",
+        "x/k1.jpg",
+    ]
     assert t["label"] == [0, -1, -1, -1, 4, 2, 5, 3, 1]
     assert t["shard"] == [0] * 7 + [1] * 2 and rows.num_shards == 2
     reasons = [e.split(":")[0] if e else None for e in t["error"]]
@@ -87,7 +101,9 @@ def test_shard_paths_prefix_file_and_braces(tmp_path):
     rows = open_source(str(tmp_path / "train-{00..02}.tar"))
     assert rows.table.column("label").to_pylist() == [0, 1, 2]
     assert open_source(str(tmp_path / "{val,train}-00.tar")).table.column("path").to_pylist() == [
-        "train-00.tar", "val-00.tar"]  # sorted by name, whatever the pattern's order
+        "train-00.tar",
+        "val-00.tar",
+    ]  # sorted by name, whatever the pattern's order
     with pytest.raises(ValueError, match="do not exist"):
         open_source(str(tmp_path / "train-{00..05}.tar"))
 
@@ -125,8 +141,9 @@ def test_corrupt_member_is_a_counted_skip_in_the_stage(tmp_path):
     write_shard(d / "s-0.tar", sample("a", 0, good) + sample("b", 1, f.truncated_jpeg()) + sample("c", 2, b"junk"))
     write_shard(d / "s-1.tar", sample("d", 1, good) + sample("e", None, good))
     rows = open_source(str(d / "s-{0..1}.tar"))
-    spec = StageSpec(kind=rows.kind, root=rows.root, augment=EvalAugment(input_size=16), decode=DecodeConfig(),
-                     seed=0, epoch=0)  # fmt: skip
+    spec = StageSpec(
+        kind=rows.kind, root=rows.root, augment=EvalAugment(input_size=16), decode=DecodeConfig(), seed=0, epoch=0
+    )
     out = AugmentStage(spec)(_batch(rows))
     assert out["ok"].tolist() == [True, False, False, True, False]
     assert out["reason"][1] in ("truncated", "decode_error") and out["reason"][2] == "not_an_image"
@@ -138,8 +155,9 @@ def test_corrupt_member_is_a_counted_skip_in_the_stage(tmp_path):
 def test_remote_listing_and_reads_match_local(tmp_path):
     d = tmp_path / "wds"
     for s in range(3):
-        write_shard(d / f"s-{s}.tar", sum((sample(f"k{s}{i}", i, image=bytes([i]) * (700 * i + 1))
-                                           for i in range(5)), []))  # fmt: skip
+        write_shard(
+            d / f"s-{s}.tar", sum((sample(f"k{s}{i}", i, image=bytes([i]) * (700 * i + 1)) for i in range(5)), [])
+        )
     local = open_source(str(d))
     fs, handler = wrapped(fail_first=1)  # every first open fails (connection reset): retried
     remote = open_source(str(d), kind="webdataset", filesystem=fs)
@@ -151,8 +169,9 @@ def test_remote_listing_and_reads_match_local(tmp_path):
     shards = remote.table.column("path").to_pylist()
     assert remote.table.column("object_size").to_pylist() == [(d / s).stat().st_size for s in shards]
     assert remote.table.column("object_mtime_ns").to_pylist() == [(d / s).stat().st_mtime_ns for s in shards]
-    assert BlockReader(remote.root, "webdataset").read_block(_batch(remote)) == \
-        BlockReader(local.root, "webdataset").read_block(_batch(local))  # fmt: skip
+    assert BlockReader(remote.root, "webdataset").read_block(_batch(remote)) == BlockReader(
+        local.root, "webdataset"
+    ).read_block(_batch(local))
 
 
 def test_remote_members_close_together_share_a_request(tmp_path):

@@ -29,8 +29,9 @@ def test_pieces_get_the_bytes_they_would_read_and_each_row_group_is_read_once(tm
     cells[17] = None  # a null cell: a skip, carried to the piece as the reader would give it
     _parquet(tmp_path / "data", cells, group_rows=6)
     rows = open_source(str(tmp_path / "data"))
-    plan = Pipeline(rows, AUG, config=PipelineConfig(batch_size=4, shuffle_window=60),
-                    execution=ExecutionConfig(chunk_rows=4)).plan(0, 1)  # fmt: skip
+    plan = Pipeline(
+        rows, AUG, config=PipelineConfig(batch_size=4, shuffle_window=60), execution=ExecutionConfig(chunk_rows=4)
+    ).plan(0, 1)
     chunks = plan.chunks(0, ramp=True)
     assert [len(c) for c in chunks] == [4, 8, 16, 32] and chunks.ramp == 4  # one window of 10 row groups
     columns = rows.columns()
@@ -65,8 +66,12 @@ def test_the_first_epoch_of_a_remote_parquet_file_reads_each_row_group_once(samp
     size = (tmp_path / "buckets" / "bkt" / "pq" / "part-0.parquet").stat().st_size
     with S3Server(tmp_path / "buckets") as server:
         rows = open_source("s3://bkt/pq", filesystem=server.filesystem())
-        pipe = Pipeline(rows, AUG, config=PipelineConfig(batch_size=5, shuffle_window=48),
-                        execution=ExecutionConfig(chunk_rows=3, num_tasks=2, backend="local"))  # fmt: skip
+        pipe = Pipeline(
+            rows,
+            AUG,
+            config=PipelineConfig(batch_size=5, shuffle_window=48),
+            execution=ExecutionConfig(chunk_rows=3, num_tasks=2, backend="local"),
+        )
         assert [len(c) for c in pipe.plan(0, 1).chunks(0, ramp=True)] == [3, 6, 12, 24, 3]
         server.reset_counts()
         source = EpochSource(pipe, end_epoch=1)
@@ -84,8 +89,11 @@ def test_a_failed_read_goes_to_its_piece_as_a_skip():
     skip would have been; a bug of ours in the read is not turned into one."""
     from concurrent.futures import Future
 
-    rows = {"sample_id": np.arange(4), "path": np.array(["a", "b", "c", "d"], dtype=object),
-            "error": np.array([None, "missing: listed so", None, None], dtype=object)}  # fmt: skip
+    rows = {
+        "sample_id": np.arange(4),
+        "path": np.array(["a", "b", "c", "d"], dtype=object),
+        "error": np.array([None, "missing: listed so", None, None], dtype=object),
+    }
     failed: Future = Future()
     failed.set_result(SkipImage("unreadable", "connection reset"))
 

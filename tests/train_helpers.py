@@ -21,12 +21,32 @@ def tiny_dataset(root: Path, *, classes: int = 4, per_class: int = 10, corrupt: 
 
 def tiny_args(data: Path, storage: Path, name: str, *extra: str) -> list[str]:
     return [
-        "--data", str(data), "--model", "resnet10t", "--img-size", "32", "-b", "8", "--epochs", "1",
-        "--val-split", "0.2", "--lr", "0.01", "--warmup-epochs", "0", "--chunk-rows", "16",
-        "--storage-path", str(storage), "--name", name,
-        "--max-skip-ratio", "0.3",  # the corrupt files are on purpose: a few of a tiny rank's shard
+        "--data",
+        str(data),
+        "--model",
+        "resnet10t",
+        "--img-size",
+        "32",
+        "-b",
+        "8",
+        "--epochs",
+        "1",
+        "--val-split",
+        "0.2",
+        "--lr",
+        "0.01",
+        "--warmup-epochs",
+        "0",
+        "--chunk-rows",
+        "16",
+        "--storage-path",
+        str(storage),
+        "--name",
+        name,
+        "--max-skip-ratio",
+        "0.3",  # the corrupt files are on purpose: a few of a tiny rank's shard
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 def tiny_job(data: Path, storage: Path, name: str, *extra: str):

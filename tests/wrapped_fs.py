@@ -19,8 +19,14 @@ class WrappedFS(pafs.FileSystemHandler):
     a loaded machine: a reader that sends fewer than N at once waits out ``gather_s`` and shows its
     count in ``max_active``."""
 
-    def __init__(self, delay_s: float = 0.0, fail_first: int = 0, error: BaseException | None = None,
-                 gather: int = 0, gather_s: float = 10.0):  # fmt: skip
+    def __init__(
+        self,
+        delay_s: float = 0.0,
+        fail_first: int = 0,
+        error: BaseException | None = None,
+        gather: int = 0,
+        gather_s: float = 10.0,
+    ):
         self.fs = pafs.LocalFileSystem()
         self.delay_s, self.fail_first = delay_s, fail_first
         self.gather, self.gather_s = gather, gather_s

@@ -32,9 +32,14 @@ from raypipe.benchmark.measure import Result, measure_epochs
 from raypipe.config import IMAGENET_MEAN, IMAGENET_STD, PipelineConfig, TrainAugment
 
 __all__ = [
-    "decode_limit", "kernel_per_core", "raypipe_pipeline", "timm_dataloader", "timm_loader", "naive_ray_data",
+    "decode_limit",
+    "kernel_per_core",
+    "raypipe_pipeline",
+    "timm_dataloader",
+    "timm_loader",
+    "naive_ray_data",
     "raypipe_on_ray_data",
-]  # fmt: skip
+]
 
 
 def _timed_pass(name: str, files: list[bytes], fn: Callable[[bytes, int], object], scale: float, note: str) -> Result:
@@ -45,8 +50,14 @@ def _timed_pass(name: str, files: list[bytes], fn: Callable[[bytes, int], object
         fn(data, i)
     rate = len(files) / (time.perf_counter() - t0)
     cpu_ms = 1000 * (time.process_time() - c0) / len(files)  # one process's CPU: this row's only work
-    return Result(name=name, images_per_s=rate * scale, first_batch_s=0.0, epoch_rates=[rate * scale], note=note,
-                  cpu_ms_per_image=cpu_ms)  # fmt: skip
+    return Result(
+        name=name,
+        images_per_s=rate * scale,
+        first_batch_s=0.0,
+        epoch_rates=[rate * scale],
+        note=note,
+        cpu_ms_per_image=cpu_ms,
+    )
 
 
 def decode_limit(files: list[bytes], cores: int) -> Result:
@@ -75,9 +86,17 @@ def kernel_per_core(files: list[bytes], aug: TrainAugment) -> Result:
     return _timed_pass("raypipe kernel", files, fn, 1, "decode+augment, 1 process, 1 core")
 
 
-def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: int, device_side: bool = True,
-                     started: float | None = None, backend: str = "auto",
-                     index: str | None = None) -> Result:  # fmt: skip
+def raypipe_pipeline(
+    data: str,
+    aug: TrainAugment,
+    *,
+    batch_size: int,
+    epochs: int,
+    device_side: bool = True,
+    started: float | None = None,
+    backend: str = "auto",
+    index: str | None = None,
+) -> Result:
     """The timm drop-in with the timm row's arguments, or (``device_side=False``) the packed uint8 batches
     as a GPU trainer receives them, before the device side (which a GPU machine runs on the GPU).
     ``index``: WebDataset shards' shard index (``open_source(…, index=)``), listed here as the loader would."""
@@ -96,11 +115,19 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
     # One stream for all epochs: each epoch's first chunks run while the previous one's last are packed,
     # as in a training run; the last measured epoch starts chunks of an epoch nobody reads (close()).
     if device_side:
-        loader = create_loader(data, batch_size=batch_size, is_training=True, use_prefetcher=True,
-                               device=torch.device("cpu"), execution=execution, **_timm_kwargs(aug))  # fmt: skip
+        loader = create_loader(
+            data,
+            batch_size=batch_size,
+            is_training=True,
+            use_prefetcher=True,
+            device=torch.device("cpu"),
+            execution=execution,
+            **_timm_kwargs(aug),
+        )
     else:
-        loader = EpochSource(Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size), execution=execution),
-                             end_epoch=epochs + 1)  # fmt: skip
+        loader = EpochSource(
+            Pipeline(data, aug, config=PipelineConfig(batch_size=batch_size), execution=execution), end_epoch=epochs + 1
+        )
 
     try:
         return measure_epochs(
@@ -109,8 +136,12 @@ def raypipe_pipeline(data: str, aug: TrainAugment, *, batch_size: int, epochs: i
             epochs=epochs,
             count=(lambda b: int(b[0].shape[0])) if device_side else (lambda b: int(b["image"].shape[0])),
             object_store=True,
-            note=("raypipe.timm.create_loader(timm's arguments, device=cpu), fp32, workers at niceness 0"
-                  if device_side else "EpochSource: exact uint8 batches, no device side") + f", backend {backend}",
+            note=(
+                "raypipe.timm.create_loader(timm's arguments, device=cpu), fp32, workers at niceness 0"
+                if device_side
+                else "EpochSource: exact uint8 batches, no device side"
+            )
+            + f", backend {backend}",
             started=started,
         )
     finally:
@@ -170,8 +201,9 @@ def timm_dataloader(data: str, aug: TrainAugment, *, batch_size: int, workers: i
     return loader
 
 
-def timm_loader(data: str, aug: TrainAugment, *, batch_size: int, epochs: int, workers: int,
-                started: float | None = None) -> Result:  # fmt: skip
+def timm_loader(
+    data: str, aug: TrainAugment, *, batch_size: int, epochs: int, workers: int, started: float | None = None
+) -> Result:
     loader = timm_dataloader(data, aug, batch_size=batch_size, workers=workers)
     return measure_epochs(
         f"timm ({workers} workers)",
@@ -209,8 +241,9 @@ def _pil_batch(batch: dict, aug: TrainAugment) -> dict:
     return {"image": np.stack(out)}
 
 
-def naive_ray_data(data: str, aug: TrainAugment, *, batch_size: int, epochs: int,
-                   started: float | None = None) -> Result:  # fmt: skip
+def naive_ray_data(
+    data: str, aug: TrainAugment, *, batch_size: int, epochs: int, started: float | None = None
+) -> Result:
     import ray
     import torch
 
@@ -241,8 +274,9 @@ def naive_ray_data(data: str, aug: TrainAugment, *, batch_size: int, epochs: int
     )
 
 
-def raypipe_on_ray_data(folder: str, aug: TrainAugment, *, batch_size: int, epochs: int,
-                        started: float | None = None) -> Result:  # fmt: skip
+def raypipe_on_ray_data(
+    folder: str, aug: TrainAugment, *, batch_size: int, epochs: int, started: float | None = None
+) -> Result:
     """raypipe's transform inside Ray Data: the folder's rows as a Dataset of blocks of 32 rows (as the
     naive contender's ``map_batches``), ``RayDataAugment`` on ``cores`` actors of one CPU (the naive
     contender's tasks take as many), read by path; each epoch a new execution, as Ray Data runs one."""
@@ -263,9 +297,12 @@ def raypipe_on_ray_data(folder: str, aug: TrainAugment, *, batch_size: int, epoc
 
     def make_epoch(epoch: int) -> Iterator:
         ds = ray.data.from_arrow(blocks).map_batches(
-            RayDataAugment, batch_size=32, compute=ray.data.ActorPoolStrategy(size=cores), batch_format="numpy",
+            RayDataAugment,
+            batch_size=32,
+            compute=ray.data.ActorPoolStrategy(size=cores),
+            batch_format="numpy",
             fn_constructor_kwargs=dict(augment=aug, seed=0, epoch=epoch, image_column="path", root=rows.root.root),
-        )  # fmt: skip
+        )
         ds.context.enable_progress_bars = False
         for batch in ds.iter_torch_batches(batch_size=batch_size):
             yield {"image": batch["image"].permute(0, 3, 1, 2).float().sub_(mean).div_(std)}

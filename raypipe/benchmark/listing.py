@@ -85,9 +85,13 @@ def _listing_child(manifest: str, chunk_rows: int = 128) -> dict:
     n = len(rows)
     table_bytes = rows.table.get_total_buffer_size()
     out = {
-        "rows": n, "seconds": seconds, "columns": rows.table.column_names, "table_bytes": table_bytes,
-        "resident_bytes": after - base, "peak_bytes": peak - base,
-    }  # fmt: skip
+        "rows": n,
+        "seconds": seconds,
+        "columns": rows.table.column_names,
+        "table_bytes": table_bytes,
+        "resident_bytes": after - base,
+        "peak_bytes": peak - base,
+    }
     pipeline = Pipeline(rows, TrainAugment())
     idx = np.random.default_rng(0).permutation(n)[:chunk_rows]  # a global shuffle's chunk
     base = _reset_peak()
@@ -115,9 +119,13 @@ def _plan_child(n: int, world_size: int, chunk_rows: int, shard_rows: int) -> di
     chunks = plan.chunks(0)
     seconds = time.perf_counter() - t0
     return {
-        "rows": n, "rank_rows": len(plan), "chunks": len(chunks), "seconds": seconds,
-        "peak_bytes": _status()["VmHWM"] - base, "held_bytes": _status()["VmRSS"] - base,
-    }  # fmt: skip
+        "rows": n,
+        "rank_rows": len(plan),
+        "chunks": len(chunks),
+        "seconds": seconds,
+        "peak_bytes": _status()["VmHWM"] - base,
+        "held_bytes": _status()["VmRSS"] - base,
+    }
 
 
 def write_shard_dataset(folder: Path, shards: int, per_shard: int, *, member_rows: bool) -> Path:
@@ -140,15 +148,27 @@ def write_shard_dataset(folder: Path, shards: int, per_shard: int, *, member_row
     offsets = (np.arange(per_shard, dtype=np.int64) * 110_000 + 1024).tolist()
     sizes, nones = [110_000] * per_shard, [None] * per_shard
     unwritten = [0] * per_shard  # the footer alone counts each shard's samples: one list serves every shard
-    records = [ShardRecord(path=name, size=0, mtime_ns=-1, labels=[k % 1000] * per_shard if member_rows else unwritten,
-                           errors=nones, offsets=offsets, sizes=sizes, members=nones, keys=per_shard)
-               for k, name in enumerate(names)]  # fmt: skip
+    records = [
+        ShardRecord(
+            path=name,
+            size=0,
+            mtime_ns=-1,
+            labels=[k % 1000] * per_shard if member_rows else unwritten,
+            errors=nones,
+            offsets=offsets,
+            sizes=sizes,
+            members=nones,
+            keys=per_shard,
+        )
+        for k, name in enumerate(names)
+    ]
     write_index(records, str(index), root=open_root(str(folder)), member_rows=member_rows)
     return folder
 
 
-def _shard_listing_child(folder: str, world_size: int, chunk_rows: int, window_rows: int, sample_chunks: int,
-                         read_rows: bool) -> dict:  # fmt: skip
+def _shard_listing_child(
+    folder: str, world_size: int, chunk_rows: int, window_rows: int, sample_chunks: int, read_rows: bool
+) -> dict:
     import numpy as np
 
     from raypipe.plan.order import RankPlan
@@ -157,11 +177,16 @@ def _shard_listing_child(folder: str, world_size: int, chunk_rows: int, window_r
     base = _reset_peak()
     t0 = time.perf_counter()
     listing = open_source(folder, by_shard=True)
-    out = {"shards": listing.num_shards, "samples": len(listing), "listing_seconds": time.perf_counter() - t0,
-           "listing_peak_bytes": _status()["VmHWM"] - base}  # fmt: skip
+    out = {
+        "shards": listing.num_shards,
+        "samples": len(listing),
+        "listing_seconds": time.perf_counter() - t0,
+        "listing_peak_bytes": _status()["VmHWM"] - base,
+    }
     t0 = time.perf_counter()
-    plan = RankPlan.for_rows(listing, seed=0, shuffle=True, chunk_rows=chunk_rows, window_rows=window_rows,
-                             rank=0, world_size=world_size)  # fmt: skip
+    plan = RankPlan.for_rows(
+        listing, seed=0, shuffle=True, chunk_rows=chunk_rows, window_rows=window_rows, rank=0, world_size=world_size
+    )
     chunks = plan.chunks(0)
     out.update(plan_seconds=time.perf_counter() - t0, chunks=len(chunks), rank_rows=len(plan))
     out["peak_bytes"], out["held_bytes"] = _status()["VmHWM"] - base, _status()["VmRSS"] - base
@@ -179,9 +204,16 @@ def _shard_listing_child(folder: str, world_size: int, chunk_rows: int, window_r
     return out
 
 
-def shard_listing(shards: int = 100_000, per_shard: int = 10_000, read_shards: int = 1_000,
-                  workdir: str = "/tmp/raypipe-listing", world_size: int = 1, chunk_rows: int = 128,
-                  window_rows: int = 2048, sample_chunks: int = 2000) -> None:  # fmt: skip
+def shard_listing(
+    shards: int = 100_000,
+    per_shard: int = 10_000,
+    read_shards: int = 1_000,
+    workdir: str = "/tmp/raypipe-listing",
+    world_size: int = 1,
+    chunk_rows: int = 128,
+    window_rows: int = 2048,
+    sample_chunks: int = 2000,
+) -> None:
     """An indexed WebDataset of a billion samples listed by shard, and one epoch's plan of it.
 
     Writes (under --workdir, kept) --shards empty tar shards with raypipe's index of --per-shard samples
@@ -194,25 +226,35 @@ def shard_listing(shards: int = 100_000, per_shard: int = 10_000, read_shards: i
     """
     for count, member_rows in ((shards, False), (read_shards, True)):
         kind = "rows" if member_rows else "footer"
-        folder = write_shard_dataset(Path(workdir) / f"wds-{count}x{per_shard}-{kind}", count, per_shard,
-                                     member_rows=member_rows)  # fmt: skip
-        got = _in_child("_shard_listing_child", str(folder), world_size, chunk_rows, window_rows, sample_chunks,
-                        member_rows)  # fmt: skip
+        folder = write_shard_dataset(
+            Path(workdir) / f"wds-{count}x{per_shard}-{kind}", count, per_shard, member_rows=member_rows
+        )
+        got = _in_child(
+            "_shard_listing_child", str(folder), world_size, chunk_rows, window_rows, sample_chunks, member_rows
+        )
         per_chunk = got["sampled_seconds"] / max(1, got["sampled_chunks"])
         what = "its rows read from the index" if member_rows else "positions to sample ids"
-        print(f"== {got['shards']:,} shards x {per_shard:,} = {got['samples']:,} samples (index with {kind}: "
-              f"{_mb(os.path.getsize(folder / 'raypipe-index.parquet'))})")
-        print(f"listing by shard: {got['listing_seconds']:.2f} s, peak +{_mb(got['listing_peak_bytes'])}; plan (rank "
-              f"0 of {world_size}): {got['plan_seconds']:.2f} s, {got['chunks']:,} chunks of {got['rank_rows']:,} "
-              f"rows; peak +{_mb(got['peak_bytes'])}, held +{_mb(got['held_bytes'])}")
-        print(f"a chunk, {what}: {1e3 * per_chunk:.2f} ms ({got['sampled_chunks']} chunks, "
-              f"{got['sampled_rows'] / max(1, got['sampled_chunks']):,.0f} rows each); peak then "
-              f"+{_mb(got['peak_after_chunks_bytes'])}")
+        print(
+            f"== {got['shards']:,} shards x {per_shard:,} = {got['samples']:,} samples (index with {kind}: "
+            f"{_mb(os.path.getsize(folder / 'raypipe-index.parquet'))})"
+        )
+        print(
+            f"listing by shard: {got['listing_seconds']:.2f} s, peak +{_mb(got['listing_peak_bytes'])}; plan (rank "
+            f"0 of {world_size}): {got['plan_seconds']:.2f} s, {got['chunks']:,} chunks of {got['rank_rows']:,} "
+            f"rows; peak +{_mb(got['peak_bytes'])}, held +{_mb(got['held_bytes'])}"
+        )
+        print(
+            f"a chunk, {what}: {1e3 * per_chunk:.2f} ms ({got['sampled_chunks']} chunks, "
+            f"{got['sampled_rows'] / max(1, got['sampled_chunks']):,.0f} rows each); peak then "
+            f"+{_mb(got['peak_after_chunks_bytes'])}"
+        )
 
 
 def _in_child(fn: str, *args) -> dict:
-    code = (f"import json, sys; from raypipe.benchmark import listing; "
-            f"print(json.dumps(listing.{fn}(*json.loads(sys.argv[1]))))")
+    code = (
+        f"import json, sys; from raypipe.benchmark import listing; "
+        f"print(json.dumps(listing.{fn}(*json.loads(sys.argv[1]))))"
+    )
     out = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"{fn} failed (exit {out.returncode}): {out.stderr.strip()[-2000:]}")
@@ -224,18 +266,23 @@ def _mb(nbytes: float) -> str:
 
 
 def listing_cost(
-    rows: list[int] | None = None, workdir: str = "/tmp/raypipe-listing", labels: str = "names",
-    world_size: int = 8, chunk_rows: int = 128, shard_rows: int = 0, skip_listing: bool = False,
-) -> None:  # fmt: skip
+    rows: list[int] | None = None,
+    workdir: str = "/tmp/raypipe-listing",
+    labels: str = "names",
+    world_size: int = 8,
+    chunk_rows: int = 128,
+    shard_rows: int = 0,
+    skip_listing: bool = False,
+) -> None:
     """A manifest's listing and one epoch's plan, each measured in a fresh process, at ImageNet sizes.
 
-    For each row count: writes (once, under --workdir) a CSV manifest of that many rows, lists it
-    (seconds, the table's buffers in bytes per row, resident memory after and the peak, both over the
-    process's baseline after its imports), makes a Pipeline over it and its columns (``Pipeline.columns()``:
-seconds, memory) and takes one chunk's rows from them (--chunk-rows rows picked at random: seconds),
-    then plans epoch 0 for rank 0 of --world-size (order, rank slice, chunks of --chunk-rows rows):
-    seconds and peak memory. --shard-rows plans rows in shards of that many rows (the shard-window
-    shuffle of tar shards and Parquet row groups) instead of a manifest's global shuffle.
+        For each row count: writes (once, under --workdir) a CSV manifest of that many rows, lists it
+        (seconds, the table's buffers in bytes per row, resident memory after and the peak, both over the
+        process's baseline after its imports), makes a Pipeline over it and its columns (``Pipeline.columns()``:
+    seconds, memory) and takes one chunk's rows from them (--chunk-rows rows picked at random: seconds),
+        then plans epoch 0 for rank 0 of --world-size (order, rank slice, chunks of --chunk-rows rows):
+        seconds and peak memory. --shard-rows plans rows in shards of that many rows (the shard-window
+        shuffle of tar shards and Parquet row groups) instead of a manifest's global shuffle.
     """
     os.makedirs(workdir, exist_ok=True)
     for n in rows or [IMAGENET_1K]:
@@ -249,24 +296,34 @@ seconds, memory) and takes one chunk's rows from them (--chunk-rows rows picked 
             table = got["table_bytes"]
             print(f"listing: {got['seconds']:.2f} s, columns {got['columns']}")
             resident, peak = got["resident_bytes"], got["peak_bytes"]
-            print(f"  table {_mb(table)} = {table / n:.1f} B/row; resident +{_mb(resident)} ({resident / n:.1f} "
-                  f"B/row); peak +{_mb(peak)} ({peak / max(table, 1):.2f}x the table, {peak / n:.0f} B/row)")
+            print(
+                f"  table {_mb(table)} = {table / n:.1f} B/row; resident +{_mb(resident)} ({resident / n:.1f} "
+                f"B/row); peak +{_mb(peak)} ({peak / max(table, 1):.2f}x the table, {peak / n:.0f} B/row)"
+            )
             resident, peak = got["columns_resident_bytes"], got["columns_peak_bytes"]
-            print(f"  Pipeline.columns: {got['columns_seconds']:.2f} s, resident +{_mb(resident)} "
-                  f"({resident / n:.1f} B/row), peak +{_mb(peak)}; a chunk's rows ({got['chunk_rows']} rows "
-                  f"picked at random) taken from them in {1e3 * got['chunk_seconds']:.2f} ms")
+            print(
+                f"  Pipeline.columns: {got['columns_seconds']:.2f} s, resident +{_mb(resident)} "
+                f"({resident / n:.1f} B/row), peak +{_mb(peak)}; a chunk's rows ({got['chunk_rows']} rows "
+                f"picked at random) taken from them in {1e3 * got['chunk_seconds']:.2f} ms"
+            )
         got = _in_child("_plan_child", n, world_size, chunk_rows, shard_rows)
         kind = f"shards of {shard_rows} rows" if shard_rows else "global shuffle"
-        print(f"plan (rank 0 of {world_size}, {kind}): {got['seconds']:.2f} s, {got['chunks']:,} chunks of "
-              f"{got['rank_rows']:,} rows; peak +{_mb(got['peak_bytes'])}, held +{_mb(got['held_bytes'])}")  # fmt: skip
+        print(
+            f"plan (rank 0 of {world_size}, {kind}): {got['seconds']:.2f} s, {got['chunks']:,} chunks of "
+            f"{got['rank_rows']:,} rows; peak +{_mb(got['peak_bytes'])}, held +{_mb(got['held_bytes'])}"
+        )
 
 
 def register(add) -> None:
     """Add this module's measurement to ``bench/profiles.py``: ``add(name, fn)`` returns the subcommand's
     parser, whose options are ``fn``'s keyword arguments."""
     p = add("listing-cost", listing_cost)
-    p.add_argument("--rows", type=int, nargs="+", help=f"row counts (default: {IMAGENET_1K}, ImageNet-1k's; "
-                   f"ImageNet-21k's is {IMAGENET_21K})")  # fmt: skip
+    p.add_argument(
+        "--rows",
+        type=int,
+        nargs="+",
+        help=f"row counts (default: {IMAGENET_1K}, ImageNet-1k's; ImageNet-21k's is {IMAGENET_21K})",
+    )
     p.add_argument("--workdir", default="/tmp/raypipe-listing", help="where the manifests are written and kept")
     p.add_argument("--labels", choices=("names", "ints"), default="names", help="labels as class names or ints")
     p.add_argument("--world-size", type=int, default=8)

@@ -50,8 +50,10 @@ def warm_memory(gib: float | None = None) -> None:
     first = _touch(nbytes)
     second = _touch(nbytes)
     gib = nbytes / 2**30
-    print(f"{gib:.1f} GiB: first touch {first:.1f} s ({first / gib:.2f} s/GiB), again {second:.1f} s "
-          f"({second / gib:.2f} s/GiB)")  # fmt: skip
+    print(
+        f"{gib:.1f} GiB: first touch {first:.1f} s ({first / gib:.2f} s/GiB), again {second:.1f} s "
+        f"({second / gib:.2f} s/GiB)"
+    )
 
 
 # ---- machine-spread --------------------------------------------------------------------------------
@@ -82,12 +84,15 @@ def _rates(datas: list[bytes], repeats: int, seconds: float) -> list[float]:
 
 def _report_spread(label: str, rates: list[float]) -> None:
     spread = (max(rates) - min(rates)) / statistics.median(rates)
-    print(f"{label:<22} median {statistics.median(rates):6.0f} img/s, spread {100 * spread:3.0f} %  "
-          f"({' '.join(f'{r:.0f}' for r in rates)})")  # fmt: skip
+    print(
+        f"{label:<22} median {statistics.median(rates):6.0f} img/s, spread {100 * spread:3.0f} %  "
+        f"({' '.join(f'{r:.0f}' for r in rates)})"
+    )
 
 
-def machine_spread(data: str, images: int = 300, repeats: int = 7, seconds: float = 1.7,
-                   procs: int | None = None) -> None:  # fmt: skip
+def machine_spread(
+    data: str, images: int = 300, repeats: int = 7, seconds: float = 1.7, procs: int | None = None
+) -> None:
     """The spread this machine gives a fixed piece of work: the floor under any loader's epoch spread.
 
     A loader's per-epoch spread ((fastest - slowest) / median, as ``raypipe bench`` reports it) mixes what
@@ -186,9 +191,13 @@ def slab_cost(rows: int = 128, size: int = 224, repeat: int = 30) -> None:
         flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
         mmap.mmap(fd, src.nbytes, flags=flags, prot=mmap.PROT_READ).close()
 
-    contenders = {"new file": lambda: _new_file(src, directory), "reused slab": lambda: _reused(src, fd),
-                  "copy alone": copy_alone, "map populated": lambda: map_and_unmap(True),
-                  "map lazily": lambda: map_and_unmap(False)}  # fmt: skip
+    contenders = {
+        "new file": lambda: _new_file(src, directory),
+        "reused slab": lambda: _reused(src, fd),
+        "copy alone": copy_alone,
+        "map populated": lambda: map_and_unmap(True),
+        "map lazily": lambda: map_and_unmap(False),
+    }
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for fn in contenders.values():
         fn()  # warm-up
@@ -197,8 +206,10 @@ def slab_cost(rows: int = 128, size: int = 224, repeat: int = 30) -> None:
             t = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t)
-    print(f"one chunk of {rows} x {size}x{size}x3 uint8 ({src.nbytes / 2**20:.1f} MiB), "
-          f"{repeat} rounds, new files in {directory}:")  # fmt: skip
+    print(
+        f"one chunk of {rows} x {size}x{size}x3 uint8 ({src.nbytes / 2**20:.1f} MiB), "
+        f"{repeat} rounds, new files in {directory}:"
+    )
     for name, ts in times.items():
         print(f"  {name:13s} median {statistics.median(ts) * 1e3:7.2f} ms   min {min(ts) * 1e3:7.2f} ms")
 
@@ -212,10 +223,17 @@ def _kind(proc) -> str:
         cmd = " ".join(proc.cmdline())
     except Exception:  # noqa: BLE001 - a process that ended meanwhile
         return "ended"
-    for key, name in (("gcs_server", "GCS"), ("raylet", "raylet"), ("dashboard/agent.py", "dashboard agent"),
-                      ("runtime_env/agent", "runtime-env agent"), ("log_monitor", "log monitor"),
-                      ("monitor.py", "autoscaler monitor"), ("dashboard.py", "dashboard"),
-                      ("default_worker", "Ray worker"), ("workers.worker_process", "local worker")):  # fmt: skip
+    for key, name in (
+        ("gcs_server", "GCS"),
+        ("raylet", "raylet"),
+        ("dashboard/agent.py", "dashboard agent"),
+        ("runtime_env/agent", "runtime-env agent"),
+        ("log_monitor", "log monitor"),
+        ("monitor.py", "autoscaler monitor"),
+        ("dashboard.py", "dashboard"),
+        ("default_worker", "Ray worker"),
+        ("workers.worker_process", "local worker"),
+    ):
         if key in cmd:
             return name
     return proc.name()
@@ -305,12 +323,19 @@ def start_cost(data: str, only: str | None = None, settle: float = 5.0) -> None:
     """
     env = dict(os.environ, RAY_ADDRESS="")
     for backend in [only] if only else ["ray", "local"]:
-        out = subprocess.run([sys.executable, "-c", _CHILD, backend, data, str(settle)],
-                             capture_output=True, text=True, env=env, check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", _CHILD, backend, data, str(settle)],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        ).stdout
         r = json.loads(out.strip().splitlines()[-1])
         total = sum(r["cpu_s"].values())
-        print(f"{r['backend']:5s}: {r['workers']} workers set up in {r['ready_s']:.2f} s; CPU {total:.2f} s in all "
-              f"after {settle:g} s: " + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_s"].items()))
+        print(
+            f"{r['backend']:5s}: {r['workers']} workers set up in {r['ready_s']:.2f} s; CPU {total:.2f} s in all "
+            f"after {settle:g} s: " + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_s"].items())
+        )
 
 
 def idle_ray(seconds: float = 20.0, settle: float = 8.0) -> None:
@@ -345,8 +370,10 @@ def idle_ray(seconds: float = 20.0, settle: float = 8.0) -> None:
     for pid, (kind, used) in cpu().items():
         if pid in before:
             by_kind[kind] += (used - before[pid][1]) / seconds
-    print(f"a private Ray, idle, over {seconds:g} s: {sum(by_kind.values()):.3f} cores in all: "
-          + ", ".join(f"{k} {v:.3f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
+    print(
+        f"a private Ray, idle, over {seconds:g} s: {sum(by_kind.values()):.3f} cores in all: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]))
+    )
 
 
 def _tcp_loopback_cpu(nbytes: int, chunks: int) -> float:
@@ -407,8 +434,9 @@ def cross_node(chunks: int = 40, rows: int = 128, size: int = 224, rounds: int =
     if ray.is_initialized():
         ray.shutdown()
     store = 8 * nbytes + (200 << 20)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"here": 1},
-                                                            "object_store_memory": store})  # fmt: skip
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"here": 1}, "object_store_memory": store}
+    )
     cluster.add_node(num_cpus=1, resources={"there": 1}, object_store_memory=store)
     try:
         ray.init(address=cluster.address, logging_level="ERROR")
@@ -437,17 +465,21 @@ def cross_node(chunks: int = 40, rows: int = 128, size: int = 224, rounds: int =
         results = collections.defaultdict(list)
         for r in range(rounds + 1):  # the first touches the object stores' pages: a long run's are warm
             base = run("there", False)
-            got = {"same node: task result put and got": run("here", True) - base,
-                   "across nodes: task result put, moved and got": run("there", True) - base,
-                   "loopback TCP: sent and received": _tcp_loopback_cpu(nbytes, chunks) / images * 1e3}  # fmt: skip
+            got = {
+                "same node: task result put and got": run("here", True) - base,
+                "across nodes: task result put, moved and got": run("there", True) - base,
+                "loopback TCP: sent and received": _tcp_loopback_cpu(nbytes, chunks) / images * 1e3,
+            }
             for name, value in got.items():
                 if r:
                     results[name].append(value)
     finally:
         ray.shutdown()
         cluster.shutdown()
-    print(f"{rows} images of {size}x{size}x3 uint8 ({nbytes / 2**20:.1f} MiB) per chunk, {chunks} chunks, "
-          f"{rounds} rounds: machine CPU per image")
+    print(
+        f"{rows} images of {size}x{size}x3 uint8 ({nbytes / 2**20:.1f} MiB) per chunk, {chunks} chunks, "
+        f"{rounds} rounds: machine CPU per image"
+    )
     for name, values in results.items():
         print(f"  {name}: " + ", ".join(f"{v:.3f}" for v in values) + " ms")
 

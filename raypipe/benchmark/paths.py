@@ -114,11 +114,16 @@ class PathResult:
 
     def as_dict(self) -> dict:
         return {
-            "path": self.path, "images": self.images, "seconds": round(self.seconds, 3),
-            "images_per_s": round(self.images_per_s, 1), "cpu_ms_per_image": round(self.cpu_ms_per_image, 3),
-            "busy": round(self.busy, 3), "first_batch_s": round(self.first_batch_s, 3), "note": self.note,
+            "path": self.path,
+            "images": self.images,
+            "seconds": round(self.seconds, 3),
+            "images_per_s": round(self.images_per_s, 1),
+            "cpu_ms_per_image": round(self.cpu_ms_per_image, 3),
+            "busy": round(self.busy, 3),
+            "first_batch_s": round(self.first_batch_s, 3),
+            "note": self.note,
             "roles_ms_per_image": {k: round(v, 3) for k, v in sorted(self.roles_ms_per_image.items())},
-        }  # fmt: skip
+        }
 
 
 def _augment(img_size: int):
@@ -127,8 +132,16 @@ def _augment(img_size: int):
     return TrainAugment(input_size=img_size, color_jitter=None)  # RandomResizedCrop + flip
 
 
-def _source(path: str, data: str, *, batch_size: int, img_size: int, epochs: int, chunk_rows: int | None,
-            ray_tasks: bool = False):
+def _source(
+    path: str,
+    data: str,
+    *,
+    batch_size: int,
+    img_size: int,
+    epochs: int,
+    chunk_rows: int | None,
+    ray_tasks: bool = False,
+):
     """The path's rank source, its Pipeline built as a user of that path would (see the module's doc)."""
     from raypipe import ExecutionConfig, FeederSource, Pipeline, PipelineConfig
     from raypipe.pipeline import EpochSource
@@ -159,8 +172,9 @@ def _start_nodes(nodes: int, node_cpus: int, trainer_cpus: int, store_mb: int):
     os.environ.update(worker_pool_env(trainer_cpus + nodes * node_cpus))
     # every simulated node is this machine: node workers connect over the loopback interface
     os.environ.setdefault(HOST_ENV, "127.0.0.1")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": trainer_cpus,
-                                                            "object_store_memory": store_mb << 20})  # fmt: skip
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": trainer_cpus, "object_store_memory": store_mb << 20}
+    )
     # connected before the CPU nodes start, so that the trainer's node is the head: with several raylets
     # on one address a driver may attach to any of them
     ray.init(address=cluster.address, logging_level="ERROR")
@@ -187,11 +201,16 @@ def _measure(name: str, loader, *, epochs: int, count, started: float, note: str
     account.stop()  # before the caller ends the loader: a process gone takes its CPU times with it
     images, seconds = measured
     return PathResult(
-        path=name, images=images, seconds=seconds, images_per_s=images / seconds if seconds else 0.0,
-        cpu_ms_per_image=1000 * account.machine_s / max(1, images), busy=account.busy,
+        path=name,
+        images=images,
+        seconds=seconds,
+        images_per_s=images / seconds if seconds else 0.0,
+        cpu_ms_per_image=1000 * account.machine_s / max(1, images),
+        busy=account.busy,
         roles_ms_per_image={k: 1000 * v / max(1, images) for k, v in account.roles.items()},
-        first_batch_s=r.first_batch_s, note=note,
-    )  # fmt: skip
+        first_batch_s=r.first_batch_s,
+        note=note,
+    )
 
 
 def run_path(
@@ -224,14 +243,26 @@ def run_path(
     elif path in ("ray-nodes", "nodes"):
         cluster = _start_nodes(nodes, node_cpus, trainer_cpus, store_mb)
     across = f"trainer node + {nodes} CPU node(s) of {node_cpus} CPUs"
-    note = {"local": "local workers", "ray-node": "Ray, one node, FeederSource", "ray-nodes": f"Ray tasks, {across}",
-            "nodes": f"node workers (backend='nodes'), {across}"}[path]  # fmt: skip
+    note = {
+        "local": "local workers",
+        "ray-node": "Ray, one node, FeederSource",
+        "ray-nodes": f"Ray tasks, {across}",
+        "nodes": f"node workers (backend='nodes'), {across}",
+    }[path]
     try:
-        source = _source(path, data, batch_size=batch_size, img_size=img_size, epochs=epochs + 1, chunk_rows=chunk_rows,
-                         ray_tasks=ray_tasks)  # fmt: skip
+        source = _source(
+            path,
+            data,
+            batch_size=batch_size,
+            img_size=img_size,
+            epochs=epochs + 1,
+            chunk_rows=chunk_rows,
+            ray_tasks=ray_tasks,
+        )
         with from_timm_args(source, device="cpu", img_dtype="float32") as loader:
-            return _measure(path, loader, epochs=epochs, count=lambda b: int(b["image"].shape[0]), started=started,
-                            note=note)  # fmt: skip
+            return _measure(
+                path, loader, epochs=epochs, count=lambda b: int(b["image"].shape[0]), started=started, note=note
+            )
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -246,8 +277,14 @@ def run_timm(data: str, *, workers: int, epochs: int = 4, batch_size: int = 128,
 
     started = time.perf_counter()
     loader = timm_dataloader(data, _augment(img_size), batch_size=batch_size, workers=workers)
-    return _measure(f"timm-{workers}", loader, epochs=epochs, count=lambda b: int(b[0].shape[0]), started=started,
-                    note=f"timm create_loader, {workers} workers")  # fmt: skip
+    return _measure(
+        f"timm-{workers}",
+        loader,
+        epochs=epochs,
+        count=lambda b: int(b[0].shape[0]),
+        started=started,
+        note=f"timm create_loader, {workers} workers",
+    )
 
 
 def compression_cost(data: str, *, img_size: int = 224, batch_size: int = 128) -> dict:
@@ -262,8 +299,12 @@ def compression_cost(data: str, *, img_size: int = 224, batch_size: int = 128) -
     from raypipe import ExecutionConfig, Pipeline, PipelineConfig
     from raypipe.pipeline import EpochSource
 
-    pipe = Pipeline(data, _augment(img_size), config=PipelineConfig(batch_size=batch_size, seed=0),
-                    execution=ExecutionConfig(backend="local", num_tasks=1))  # fmt: skip
+    pipe = Pipeline(
+        data,
+        _augment(img_size),
+        config=PipelineConfig(batch_size=batch_size, seed=0),
+        execution=ExecutionConfig(backend="local", num_tasks=1),
+    )
     source = EpochSource(pipe, end_epoch=1)
     try:
         images = np.array(next(iter(source))["image"])
@@ -280,6 +321,9 @@ def compression_cost(data: str, *, img_size: int = 224, batch_size: int = 128) -
         zlib.decompress(packed)
         t2 = time.perf_counter()
         n = len(images)
-        out[name] = {"ratio": round(len(packed) / len(raw), 3), "compress_ms_per_image": round(1000 * (t1 - t0) / n, 3),
-                     "decompress_ms_per_image": round(1000 * (t2 - t1) / n, 3)}  # fmt: skip
+        out[name] = {
+            "ratio": round(len(packed) / len(raw), 3),
+            "compress_ms_per_image": round(1000 * (t1 - t0) / n, 3),
+            "decompress_ms_per_image": round(1000 * (t2 - t1) / n, 3),
+        }
     return out

@@ -28,9 +28,16 @@ def _make_tree(folder: Path, prefixes: int, objects: int) -> float:
     return time.perf_counter() - t0
 
 
-def folder_listing(prefixes: int = 100, objects: int = 1000, latency_ms: float = 20.0, in_flight: int = 64,
-                   server_cores: int = 1, io_threads: int = 0, workdir: str = "/tmp/folderlist",
-                   keep: bool = False) -> None:  # fmt: skip
+def folder_listing(
+    prefixes: int = 100,
+    objects: int = 1000,
+    latency_ms: float = 20.0,
+    in_flight: int = 64,
+    server_cores: int = 1,
+    io_threads: int = 0,
+    workdir: str = "/tmp/folderlist",
+    keep: bool = False,
+) -> None:
     """Seconds, requests and CPU to list an ``s3://`` image folder, in one listing and by class prefixes.
 
     Makes ``--prefixes`` class folders of ``--objects`` empty objects each under ``--workdir`` (kept with
@@ -72,12 +79,17 @@ def folder_listing(prefixes: int = 100, objects: int = 1000, latency_ms: float =
         pa.set_io_thread_count(io_threads)
     pages_flat = math.ceil(prefixes * objects / 1000)
     pages_prefixed = math.ceil(prefixes / 1000) + prefixes * max(1, math.ceil(objects / 1000))
-    print(f"{prefixes} prefixes x {objects} objects, {latency_ms:g} ms per request, the server on "
-          f"{len(server_set) if server_set else 'shared'} core(s), the listing on {len(mine)}, pyarrow IO threads "
-          f"{pa.io_thread_count()}", flush=True)  # fmt: skip
+    print(
+        f"{prefixes} prefixes x {objects} objects, {latency_ms:g} ms per request, the server on "
+        f"{len(server_set) if server_set else 'shared'} core(s), the listing on {len(mine)}, pyarrow IO threads "
+        f"{pa.io_thread_count()}",
+        flush=True,
+    )
     try:
-        for name, n, pages in (("one recursive listing", 1, pages_flat),
-                               (f"prefixes, {in_flight} at once", in_flight, pages_prefixed)):  # fmt: skip
+        for name, n, pages in (
+            ("one recursive listing", 1, pages_flat),
+            (f"prefixes, {in_flight} at once", in_flight, pages_prefixed),
+        ):
             server = S3Process(work / "buckets", latency_ms, server_set, cache_listings=True)
             try:
                 served = psutil.Process(server.proc.pid)
@@ -92,9 +104,12 @@ def folder_listing(prefixes: int = 100, objects: int = 1000, latency_ms: float =
             at_once = int(server.served.split("at most ")[1].split()[0]) if "at most " in server.served else 0
             # a prefix's pages go in turn (each asks after the last one's continuation token)
             floor = (pages if n == 1 else pages / max(1, min(n, at_once))) * latency_ms / 1e3
-            print(f"{name:<26} {listed:>9} objects {seconds:7.2f} s  {server.served or '(server said nothing)'}; "
-                  f"latency floor {floor:5.2f} s; server CPU {server_s:6.2f} s ({1e3 * server_s / pages:.1f} ms a "
-                  f"page), listing CPU {client_s:6.2f} s", flush=True)  # fmt: skip
+            print(
+                f"{name:<26} {listed:>9} objects {seconds:7.2f} s  {server.served or '(server said nothing)'}; "
+                f"latency floor {floor:5.2f} s; server CPU {server_s:6.2f} s ({1e3 * server_s / pages:.1f} ms a "
+                f"page), listing CPU {client_s:6.2f} s",
+                flush=True,
+            )
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)

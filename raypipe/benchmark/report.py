@@ -18,10 +18,14 @@ def ratios(results: dict[str, Result]) -> dict[str, float | None]:
     and the decode limit (trainer view), the same with steady-state rates, and raypipe's cold first batch
     over timm's."""
     ours, timm = results.get("raypipe"), best_timm(results)
-    others = {"timm": timm, "naive_ray_data": results.get("naive Ray Data"),
-              "raypipe_on_ray_data": results.get("raypipe on Ray Data"),
-              "dali_cpu": results.get("DALI (CPU)"), "spdl": results.get("SPDL"),
-              "decode_limit": results.get("decode limit")}  # fmt: skip
+    others = {
+        "timm": timm,
+        "naive_ray_data": results.get("naive Ray Data"),
+        "raypipe_on_ray_data": results.get("raypipe on Ray Data"),
+        "dali_cpu": results.get("DALI (CPU)"),
+        "spdl": results.get("SPDL"),
+        "decode_limit": results.get("decode limit"),
+    }
 
     def r(a: float | None, b: float | None) -> float | None:
         return round(a / b, 2) if a is not None and b else None
@@ -33,9 +37,11 @@ def ratios(results: dict[str, Result]) -> dict[str, float | None]:
 
 
 def format_table(title: str, results: dict[str, Result]) -> str:
-    head = (f"{'loader':<18} {'img/s':>7} {'CPU ms/img':>10} {'median':>7} {'spread':>6} {'steady':>7} "
-            f"{'1st batch s':>11} {'epoch start s':>13} {'driver MB':>9} {'workers MB':>10} "
-            f"{'store MB':>8}")  # fmt: skip
+    head = (
+        f"{'loader':<18} {'img/s':>7} {'CPU ms/img':>10} {'median':>7} {'spread':>6} {'steady':>7} "
+        f"{'1st batch s':>11} {'epoch start s':>13} {'driver MB':>9} {'workers MB':>10} "
+        f"{'store MB':>8}"
+    )
     lines = [title, head, "-" * len(head)]
     for res in results.values():
         if res.skipped:
@@ -49,13 +55,17 @@ def format_table(title: str, results: dict[str, Result]) -> str:
         rss = f"{res.peak_rss_mb:.0f}" if res.peak_rss_mb else "-"
         kids = f"{res.peak_children_rss_mb:.0f}" if res.peak_children_rss_mb else "-"
         cpu = f"{res.cpu_ms_per_image:.2f}" if res.cpu_ms_per_image else "-"
-        lines.append(f"{res.name:<18} {res.images_per_s:>7.0f} {cpu:>10} {res.median_rate:>7.0f} {spread:>6} "
-                     f"{steady:>7} {first:>11} {start:>13} {rss:>9} {kids:>10} {store:>8}")  # fmt: skip
-    lines.append("img/s: the epochs after the first, each from the start of its loop to its last batch; CPU ms/img: "
-                 "the machine's busy CPU over those epochs per image (one process's for the decode limit and the "
-                 "kernel); median: of those epochs' rates; spread: (fastest - slowest) / median; steady: without "
-                 "each epoch's wait for its first batch; 1st batch: from the loader's start (its Ray, its "
-                 "workers)")  # fmt: skip
+        lines.append(
+            f"{res.name:<18} {res.images_per_s:>7.0f} {cpu:>10} {res.median_rate:>7.0f} {spread:>6} "
+            f"{steady:>7} {first:>11} {start:>13} {rss:>9} {kids:>10} {store:>8}"
+        )
+    lines.append(
+        "img/s: the epochs after the first, each from the start of its loop to its last batch; CPU ms/img: "
+        "the machine's busy CPU over those epochs per image (one process's for the decode limit and the "
+        "kernel); median: of those epochs' rates; spread: (fastest - slowest) / median; steady: without "
+        "each epoch's wait for its first batch; 1st batch: from the loader's start (its Ray, its "
+        "workers)"
+    )
     for res in results.values():
         if res.skipped:
             lines.append(f"  {res.name}: {res.skipped}")
@@ -86,9 +96,11 @@ def machine() -> str:
 def caption(*, data: str, images: int, batch_size: int, epochs: int, host: str) -> str:
     """The plot's caption: the machine, the data and how the figures were taken."""
     timed = f"{epochs - 1} epochs after a warm-up epoch" if epochs > 1 else "1 epoch"
-    return (f"{host}. Data: {data} ({images} images), batch {batch_size}, {timed}, each from the start of its "
-            "loop to its last batch; bars: images/s over those epochs, whiskers: the slowest and fastest "
-            "epoch.")  # fmt: skip
+    return (
+        f"{host}. Data: {data} ({images} images), batch {batch_size}, {timed}, each from the start of its "
+        "loop to its last batch; bars: images/s over those epochs, whiskers: the slowest and fastest "
+        "epoch."
+    )
 
 
 def plot(path: str, suites: dict[str, dict[str, Result]], caption_text: str = "") -> None:

@@ -22,10 +22,18 @@ class S3Process:
 
     def __init__(self, root: Path, latency_ms: float, cores: set[int] | None = None, *, cache_listings: bool = False):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "raypipe.testing.s3server", str(root), "--latency-ms", str(latency_ms),
-             *(["--cache-listings"] if cache_listings else [])],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "raypipe.testing.s3server",
+                str(root),
+                "--latency-ms",
+                str(latency_ms),
+                *(["--cache-listings"] if cache_listings else []),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.served = ""  # the server's last line once stopped: the requests it answered, the most at once
         if cores:  # before it serves: its threads, started later, take the same cores
             os.sched_setaffinity(self.proc.pid, cores)
@@ -56,7 +64,7 @@ def split_cores(server_cores: int) -> tuple[set[int], set[int] | None]:
     cores = sorted(os.sched_getaffinity(0))
     if server_cores and not 0 < server_cores < len(cores):
         raise ValueError(f"--server-cores must leave at least one of the {len(cores)} cores")
-    server = set(cores[len(cores) - server_cores:]) if server_cores else None
+    server = set(cores[len(cores) - server_cores :]) if server_cores else None
     return set(cores) - (server or set()), server
 
 
@@ -66,8 +74,9 @@ def keep_to(cores: set[int]) -> None:
         os.sched_setaffinity(int(tid), cores)
 
 
-def s3_requests(buckets: str, prefix: str = "bench/folder", threads: int = 32, latency_ms: float = 0.0,
-                ranges: bool = False) -> None:  # fmt: skip
+def s3_requests(
+    buckets: str, prefix: str = "bench/folder", threads: int = 32, latency_ms: float = 0.0, ranges: bool = False
+) -> None:
     """CPU that reading objects over S3 costs, per object, on the client and on the test server.
 
     Reads every object under ``s3://bench/folder`` of a ``bench/cloud_input.py`` work folder (or any folder
@@ -135,19 +144,33 @@ def s3_requests(buckets: str, prefix: str = "bench/folder", threads: int = 32, l
             n, units = len(got), per_unit(len(got), sum(got))
             server_ms = 1e3 * (sum(served.cpu_times()[:2]) - s0) / units
             client_ms = 1e3 * (time.process_time() - c0) / units
-            print(f"{name}: {n} objects in {dt:.2f} s = {n / dt:.0f}/s; CPU per {unit}: client {client_ms:.2f} ms, "
-                  f"server {server_ms:.2f} ms", flush=True)  # fmt: skip
+            print(
+                f"{name}: {n} objects in {dt:.2f} s = {n / dt:.0f}/s; CPU per {unit}: client {client_ms:.2f} ms, "
+                f"server {server_ms:.2f} ms",
+                flush=True,
+            )
     finally:
         server.stop()
 
 
 # The sources of a bench/cloud_input.py work folder, under its buckets/bench/
-SOURCES = {"folder": "folder", "parquet": "parquet/train.parquet", "webdataset": "shards",
-           "s3-folder": "folder", "s3-shards": "shards"}  # fmt: skip
+SOURCES = {
+    "folder": "folder",
+    "parquet": "parquet/train.parquet",
+    "webdataset": "shards",
+    "s3-folder": "folder",
+    "s3-shards": "shards",
+}
 
 
-def cpu_account(source: str, workdir: str = "/tmp/cloudbench", epochs: int = 4, latency_ms: float = 20.0,
-                cpus_per_task: float | None = None, server_cores: int = 0) -> None:  # fmt: skip
+def cpu_account(
+    source: str,
+    workdir: str = "/tmp/cloudbench",
+    epochs: int = 4,
+    latency_ms: float = 20.0,
+    cpus_per_task: float | None = None,
+    server_cores: int = 0,
+) -> None:
     """Where the CPU goes per image when a source is read as ``raypipe run`` reads it, by process.
 
     Runs ``Pipeline`` + ``EpochSource`` (RandomResizedCrop 224 + flip, batch 128, local workers) over one
@@ -189,8 +212,12 @@ def cpu_account(source: str, workdir: str = "/tmp/cloudbench", epochs: int = 4, 
         else:
             rows = open_source(str(buckets / "bench" / SOURCES[source]))
         execution = ExecutionConfig(cpus_per_task=cpus_per_task)  # None: decided by the dataset
-        pipe = Pipeline(rows, TrainAugment(input_size=224, color_jitter=None),
-                        config=PipelineConfig(batch_size=128, seed=0), execution=execution)  # fmt: skip
+        pipe = Pipeline(
+            rows,
+            TrainAugment(input_size=224, color_jitter=None),
+            config=PipelineConfig(batch_size=128, seed=0),
+            execution=execution,
+        )
         stream = EpochSource(pipe, end_epoch=epochs + 1)
         me = psutil.Process()
         served = psutil.Process(server.proc.pid) if server is not None else None
@@ -215,13 +242,16 @@ def cpu_account(source: str, workdir: str = "/tmp/cloudbench", epochs: int = 4, 
             server.stop()
     busy = (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
     per = [1e3 * (x1 - x0) / images for x0, x1 in zip(c0, c1, strict=True)]
-    print(f"{source}: {images / seconds:.0f} img/s over {epochs} epochs, its cores {100 * busy:.0f} % busy; "
-          f"CPU ms per image: driver {per[0]:.2f}, workers {per[1] + per[2]:.2f} (user {per[1]:.2f}, system "
-          f"{per[2]:.2f}), S3 server {per[3]:.2f}")  # fmt: skip
+    print(
+        f"{source}: {images / seconds:.0f} img/s over {epochs} epochs, its cores {100 * busy:.0f} % busy; "
+        f"CPU ms per image: driver {per[0]:.2f}, workers {per[1] + per[2]:.2f} (user {per[1]:.2f}, system "
+        f"{per[2]:.2f}), S3 server {per[3]:.2f}"
+    )
 
 
-def s3_listing(shards: int = 10, samples: int = 250, image_kb: int = 150, latency_ms: float = 20.0,
-               workdir: str = "/tmp/listbench") -> None:  # fmt: skip
+def s3_listing(
+    shards: int = 10, samples: int = 250, image_kb: int = 150, latency_ms: float = 20.0, workdir: str = "/tmp/listbench"
+) -> None:
     """Bytes a WebDataset listing reads over S3, as a share of the dataset's bytes, with and without an index.
 
     Writes ``--shards`` tar shards of ``--samples`` samples (``--image-kb`` KB of JPEG-headed random bytes
@@ -269,8 +299,10 @@ def s3_listing(shards: int = 10, samples: int = 250, image_kb: int = 150, latenc
         t0 = time.perf_counter()
         rows = open_source(data, filesystem=fs)
         seconds = time.perf_counter() - t0
-        print(f"{name:<34} {len(rows):>6} samples  read {server.bytes_sent / 1e6:8.2f} MB of {total / 1e6:7.1f} MB "
-              f"= {100 * server.bytes_sent / total:6.2f} %, {server.count():>5} requests, {seconds:5.2f} s")
+        print(
+            f"{name:<34} {len(rows):>6} samples  read {server.bytes_sent / 1e6:8.2f} MB of {total / 1e6:7.1f} MB "
+            f"= {100 * server.bytes_sent / total:6.2f} %, {server.count():>5} requests, {seconds:5.2f} s"
+        )
 
     started = not ray.is_initialized()
     with S3Server(work / "buckets", latency_ms=latency_ms) as server:
@@ -280,10 +312,14 @@ def s3_listing(shards: int = 10, samples: int = 250, image_kb: int = 150, latenc
         listing("no index", "s3://bench/shards", fs, server, total)
         index_shards("s3://bench/shards", filesystem=fs)
         listing("index by `raypipe index`", "s3://bench/shards", fs, server, total)
-        convert(str(folder), "s3://bench/converted", format="webdataset", samples_per_shard=samples,
-                dst_filesystem=fs)  # fmt: skip
-        listing("shards by `raypipe convert`", "s3://bench/converted", fs, server,
-                dataset_bytes(work / "buckets" / "bench" / "converted"))  # fmt: skip
+        convert(str(folder), "s3://bench/converted", format="webdataset", samples_per_shard=samples, dst_filesystem=fs)
+        listing(
+            "shards by `raypipe convert`",
+            "s3://bench/converted",
+            fs,
+            server,
+            dataset_bytes(work / "buckets" / "bench" / "converted"),
+        )
     if started:
         ray.shutdown()
     shutil.rmtree(work, ignore_errors=True)
@@ -312,5 +348,9 @@ def register(add) -> None:
     p.add_argument("--epochs", type=int, default=4, help="measured epochs, after an unmeasured one")
     p.add_argument("--latency-ms", type=float, default=20.0, help="added before every S3 response")
     p.add_argument("--cpus-per-task", type=float, default=None, help="ExecutionConfig.cpus_per_task (default: its own)")
-    p.add_argument("--server-cores", type=int, default=0,
-                   help="cores of the S3 server's own; the pipeline gets the rest (as in bench/cloud_input.py)")
+    p.add_argument(
+        "--server-cores",
+        type=int,
+        default=0,
+        help="cores of the S3 server's own; the pipeline gets the rest (as in bench/cloud_input.py)",
+    )

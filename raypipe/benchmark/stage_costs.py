@@ -64,8 +64,15 @@ def stage(data: str, block_size: int = 128, img_size: int = 224, repeat: int = 3
     block = {c: table.column(c).to_numpy(zero_copy_only=False) for c in table.column_names}
     n = len(block["sample_id"])
     aug = TrainAugment(input_size=img_size, color_jitter=None)
-    spec = StageSpec(kind=rows.kind, root=rows.root, augment=aug, decode=DecodeConfig(), seed=0, epoch=0,
-                     image_column=rows.image_column)  # fmt: skip
+    spec = StageSpec(
+        kind=rows.kind,
+        root=rows.root,
+        augment=aug,
+        decode=DecodeConfig(),
+        seed=0,
+        epoch=0,
+        image_column=rows.image_column,
+    )
 
     print(f"augmentation stage, {n}-row block, RRC{img_size} + flip, CPU µs/image")
     region = decode._decode_region
@@ -81,7 +88,7 @@ def stage(data: str, block_size: int = 128, img_size: int = 224, repeat: int = 3
     every = {c: rows.table.column(c).to_numpy(zero_copy_only=False) for c in rows.table.column_names}
     t0 = time.thread_time()
     for start in range(0, len(rows), block_size):
-        run_stage({c: col[start:start + block_size] for c, col in every.items()})
+        run_stage({c: col[start : start + block_size] for c, col in every.items()})
     once = (time.thread_time() - t0) / max(1, len(rows)) * 1e6
     print(f"  every row once ({len(rows)} images, partial decodes) {once:7.0f}")
 
@@ -251,8 +258,10 @@ def reads(data: str) -> None:
         full = cpu_us(read_all, 2) / len(files)
     finally:
         paths._NOFOLLOW = nofollow
-    print(f"read_bytes over {len(files)} files, CPU µs/file: directory cached + O_NOFOLLOW {cached:.1f}, "
-          f"full resolve {full:.1f}")  # fmt: skip
+    print(
+        f"read_bytes over {len(files)} files, CPU µs/file: directory cached + O_NOFOLLOW {cached:.1f}, "
+        f"full resolve {full:.1f}"
+    )
 
 
 _BUILD = """
@@ -269,10 +278,13 @@ print(f"wall {{time.perf_counter() - t:.2f}} s, CPU {{time.process_time() - c:.2
 
 def aa_import() -> None:
     """Building a rand-m9 policy in a fresh process: timm's module loaded alone, or through the timm package."""
-    for name, prelude in (("timm's module loaded alone (raypipe)", ""),
-                          ("through the timm package", "import timm.data.auto_augment")):  # fmt: skip
-        out = subprocess.run([sys.executable, "-c", _BUILD.format(prelude=prelude)], capture_output=True,
-                             text=True, check=True).stdout.strip()  # fmt: skip
+    for name, prelude in (
+        ("timm's module loaded alone (raypipe)", ""),
+        ("through the timm package", "import timm.data.auto_augment"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", _BUILD.format(prelude=prelude)], capture_output=True, text=True, check=True
+        ).stdout.strip()
         print(f"build a rand-m9 policy in a fresh process, {name}: {out}")
 
 
@@ -283,11 +295,13 @@ def rng(data: str | None = None) -> None:
 
     ss = np.random.SeedSequence([0, 3, 12345])
     block = BlockRngs(0, 3, np.arange(128))
-    print(f"CPU µs: sample_rng {cpu_us(lambda: sample_rng(0, 3, 12345), 20000):.1f}, "
-          f"SeedSequence {cpu_us(lambda: np.random.SeedSequence([0, 3, 12345]), 20000):.1f}, "
-          f"PCG64 {cpu_us(lambda: np.random.PCG64(ss), 20000):.1f}; BlockRngs per 128-id block "
-          f"{cpu_us(lambda: BlockRngs(0, 3, np.arange(128)), 300):.0f}, "
-          f"get {cpu_us(lambda: block.get(5), 20000):.1f}")  # fmt: skip
+    print(
+        f"CPU µs: sample_rng {cpu_us(lambda: sample_rng(0, 3, 12345), 20000):.1f}, "
+        f"SeedSequence {cpu_us(lambda: np.random.SeedSequence([0, 3, 12345]), 20000):.1f}, "
+        f"PCG64 {cpu_us(lambda: np.random.PCG64(ss), 20000):.1f}; BlockRngs per 128-id block "
+        f"{cpu_us(lambda: BlockRngs(0, 3, np.arange(128)), 300):.0f}, "
+        f"get {cpu_us(lambda: block.get(5), 20000):.1f}"
+    )
     if data:
         _stage_with_and_without_block_rngs(data)
 
@@ -302,12 +316,24 @@ def _stage_with_and_without_block_rngs(data: str) -> None:
 
     root = DatasetRoot(os.path.realpath(data))
     files = sorted(glob.glob(os.path.join(root.root, "*", "*")))[:512]
-    spec = StageSpec(kind="folder", root=root, augment=TrainAugment(input_size=224, color_jitter=None),
-                     decode=DecodeConfig(), seed=0, epoch=1)  # fmt: skip
+    spec = StageSpec(
+        kind="folder",
+        root=root,
+        augment=TrainAugment(input_size=224, color_jitter=None),
+        decode=DecodeConfig(),
+        seed=0,
+        epoch=1,
+    )
     stage = AugmentStage(spec)
-    blocks = [{"sample_id": np.arange(i, i + 128), "path": np.array([os.path.relpath(f, root.root) for f in
-               files[i:i + 128]], dtype=object), "label": np.zeros(128, np.int64), "row": np.zeros(128, np.int64)}
-              for i in range(0, 512, 128)]  # fmt: skip
+    blocks = [
+        {
+            "sample_id": np.arange(i, i + 128),
+            "path": np.array([os.path.relpath(f, root.root) for f in files[i : i + 128]], dtype=object),
+            "label": np.zeros(128, np.int64),
+            "row": np.zeros(128, np.int64),
+        }
+        for i in range(0, 512, 128)
+    ]
 
     class PerSample:  # one sample_rng per image
         def __init__(self, seed, epoch, ids):
@@ -328,8 +354,10 @@ def _stage_with_and_without_block_rngs(data: str) -> None:
             figures.setdefault(name, []).append(cpu_us(run, 2) / 512)
     finally:
         augment.BlockRngs = block_rngs
-    print("stage CPU µs/img (two passes each, alternating): "
-          + ", ".join(f"{k} {' / '.join(f'{v:.0f}' for v in vs)}" for k, vs in figures.items()))  # fmt: skip
+    print(
+        "stage CPU µs/img (two passes each, alternating): "
+        + ", ".join(f"{k} {' / '.join(f'{v:.0f}' for v in vs)}" for k, vs in figures.items())
+    )
 
 
 def resize(data: str) -> None:

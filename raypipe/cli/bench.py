@@ -38,26 +38,50 @@ PEER_LOADERS = ("dali", "spdl")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="compare raypipe with timm's loader, naive Ray Data, DALI and SPDL on the "
-                                     "same images")
-    p.add_argument("data", help="any source raypipe reads (an image folder, Parquet, WebDataset shards, a URI); "
-                                "timm, the Ray Data contenders, DALI and SPDL read a local folder copy of a "
-                                "non-folder source")  # fmt: skip
+    p = sub.add_parser(
+        "bench", help="compare raypipe with timm's loader, naive Ray Data, DALI and SPDL on the same images"
+    )
+    p.add_argument(
+        "data",
+        help="any source raypipe reads (an image folder, Parquet, WebDataset shards, a URI); "
+        "timm, the Ray Data contenders, DALI and SPDL read a local folder copy of a "
+        "non-folder source",
+    )
     add_index_arg(p)
     p.add_argument("--epochs", type=int, default=3, help="epochs per loader; the first is a warm-up")
-    p.add_argument("-b", "--batch-size", type=int, default=128,
-                   help="images per batch; the data must hold at least one batch")  # fmt: skip
+    p.add_argument(
+        "-b", "--batch-size", type=int, default=128, help="images per batch; the data must hold at least one batch"
+    )
     p.add_argument("--img-size", type=int, default=224, help="output image size (square)")
-    p.add_argument("--only", nargs="+", choices=LOADERS, default=list(LOADERS),
-                   help="run only these loaders (dali: NVIDIA DALI's CPU pipeline, spdl: SPDL; rows for those not "
-                        "installed say how to install them)")  # fmt: skip
-    p.add_argument("--suites", nargs="+", choices=("plain", "aa"), default=["plain", "aa"],
-                   help="plain: RandomResizedCrop + flip; aa: also rand-m9-mstd0.5-inc1")  # fmt: skip
-    p.add_argument("--timm-workers", type=int, nargs="+", metavar="N",
-                   help="timm's num_workers settings to try (default: 1x and 2x the cores)")  # fmt: skip
-    p.add_argument("--backend", choices=BACKENDS, default="auto",
-                   help="where raypipe's tasks run (ExecutionConfig.backend); auto, as a training script that "
-                        "has not connected to Ray: local worker processes")  # fmt: skip
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=LOADERS,
+        default=list(LOADERS),
+        help="run only these loaders (dali: NVIDIA DALI's CPU pipeline, spdl: SPDL; rows for those not "
+        "installed say how to install them)",
+    )
+    p.add_argument(
+        "--suites",
+        nargs="+",
+        choices=("plain", "aa"),
+        default=["plain", "aa"],
+        help="plain: RandomResizedCrop + flip; aa: also rand-m9-mstd0.5-inc1",
+    )
+    p.add_argument(
+        "--timm-workers",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="timm's num_workers settings to try (default: 1x and 2x the cores)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="where raypipe's tasks run (ExecutionConfig.backend); auto, as a training script that "
+        "has not connected to Ray: local worker processes",
+    )
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--plot", help="write a PNG bar chart here (needs matplotlib: pip install raypipe[bench])")
     p.set_defaults(func=main)
@@ -92,8 +116,9 @@ def check_args(args: argparse.Namespace):
     return data
 
 
-def _run_one(name: str, aug: TrainAugment, args: argparse.Namespace, files: list[bytes], cores: int,
-             started: float | None = None):  # fmt: skip
+def _run_one(
+    name: str, aug: TrainAugment, args: argparse.Namespace, files: list[bytes], cores: int, started: float | None = None
+):
     """One contender; ``args.data`` is what raypipe reads, ``args.folder`` the folder timm and naive Ray
     Data read, ``args.workers`` timm's num_workers."""
     from raypipe.benchmark import contenders
@@ -105,11 +130,13 @@ def _run_one(name: str, aug: TrainAugment, args: argparse.Namespace, files: list
         return contenders.kernel_per_core(files, aug)
     backend, index = getattr(args, "backend", "auto"), getattr(args, "index", None)
     if name == "raypipe":
-        return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e, started=started, backend=backend,
-                                           index=index)  # fmt: skip
+        return contenders.raypipe_pipeline(
+            args.data, aug, batch_size=b, epochs=e, started=started, backend=backend, index=index
+        )
     if name == "packed":
-        return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e, device_side=False, started=started,
-                                           backend=backend, index=index)  # fmt: skip
+        return contenders.raypipe_pipeline(
+            args.data, aug, batch_size=b, epochs=e, device_side=False, started=started, backend=backend, index=index
+        )
     if name == "timm":
         return contenders.timm_loader(args.folder, aug, batch_size=b, epochs=e, workers=args.workers, started=started)
     if name == "raydata":
@@ -167,11 +194,19 @@ def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
             ray.shutdown()
 
 
-def _run_in_child(name: str, aug: TrainAugment, args: argparse.Namespace, cores: int, *, folder: str | None,
-                  workers: int = 0):  # fmt: skip
-    settings = {"data": args.data, "folder": folder, "workers": workers, "batch_size": args.batch_size,
-                "epochs": args.epochs, "verbose": bool(getattr(args, "verbose", False)),
-                "backend": getattr(args, "backend", "auto"), "index": getattr(args, "index", None)}  # fmt: skip
+def _run_in_child(
+    name: str, aug: TrainAugment, args: argparse.Namespace, cores: int, *, folder: str | None, workers: int = 0
+):
+    settings = {
+        "data": args.data,
+        "folder": folder,
+        "workers": workers,
+        "batch_size": args.batch_size,
+        "epochs": args.epochs,
+        "verbose": bool(getattr(args, "verbose", False)),
+        "backend": getattr(args, "backend", "auto"),
+        "index": getattr(args, "index", None),
+    }
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(_run_isolated, name, aug, settings, cores).result()
 
@@ -214,8 +249,10 @@ def main(args: argparse.Namespace) -> int:
                         res = _run_one(name, aug, args, files, cores)
                     results[res.name] = res
                     if res.images_per_s > 0:
-                        print(f"  {res.name:<18} {res.images_per_s:8.0f} img/s "
-                              f"{res.cpu_ms_per_image:6.2f} CPU ms/image", flush=True)  # fmt: skip
+                        print(
+                            f"  {res.name:<18} {res.images_per_s:8.0f} img/s {res.cpu_ms_per_image:6.2f} CPU ms/image",
+                            flush=True,
+                        )
                     else:
                         print(f"  {res.name:<18}        - (no batch came out: nothing to time)", flush=True)
             suites[title] = results
@@ -237,7 +274,8 @@ def main(args: argparse.Namespace) -> int:
         },
     )
     if args.plot:
-        text = caption(data=args.data, images=data.images, batch_size=args.batch_size, epochs=args.epochs,
-                       host=machine())  # fmt: skip
+        text = caption(
+            data=args.data, images=data.images, batch_size=args.batch_size, epochs=args.epochs, host=machine()
+        )
         plot(args.plot, suites, text)
     return 0

@@ -25,10 +25,14 @@ def add_parser(sub) -> None:
         "documents' kind: RayCluster, RayJob) offline. One line per file: ok, or what is wrong. Exit "
         "status 2 when any file is invalid.",
     )
-    p.add_argument("paths", nargs="*", metavar="PATH",
-                   help=f"files to check (default: {DEFAULT_PATH} in the current directory)")  # fmt: skip
-    p.add_argument("--preprocess-resource", default="preprocess",
-                   help="the custom resource a KubeRay CPU worker group must advertise")  # fmt: skip
+    p.add_argument(
+        "paths", nargs="*", metavar="PATH", help=f"files to check (default: {DEFAULT_PATH} in the current directory)"
+    )
+    p.add_argument(
+        "--preprocess-resource",
+        default="preprocess",
+        help="the custom resource a KubeRay CPU worker group must advertise",
+    )
     p.add_argument("--json", help="write a machine-readable report here")
     p.set_defaults(func=main)
 
@@ -52,8 +56,11 @@ def check_file(path: str, *, resource: str) -> str:
 
     if kind_of(path) == KUBERAY:
         docs = check_kuberay_manifest(path, resource=resource)
-        names = [f"{d['kind']} {(d.get('metadata') or {}).get('name', '?')}" for d in docs
-                 if isinstance(d, dict) and d.get("kind") in ("RayCluster", "RayJob")]  # fmt: skip
+        names = [
+            f"{d['kind']} {(d.get('metadata') or {}).get('name', '?')}"
+            for d in docs
+            if isinstance(d, dict) and d.get("kind") in ("RayCluster", "RayJob")
+        ]
         return ", ".join(names)
     config = validate_cluster_config(path)
     return f"provider {config['provider']['type']}, node types {', '.join(config['available_node_types'])}"

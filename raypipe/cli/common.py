@@ -81,8 +81,9 @@ def progress(total: int | None, desc: str, unit: str = "img"):
         return _LineProgress(total, desc, unit, PROGRESS_INTERVAL_S, sys.stderr, disabled)
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, mininterval=0.5, disable=disabled,
-                file=sys.stderr)  # fmt: skip
+    return tqdm(
+        total=total, desc=desc, unit=unit, dynamic_ncols=True, mininterval=0.5, disable=disabled, file=sys.stderr
+    )
 
 
 def check_json_path(path: str | None) -> None:
@@ -115,8 +116,14 @@ def listing_from_args(args):
     """The ``ListingOptions`` of the source flags (``raypipe.flags.add_source_args``)."""
     from raypipe.sources import ListingOptions
 
-    return ListingOptions(kind=args.kind, image_column=args.image_column, label_column=args.label_column,
-                          path_column=args.path_column, root=args.root, index=args.index)  # fmt: skip
+    return ListingOptions(
+        kind=args.kind,
+        image_column=args.image_column,
+        label_column=args.label_column,
+        path_column=args.path_column,
+        root=args.root,
+        index=args.index,
+    )
 
 
 def rows_from_args(args):

@@ -49,21 +49,41 @@ def main(args: argparse.Namespace) -> int:
         bar.set_postfix_str(f"{samples} samples", refresh=False)
 
     try:
-        report = convert(args.src, args.dst, format=args.format, shard_size=args.shard_size, max_side=args.max_side,
-                         progress=shown, options=options)  # fmt: skip
+        report = convert(
+            args.src,
+            args.dst,
+            format=args.format,
+            shard_size=args.shard_size,
+            max_side=args.max_side,
+            progress=shown,
+            options=options,
+        )
     finally:
         if bar is not None:
             bar.close()
-    print(f"raypipe convert: {report.samples} samples in {len(report.shards)} {args.format} shards "
-          f"under {args.dst} ({report.pattern}), {report.seconds:.1f}s")  # fmt: skip
+    print(
+        f"raypipe convert: {report.samples} samples in {len(report.shards)} {args.format} shards "
+        f"under {args.dst} ({report.pattern}), {report.seconds:.1f}s"
+    )
     if args.max_side:
         print(f"  resized {report.resized}, kept undecodable {report.undecodable}")
     if report.skipped:
         print(f"  left out {len(report.skipped)} unreadable samples:")
         for s in report.skipped[:20]:
             print(f"    {s['reason']:<13} {s['path']}  {s['detail']}".rstrip())
-    write_json(args.json, {"src": args.src, "dst": args.dst, "format": args.format, "shards": list(report.shards),
-                           "pattern": report.pattern, "samples": report.samples, "skipped": list(report.skipped),
-                           "resized": report.resized, "undecodable": report.undecodable,
-                           "classes": report.extra.get("classes", [])})  # fmt: skip
+    write_json(
+        args.json,
+        {
+            "src": args.src,
+            "dst": args.dst,
+            "format": args.format,
+            "shards": list(report.shards),
+            "pattern": report.pattern,
+            "samples": report.samples,
+            "skipped": list(report.skipped),
+            "resized": report.resized,
+            "undecodable": report.undecodable,
+            "classes": report.extra.get("classes", []),
+        },
+    )
     return 0

@@ -35,8 +35,11 @@ COMMANDS = ("sample", "scan", "run", "preview", "convert", "index", "bench", "cl
 
 _MAX_FAILURE_LINES = 6
 # raypipe's own "the run failed" exceptions, by module (checked only once their module is imported).
-_RUN_FAILURES = (("raypipe.pipeline.accounting", "SkipLimitError"), ("raypipe.pipeline.feeder", "FeederDiedError"),
-                 ("raypipe.sources.tar_members", "ShardChangedError"))  # fmt: skip
+_RUN_FAILURES = (
+    ("raypipe.pipeline.accounting", "SkipLimitError"),
+    ("raypipe.pipeline.feeder", "FeederDiedError"),
+    ("raypipe.sources.tar_members", "ShardChangedError"),
+)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -62,8 +65,9 @@ def _add_global_flags(p: argparse.ArgumentParser, *, top: bool) -> None:
     # work; the commands' copies default to SUPPRESS so they do not reset a value given before them.
     default = False if top else argparse.SUPPRESS
     p.add_argument("--debug", action="store_true", default=default, help="show the traceback of an error")
-    p.add_argument("-v", "--verbose", action="store_true", default=default,
-                   help="show Ray's start-up messages and INFO logs")  # fmt: skip
+    p.add_argument(
+        "-v", "--verbose", action="store_true", default=default, help="show Ray's start-up messages and INFO logs"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,9 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"raypipe {__version__}")
     _add_global_flags(parser, top=True)
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", help="run `raypipe COMMAND --help` for its flags",
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        help="run `raypipe COMMAND --help` for its flags",
         parser_class=functools.partial(ArgumentParser, formatter_class=HelpFormatter),
-    )  # fmt: skip
+    )
     for name in COMMANDS:
         importlib.import_module(f"raypipe.cli.{name}").add_parser(sub)
     for command in sub.choices.values():

@@ -19,9 +19,12 @@ MAX_COUNT = 256
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("preview", help="write a grid of augmented samples with labels to a PNG",
-                       description="Write a grid of the first --count augmented images of an epoch, with their "
-                                   "labels, to a PNG. Runs in this process: no Ray starts.")  # fmt: skip
+    p = sub.add_parser(
+        "preview",
+        help="write a grid of augmented samples with labels to a PNG",
+        description="Write a grid of the first --count augmented images of an epoch, with their "
+        "labels, to a PNG. Runs in this process: no Ray starts.",
+    )
     add_source_args(p)
     add_augment_args(p)
     p.add_argument("--seed", type=int, help="augmentation and shuffle seed (default: 0, as in raypipe run)")

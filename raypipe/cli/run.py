@@ -17,9 +17,11 @@ def add_parser(sub) -> None:
     p.add_argument("--eval", action="store_true", help="use the eval transform instead of training augmentation")
     p.add_argument("--no-shuffle", action="store_true", help="read the dataset in its listing order every epoch")
     p.add_argument("--device", default="cpu", help="trainer-side device for the DeviceLoader: cpu, cuda or cuda:N")
-    p.add_argument("--object-store-mb", type=int,
-                   help="cap the object store of a Ray started here (ignored with RAY_ADDRESS or local workers; "
-                        "default: Ray's)")  # fmt: skip
+    p.add_argument(
+        "--object-store-mb",
+        type=int,
+        help="cap the object store of a Ray started here (ignored with RAY_ADDRESS or local workers; default: Ray's)",
+    )
     p.add_argument("--json", help="write a machine-readable report here")
     p.set_defaults(func=main)
 
@@ -60,12 +62,14 @@ def main(args: argparse.Namespace) -> int:
     from raypipe.runtime import process_memory_mb, tune_consumer_process
 
     augment = cfg["eval"] if args.eval else cfg["augment"]
-    pipe = Pipeline(rows, augment, config=cfg["pipeline"], execution=cfg["execution"], decode=cfg["decode"],
-                    content_digest=True)  # fmt: skip
+    pipe = Pipeline(
+        rows, augment, config=cfg["pipeline"], execution=cfg["execution"], decode=cfg["decode"], content_digest=True
+    )
     if pipe.uses_ray():
         # In the background: the first chunks are made here while Ray starts (raypipe.pipeline.stream).
-        connect_quietly(args, object_store_memory=args.object_store_mb * 2**20 if args.object_store_mb else None,
-                        wait=False)  # fmt: skip
+        connect_quietly(
+            args, object_store_memory=args.object_store_mb * 2**20 if args.object_store_mb else None, wait=False
+        )
     tune_consumer_process()
 
     print(f"raypipe run: {len(rows)} samples ({rows.kind}) from {args.data}, batch {cfg['pipeline'].batch_size}")

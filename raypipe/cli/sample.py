@@ -9,15 +9,17 @@ from raypipe.cli.common import progress
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("sample-data", help="write an ImageNet-like JPEG image folder made from real photos",
-                       description="Write an ImageNet-like JPEG image folder (one class per shipped photo); "
-                                   "the same arguments write the same bytes.")  # fmt: skip
+    p = sub.add_parser(
+        "sample-data",
+        help="write an ImageNet-like JPEG image folder made from real photos",
+        description="Write an ImageNet-like JPEG image folder (one class per shipped photo); "
+        "the same arguments write the same bytes.",
+    )
     p.add_argument("out_dir", help="folder to write <class>/<class>_<i>.jpg into")
     p.add_argument("--classes", type=int, default=10, help="number of classes (one per shipped photo)")
     p.add_argument("--per-class", type=int, default=30, help="images per class")
     p.add_argument("--seed", type=int, default=0, help="seed of the crops and colour shifts")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                   help="processes (the same files for any count)")  # fmt: skip
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (the same files for any count)")
     p.set_defaults(func=main)
 
 

@@ -25,11 +25,16 @@ def add_parser(sub) -> None:
         f"when any image is bad. Up to {_IN_PROCESS_MAX} images are decoded in this process; more run on Ray.",
     )
     add_source_args(p)
-    p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
-                   help="images with more pixels are skipped as decompression bombs")  # fmt: skip
+    p.add_argument(
+        "--max-pixels",
+        type=int,
+        default=DEFAULT_MAX_PIXELS,
+        help="images with more pixels are skipped as decompression bombs",
+    )
     p.add_argument("--num-tasks", type=int, help="decode tasks at once on Ray (default: the cluster's CPUs / 0.5)")
-    p.add_argument("--ray", action="store_true",
-                   help=f"decode on Ray even when there are at most {_IN_PROCESS_MAX} images")  # fmt: skip
+    p.add_argument(
+        "--ray", action="store_true", help=f"decode on Ray even when there are at most {_IN_PROCESS_MAX} images"
+    )
     p.add_argument("--json", help="write a machine-readable report here")
     p.set_defaults(func=main)
 
@@ -75,8 +80,9 @@ def _scan_on_ray(args, rows, augment, decode):
     # Every image is reported, however many are bad: no skip limit.
     config = PipelineConfig(batch_size=1024, shuffle=False, max_skip_ratio=None)
     connect_quietly(args)
-    run = Pipeline(rows, augment, config=config, execution=ExecutionConfig(num_tasks=args.num_tasks),
-                   decode=decode).epoch(0)  # fmt: skip
+    run = Pipeline(
+        rows, augment, config=config, execution=ExecutionConfig(num_tasks=args.num_tasks), decode=decode
+    ).epoch(0)
     with progress(len(rows), "scan") as bar:
         for batch in run:
             bar.update(len(batch["sample_id"]))

@@ -66,15 +66,13 @@ def join_batch(parts: Parts, image: torch.Tensor, label: Any, sample_id: Any) ->
 
 
 def detect_layout(shape: tuple, channels: int, declared: str) -> str:
-    """"NHWC" or "NCHW" for a 4-D image batch with ``channels`` channels; ValueError if it can't be."""
+    """ "NHWC" or "NCHW" for a 4-D image batch with ``channels`` channels; ValueError if it can't be."""
     if len(shape) != 4:
         raise ValueError(f"image batch must be 4-D (NHWC or NCHW), got shape {tuple(shape)}")
     nhwc, nchw = shape[3] == channels, shape[1] == channels
     if declared != "auto":
         if not (nhwc if declared == "NHWC" else nchw):
-            raise ValueError(
-                f"layout={declared!r} but image shape {tuple(shape)} has no {channels} channels there"
-            )
+            raise ValueError(f"layout={declared!r} but image shape {tuple(shape)} has no {channels} channels there")
         return declared
     if nhwc and nchw:
         raise ValueError(f"image shape {tuple(shape)} is ambiguous; pass layout='NHWC' or 'NCHW'")

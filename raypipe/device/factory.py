@@ -90,12 +90,25 @@ def from_timm_args(
     )
     erasing = _build(
         RandomErasing,
-        {"probability": "re_prob", "mode": "re_mode", "max_count": "re_count", "min_area": "re_min_area",
-         "max_area": "re_max_area", "min_aspect": "re_min_aspect", "max_aspect": "re_max_aspect",
-         "num_splits": "re_num_splits"},
-        probability=re_prob, mode=re_mode, max_count=re_count, min_area=re_min_area, max_area=re_max_area,
-        min_aspect=re_min_aspect, max_aspect=re_max_aspect, num_splits=re_num_splits,
-    )  # fmt: skip
+        {
+            "probability": "re_prob",
+            "mode": "re_mode",
+            "max_count": "re_count",
+            "min_area": "re_min_area",
+            "max_area": "re_max_area",
+            "min_aspect": "re_min_aspect",
+            "max_aspect": "re_max_aspect",
+            "num_splits": "re_num_splits",
+        },
+        probability=re_prob,
+        mode=re_mode,
+        max_count=re_count,
+        min_area=re_min_area,
+        max_area=re_max_area,
+        min_aspect=re_min_aspect,
+        max_aspect=re_max_aspect,
+        num_splits=re_num_splits,
+    )
     if label_smoothing is not None:
         check_prob("label_smoothing", label_smoothing)
     mixup = None
@@ -103,10 +116,16 @@ def from_timm_args(
         mixup = _build(
             Mixup,
             {"prob": "mixup_prob", "switch_prob": "mixup_switch_prob", "mode": "mixup_mode"},
-            mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, cutmix_minmax=cutmix_minmax, prob=mixup_prob,
-            switch_prob=mixup_switch_prob, mode=mixup_mode, correct_lam=correct_lam,
-            label_smoothing=label_smoothing, num_classes=num_classes,
-        )  # fmt: skip
+            mixup_alpha=mixup_alpha,
+            cutmix_alpha=cutmix_alpha,
+            cutmix_minmax=cutmix_minmax,
+            prob=mixup_prob,
+            switch_prob=mixup_switch_prob,
+            mode=mixup_mode,
+            correct_lam=correct_lam,
+            label_smoothing=label_smoothing,
+            num_classes=num_classes,
+        )
     else:  # still validated, so a typo does not wait for the day mixup is switched on
         for name, value in (("mixup_alpha", mixup_alpha), ("cutmix_alpha", cutmix_alpha)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value != 0:
@@ -117,9 +136,18 @@ def from_timm_args(
         if mixup_mode not in MIX_MODES:
             raise ValueError(f"mixup_mode={mixup_mode!r}: expected one of {MIX_MODES}")
     return DeviceLoader(
-        source, device=device, normalize=normalize, erasing=erasing, mixup=mixup, prefetch=prefetch,
-        pin_memory=pin_memory, layout=layout, seed=seed, rank=rank, close_timeout_s=close_timeout_s,
-    )  # fmt: skip
+        source,
+        device=device,
+        normalize=normalize,
+        erasing=erasing,
+        mixup=mixup,
+        prefetch=prefetch,
+        pin_memory=pin_memory,
+        layout=layout,
+        seed=seed,
+        rank=rank,
+        close_timeout_s=close_timeout_s,
+    )
 
 
 def _positive(value: Any) -> bool:

@@ -175,8 +175,11 @@ class DeviceLoader:
     ) -> None:
         self.device = _device(device)
         self.normalize = Normalize() if normalize is None else normalize
-        for name, value, cls in (("normalize", self.normalize, Normalize), ("erasing", erasing, RandomErasing),
-                                 ("mixup", mixup, Mixup)):  # fmt: skip
+        for name, value, cls in (
+            ("normalize", self.normalize, Normalize),
+            ("erasing", erasing, RandomErasing),
+            ("mixup", mixup, Mixup),
+        ):
             if value is not None and not isinstance(value, cls):
                 fail(name, value, f"expected a raypipe.device.{cls.__name__} (or None)")
         self.erasing = erasing if erasing is not None and erasing.enabled else None
@@ -249,8 +252,10 @@ class DeviceLoader:
             return Position(epoch=epoch, batches=batches).as_dict()
         position = Position.from_dict(source)
         if position.epoch != epoch:
-            raise ValueError(f"this DeviceLoader's pass is epoch {epoch} and its source is in epoch {position.epoch}: "
-                             "set_epoch(e) on the loader moves both")  # fmt: skip
+            raise ValueError(
+                f"this DeviceLoader's pass is epoch {epoch} and its source is in epoch {position.epoch}: "
+                "set_epoch(e) on the loader moves both"
+            )
         return position.with_batches(batches).as_dict()
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
@@ -261,8 +266,10 @@ class DeviceLoader:
         if saved.placed:
             load = getattr(self.source, "load_state_dict", None)
             if load is None:
-                raise ValueError(f"the state holds a source position, and the source {type(self.source).__name__} "
-                                 "has no load_state_dict")  # fmt: skip
+                raise ValueError(
+                    f"the state holds a source position, and the source {type(self.source).__name__} "
+                    "has no load_state_dict"
+                )
             load(saved.as_state())
         self._stop(self._active)
         self._pass = None

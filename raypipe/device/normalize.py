@@ -116,9 +116,14 @@ class Normalize:
         """Normalise the uint8 batch ``x`` in ``layout``; ``out`` (optional) receives the result."""
         device = torch.device("cpu") if isinstance(x, np.ndarray) else x.device
         return normalize(
-            x, mean=self.mean, std=self.std, dtype=self.dtype_on(device), layout=layout,
-            channels_last=self.channels_last, out=out,
-        )  # fmt: skip
+            x,
+            mean=self.mean,
+            std=self.std,
+            dtype=self.dtype_on(device),
+            layout=layout,
+            channels_last=self.channels_last,
+            out=out,
+        )
 
 
 def _channel_values(name: str, values: Any) -> tuple[float, ...]:

@@ -180,8 +180,11 @@ class EqualBatches:
         need = want - rows
         self.padded_rows = need
         if first is None and need and self.image_shape is not None:
-            first = {"image": np.zeros((1, *self.image_shape), np.uint8), "label": np.zeros(1, np.int64),
-                     "sample_id": np.full(1, -1, np.int64)}  # fmt: skip
+            first = {
+                "image": np.zeros((1, *self.image_shape), np.uint8),
+                "label": np.zeros(1, np.int64),
+                "sample_id": np.full(1, -1, np.int64),
+            }
         if held is not None and need:
             take = min(need, b - len(held["sample_id"]))
             held = _concat(held, _padding(first, take))

@@ -103,9 +103,12 @@ class RankLoader:
         self.rank, self.world_size = rank, world_size
         self.training = training
         self.batches = EqualBatches(
-            self.source, batch_size=b, num_batches=num_batches, pad_to=pad_to,
+            self.source,
+            batch_size=b,
+            num_batches=num_batches,
+            pad_to=pad_to,
             image_shape=pipeline.batch_spec.image_shape,
-        )  # fmt: skip
+        )
         kwargs = dict(device_kwargs or {})
         kwargs.setdefault("seed", cfg.seed)
         kwargs.setdefault("rank", rank)

@@ -75,13 +75,24 @@ class RayDataAugment:
             raise ValueError('details=True adds the kept bad rows\' detail: it needs bad_rows="keep"')
         self.bad_rows, self.details = bad_rows, details
         self._class_index = {name: i for i, name in enumerate(classes)} if classes is not None else None
-        base = StageSpec(kind="raydata", root=DATASET_ROOT, augment=augment, decode=decode or DecodeConfig(),
-                         seed=int(seed), epoch=int(epoch))  # fmt: skip
+        base = StageSpec(
+            kind="raydata",
+            root=DATASET_ROOT,
+            augment=augment,
+            decode=decode or DecodeConfig(),
+            seed=int(seed),
+            epoch=int(epoch),
+        )
         self._specs = {"bytes": base}
         if root is not None:
-            self._specs["paths"] = StageSpec(kind="manifest", root=open_root(root, filesystem=filesystem),
-                                             augment=base.augment, decode=base.decode, seed=base.seed,
-                                             epoch=base.epoch)  # fmt: skip
+            self._specs["paths"] = StageSpec(
+                kind="manifest",
+                root=open_root(root, filesystem=filesystem),
+                augment=base.augment,
+                decode=base.decode,
+                seed=base.seed,
+                epoch=base.epoch,
+            )
         self._stages: dict[str, AugmentStage] = {}
 
     def __call__(self, batch) -> dict[str, np.ndarray]:
@@ -89,8 +100,10 @@ class RayDataAugment:
         cells = _column(batch, image_column)
         ids = _column(batch, id_column)
         if ids.dtype.kind not in "iu":
-            raise ValueError(f"id column {id_column!r} holds {ids.dtype} values: every row needs an integer sample "
-                             "id (a null one makes the column float)")  # fmt: skip
+            raise ValueError(
+                f"id column {id_column!r} holds {ids.dtype} values: every row needs an integer sample "
+                "id (a null one makes the column float)"
+            )
         labels, errors = _labels(_column(batch, label_column), label_column, self._class_index)
         rows = {"sample_id": ids.astype(np.int64), "label": labels, "error": errors}
         if any(isinstance(c, str) for c in cells):
@@ -103,8 +116,13 @@ class RayDataAugment:
         out = self._stage(kind)(rows)
         ok = out["ok"]
         if self.bad_rows == "keep":
-            kept = {"image": out["image"], "label": out["label"], "sample_id": out["sample_id"], "ok": ok,
-                    "reason": np.array([REASON_CODES[r] for r in out["reason"]], dtype=np.int8)}  # fmt: skip
+            kept = {
+                "image": out["image"],
+                "label": out["label"],
+                "sample_id": out["sample_id"],
+                "ok": ok,
+                "reason": np.array([REASON_CODES[r] for r in out["reason"]], dtype=np.int8),
+            }
             if self.details:
                 kept["detail"] = out["detail"].astype(str)
             return kept

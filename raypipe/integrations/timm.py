@@ -132,13 +132,17 @@ def create_loader(
     """
     for name, value, why in (
         ("num_aug_splits", num_aug_splits, "AugMix splits need timm's AugMixDataset"),
-        ("num_aug_repeats", num_aug_repeats, "repeated augmentation would draw the same augmentation for "
-                                             "each repeat (raypipe seeds by sample and epoch)"),
+        (
+            "num_aug_repeats",
+            num_aug_repeats,
+            "repeated augmentation would draw the same augmentation for "
+            "each repeat (raypipe seeds by sample and epoch)",
+        ),
         ("input_size_choices", input_size_choices, "scheduled input sizes are not supported"),
         ("batch_size_choices", batch_size_choices, "scheduled batch sizes are not supported"),
         ("num_batches", num_batches, "the batches per epoch follow from the dataset and batch_size"),
         ("crop_border_pixels", crop_border_pixels, "eval crops by crop_pct and crop_mode only"),
-    ):  # fmt: skip
+    ):
         if value:
             _refuse(name, value, why)
     if tf_preprocessing:
@@ -160,11 +164,23 @@ def create_loader(
 
     check_same_listing(rows.digest(), rank=rank, world_size=world_size)  # each rank listed on its own
     augment = augment_of(
-        input_size, is_training=is_training, no_aug=no_aug, scale=scale, ratio=ratio, hflip=hflip, vflip=vflip,
-        color_jitter=color_jitter, color_jitter_prob=color_jitter_prob, grayscale_prob=grayscale_prob,
-        gaussian_blur_prob=gaussian_blur_prob, auto_augment=auto_augment, interpolation=interpolation,
-        mean=mean, crop_pct=crop_pct, crop_mode=crop_mode,
-    )  # fmt: skip
+        input_size,
+        is_training=is_training,
+        no_aug=no_aug,
+        scale=scale,
+        ratio=ratio,
+        hflip=hflip,
+        vflip=vflip,
+        color_jitter=color_jitter,
+        color_jitter_prob=color_jitter_prob,
+        grayscale_prob=grayscale_prob,
+        gaussian_blur_prob=gaussian_blur_prob,
+        auto_augment=auto_augment,
+        interpolation=interpolation,
+        mean=mean,
+        crop_pct=crop_pct,
+        crop_mode=crop_mode,
+    )
     seed = batch_choice_seed if seed is None else seed
     config = PipelineConfig(batch_size=batch_size, shuffle=is_training, drop_last=is_training, seed=seed)
 
@@ -177,18 +193,32 @@ def create_loader(
         connect_node(wait=world_size > 1)
     erasing = is_training and not no_aug  # timm's PrefetchLoader erases only then
     device_kwargs = dict(
-        device=device, img_dtype=torch.float16 if fp16 else img_dtype, mean=tuple(mean), std=tuple(std),
-        channels_last=channels_last, pin_memory=bool(pin_memory),
-        re_prob=re_prob if erasing else 0.0, re_mode=re_mode, re_count=re_count,
-        re_num_splits=2 if (re_split and erasing) else 0, **mix_kwargs,
-    )  # fmt: skip
+        device=device,
+        img_dtype=torch.float16 if fp16 else img_dtype,
+        mean=tuple(mean),
+        std=tuple(std),
+        channels_last=channels_last,
+        pin_memory=bool(pin_memory),
+        re_prob=re_prob if erasing else 0.0,
+        re_mode=re_mode,
+        re_count=re_count,
+        re_num_splits=2 if (re_split and erasing) else 0,
+        **mix_kwargs,
+    )
     if reserved_cpus is None:
         reserved_cpus = float(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
     pipeline = Pipeline(rows, augment, config=config, execution=execution, decode=decode)
     return RankLoader(
-        pipeline, training=is_training, rank=rank, world_size=world_size, device_kwargs=device_kwargs,
-        dataset=shown, yield_ids=yield_ids, feeder=feeder, reserved_cpus=reserved_cpus,
-    )  # fmt: skip
+        pipeline,
+        training=is_training,
+        rank=rank,
+        world_size=world_size,
+        device_kwargs=device_kwargs,
+        dataset=shown,
+        yield_ids=yield_ids,
+        feeder=feeder,
+        reserved_cpus=reserved_cpus,
+    )
 
 
 def execution_for(execution: ExecutionConfig | None, device: Any) -> ExecutionConfig:
@@ -230,8 +260,10 @@ def rows_of(dataset: Any, *, class_map: Any = None) -> tuple[SourceRows | ShardL
         rows = open_source(os.fspath(dataset), class_map=class_map)
         return rows, rows
     if is_ray_dataset(dataset):  # each rank's listing would put its own copy of the bytes in the store
-        raise ValueError("dataset is a Ray Dataset: list it once, rows = raypipe.open_source(ds) (on the driver), "
-                         "and give the rows; every rank's loader reads them")  # fmt: skip
+        raise ValueError(
+            "dataset is a Ray Dataset: list it once, rows = raypipe.open_source(ds) (on the driver), "
+            "and give the rows; every rank's loader reads them"
+        )
     reader = getattr(dataset, "reader", None)
     root, class_to_idx = getattr(reader, "root", None), getattr(reader, "class_to_idx", None)
     samples = getattr(reader, "samples", None)
@@ -273,26 +305,41 @@ def mixup_of(collate_fn: Callable | None) -> dict[str, Any]:
     if collate_fn is fast_collate:
         return {}
     if not isinstance(collate_fn, TimmMixup):
-        _refuse("collate_fn", collate_fn, "only timm's fast_collate, Mixup or FastCollateMixup (mixup moves to the "
-                                          "device); batches are collated by raypipe")  # fmt: skip
+        _refuse(
+            "collate_fn",
+            collate_fn,
+            "only timm's fast_collate, Mixup or FastCollateMixup (mixup moves to the "
+            "device); batches are collated by raypipe",
+        )
     if getattr(collate_fn, "multi_label", False):
         _refuse("collate_fn", collate_fn, "multi_label mixup is not implemented")
     return dict(
-        mixup_alpha=collate_fn.mixup_alpha, cutmix_alpha=collate_fn.cutmix_alpha,
-        cutmix_minmax=collate_fn.cutmix_minmax, mixup_prob=collate_fn.mix_prob,
-        mixup_switch_prob=collate_fn.switch_prob, mixup_mode=collate_fn.mode, correct_lam=collate_fn.correct_lam,
-        label_smoothing=collate_fn.label_smoothing, num_classes=collate_fn.num_classes,
-    )  # fmt: skip
+        mixup_alpha=collate_fn.mixup_alpha,
+        cutmix_alpha=collate_fn.cutmix_alpha,
+        cutmix_minmax=collate_fn.cutmix_minmax,
+        mixup_prob=collate_fn.mix_prob,
+        mixup_switch_prob=collate_fn.switch_prob,
+        mixup_mode=collate_fn.mode,
+        correct_lam=collate_fn.correct_lam,
+        label_smoothing=collate_fn.label_smoothing,
+        num_classes=collate_fn.num_classes,
+    )
 
 
 def _mix_kwargs(mixup: Mixup) -> dict[str, Any]:
     if not isinstance(mixup, Mixup):
         raise ValueError(f"mixup={mixup!r}: expected a raypipe.device.Mixup")
     return dict(
-        mixup_alpha=mixup.mixup_alpha, cutmix_alpha=mixup.cutmix_alpha, cutmix_minmax=mixup.cutmix_minmax,
-        mixup_prob=mixup.prob, mixup_switch_prob=mixup.switch_prob, mixup_mode=mixup.mode,
-        correct_lam=mixup.correct_lam, label_smoothing=mixup.label_smoothing, num_classes=mixup.num_classes,
-    )  # fmt: skip
+        mixup_alpha=mixup.mixup_alpha,
+        cutmix_alpha=mixup.cutmix_alpha,
+        cutmix_minmax=mixup.cutmix_minmax,
+        mixup_prob=mixup.prob,
+        mixup_switch_prob=mixup.switch_prob,
+        mixup_mode=mixup.mode,
+        correct_lam=mixup.correct_lam,
+        label_smoothing=mixup.label_smoothing,
+        num_classes=mixup.num_classes,
+    )
 
 
 def augment_of(
@@ -320,14 +367,27 @@ def augment_of(
         # train.py passes) resizes to exactly that, i.e. squashes; an int resizes the shorter side.
         squash = isinstance(input_size, (tuple, list))
         interp = "bilinear" if interpolation == "random" else interpolation
-        return EvalAugment(input_size=input_size, crop_pct=1.0, crop_mode="squash" if squash else "center",
-                           interpolation=interp)  # fmt: skip
+        return EvalAugment(
+            input_size=input_size, crop_pct=1.0, crop_mode="squash" if squash else "center", interpolation=interp
+        )
     if is_training:
         return TrainAugment(
-            input_size=input_size, scale=tuple(scale or (0.08, 1.0)), ratio=tuple(ratio or (3 / 4, 4 / 3)),
-            interpolation=interpolation, hflip=hflip, vflip=vflip, color_jitter=color_jitter,
-            color_jitter_prob=color_jitter_prob, grayscale_prob=grayscale_prob or 0.0,
-            gaussian_blur_prob=gaussian_blur_prob or 0.0, auto_augment=auto_augment or None, mean=tuple(mean),
-        )  # fmt: skip
-    return EvalAugment(input_size=input_size, crop_pct=crop_pct or DEFAULT_CROP_PCT, crop_mode=crop_mode or "center",
-                       interpolation=interpolation)  # fmt: skip
+            input_size=input_size,
+            scale=tuple(scale or (0.08, 1.0)),
+            ratio=tuple(ratio or (3 / 4, 4 / 3)),
+            interpolation=interpolation,
+            hflip=hflip,
+            vflip=vflip,
+            color_jitter=color_jitter,
+            color_jitter_prob=color_jitter_prob,
+            grayscale_prob=grayscale_prob or 0.0,
+            gaussian_blur_prob=gaussian_blur_prob or 0.0,
+            auto_augment=auto_augment or None,
+            mean=tuple(mean),
+        )
+    return EvalAugment(
+        input_size=input_size,
+        crop_pct=crop_pct or DEFAULT_CROP_PCT,
+        crop_mode=crop_mode or "center",
+        interpolation=interpolation,
+    )

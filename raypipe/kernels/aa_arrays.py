@@ -213,12 +213,27 @@ def array_ops(timm_aa, posterize_fn) -> dict[Callable, Callable]:
     """timm's op functions (of the module ``timm_aa``; ``posterize_fn`` is raypipe's posterize) -> the
     function to call with an :class:`ArrayImage`: timm's own for the geometric ops, the rewrites here for
     the colour ops."""
-    geometric = ("shear_x", "shear_y", "translate_x_rel", "translate_y_rel", "translate_x_abs",
-                 "translate_y_abs", "rotate")  # fmt: skip
+    geometric = (
+        "shear_x",
+        "shear_y",
+        "translate_x_rel",
+        "translate_y_rel",
+        "translate_x_abs",
+        "translate_y_abs",
+        "rotate",
+    )
     ops = {fn: fn for fn in (getattr(timm_aa, name, None) for name in geometric) if fn is not None}
-    rewritten = {"auto_contrast": auto_contrast, "equalize": equalize, "invert": invert, "solarize": solarize,
-                 "solarize_add": solarize_add, "brightness": brightness, "contrast": contrast, "color": color,
-                 "sharpness": sharpness}  # fmt: skip
+    rewritten = {
+        "auto_contrast": auto_contrast,
+        "equalize": equalize,
+        "invert": invert,
+        "solarize": solarize,
+        "solarize_add": solarize_add,
+        "brightness": brightness,
+        "contrast": contrast,
+        "color": color,
+        "sharpness": sharpness,
+    }
     ops.update({getattr(timm_aa, name): fn for name, fn in rewritten.items() if hasattr(timm_aa, name)})
     ops[posterize_fn] = posterize
     return ops

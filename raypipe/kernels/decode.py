@@ -288,9 +288,7 @@ def _decode_jpeg(src: Source, min_w: int = 0, min_h: int = 0, buffer: DecodeBuff
             n = 8 if min_w <= 0 else _scale_numerator_for(sw, sh, min_w, min_h)
             mem = buffer.get(-(-sw * n // 8) * -(-sh * n // 8) * 3)
             if mem is not None:
-                return simplejpeg.decode_jpeg(
-                    src.data, colorspace="RGB", min_width=min_w, min_height=min_h, buffer=mem
-                )
+                return simplejpeg.decode_jpeg(src.data, colorspace="RGB", min_width=min_w, min_height=min_h, buffer=mem)
         return simplejpeg.decode_jpeg(src.data, colorspace="RGB", min_width=min_w, min_height=min_h)
     except ValueError as exc:
         if "premature end" in str(exc).lower():
@@ -384,16 +382,28 @@ def _decode_crop_region(src: Source, n: int, box: tuple, buffer: DecodeBuffer) -
 def _to_display(x: float, y: float, w: int, h: int, o: int) -> tuple[float, float]:
     """A point of a stored w x h image, in the coordinates of its EXIF-oriented display."""
     return {
-        1: (x, y), 2: (w - x, y), 3: (w - x, h - y), 4: (x, h - y),
-        5: (y, x), 6: (h - y, x), 7: (h - y, w - x), 8: (y, w - x),
+        1: (x, y),
+        2: (w - x, y),
+        3: (w - x, h - y),
+        4: (x, h - y),
+        5: (y, x),
+        6: (h - y, x),
+        7: (h - y, w - x),
+        8: (y, w - x),
     }[o]
 
 
 def _to_stored(x: float, y: float, w: int, h: int, o: int) -> tuple[float, float]:
     """Inverse of :func:`_to_display` (``w``, ``h``: the stored size)."""
     return {
-        1: (x, y), 2: (w - x, y), 3: (w - x, h - y), 4: (x, h - y),
-        5: (y, x), 6: (y, h - x), 7: (w - y, h - x), 8: (w - y, x),
+        1: (x, y),
+        2: (w - x, y),
+        3: (w - x, h - y),
+        4: (x, h - y),
+        5: (y, x),
+        6: (y, h - x),
+        7: (w - y, h - x),
+        8: (w - y, x),
     }[o]
 
 

@@ -54,9 +54,18 @@ REASONS = (
 # "keep")`` into ``iter_torch_batches``); 0 is a row that was not skipped. Fixed: a new reason takes the
 # next number, and no number is reused.
 REASON_CODES = {
-    "": 0, EMPTY: 1, TRUNCATED: 2, NOT_AN_IMAGE: 3, TOO_LARGE: 4, DECODE_ERROR: 5, MISSING: 6, UNREADABLE: 7,
-    OUTSIDE_ROOT: 8, BAD_LABEL: 9, NULL_IMAGE: 10,
-}  # fmt: skip
+    "": 0,
+    EMPTY: 1,
+    TRUNCATED: 2,
+    NOT_AN_IMAGE: 3,
+    TOO_LARGE: 4,
+    DECODE_ERROR: 5,
+    MISSING: 6,
+    UNREADABLE: 7,
+    OUTSIDE_ROOT: 8,
+    BAD_LABEL: 9,
+    NULL_IMAGE: 10,
+}
 REASON_NAMES = {code: name for name, code in REASON_CODES.items()}  # code -> reason ("" for 0)
 
 

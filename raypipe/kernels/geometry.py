@@ -157,8 +157,9 @@ def resize_window(
         img = np.ascontiguousarray(img, np.uint8)
     H, W = img.shape[:2]
     (rh, rw), (sy, sx) = resized, start
-    _resample.resample(img, out, 0.0, 0.0, float(W), float(H), _PIL_FILTER[interpolation],
-                       _pillow_vertical_first(), rw, rh, sx, sy)  # fmt: skip
+    _resample.resample(
+        img, out, 0.0, 0.0, float(W), float(H), _PIL_FILTER[interpolation], _pillow_vertical_first(), rw, rh, sx, sy
+    )
     return True
 
 

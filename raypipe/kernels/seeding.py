@@ -107,6 +107,9 @@ class BlockRngs:
             return sample_rng(self.seed, self.epoch, int(self.ids[i]))
         state, inc = pcg64_state(self._words[i])
         self._bits.state = {
-            "bit_generator": "PCG64", "state": {"state": state, "inc": inc}, "has_uint32": 0, "uinteger": 0,
-        }  # fmt: skip
+            "bit_generator": "PCG64",
+            "state": {"state": state, "inc": inc},
+            "has_uint32": 0,
+            "uinteger": 0,
+        }
         return self._rng

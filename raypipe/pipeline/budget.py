@@ -54,8 +54,10 @@ class RankBudget:
     task_cpus: float  # the CPUs each task asks for
 
     def describe(self) -> str:
-        return (f"{self.workers} augmentation task(s) at once of {self.task_cpus:g} CPU ({self.cpus:g} CPUs), "
-                f"{self.in_flight} chunks in flight")  # fmt: skip
+        return (
+            f"{self.workers} augmentation task(s) at once of {self.task_cpus:g} CPU ({self.cpus:g} CPUs), "
+            f"{self.in_flight} chunks in flight"
+        )
 
 
 def tasks_for_share(share: float, cpus_per_task: float) -> int:
@@ -100,8 +102,12 @@ def rank_budget(
     if store_bytes and chunk_bytes:
         fits = math.floor(STORE_SHARE * store_bytes / world_size / chunk_bytes)
         if fits < in_flight:
-            log.info("object store share fits %d chunks of %d MB in flight (of %d wanted)", fits, chunk_bytes >> 20,
-                     in_flight)  # fmt: skip
+            log.info(
+                "object store share fits %d chunks of %d MB in flight (of %d wanted)",
+                fits,
+                chunk_bytes >> 20,
+                in_flight,
+            )
             in_flight = max(1, fits)
             workers = min(workers, in_flight)
     task_cpus = float(cpus_per_task) if num_tasks is not None else task_cpus_for(share, workers, cpus_per_task)

@@ -270,8 +270,9 @@ def decide(state: ControllerState, obs: Observation, bounds: WidthBounds, policy
         return Decision(_changed(state, target, trial=_Trial(width, rate)), reason)
     # the last shrink is taken back: no shrink below this width for a while, twice as long each time
     hold = policy.plateau_hold * 2**state.reversals
-    grown = _changed(state, target, trial=_Trial(width, rate), keep=target, keep_for=hold,
-                     reversals=state.reversals + 1)  # fmt: skip
+    grown = _changed(
+        state, target, trial=_Trial(width, rate), keep=target, keep_for=hold, reversals=state.reversals + 1
+    )
     return Decision(grown, f"{reason}; no shrink below {target} for {hold} intervals")
 
 

@@ -47,8 +47,15 @@ def bounds_for(execution: ExecutionConfig) -> WidthBounds:
 class ElasticWidth:
     """Observations of one rank's stream, and the width its controller wants from them."""
 
-    def __init__(self, workers: Resizable, bounds: WidthBounds, policy: ControllerPolicy | None = None, *,
-                 tick_s: float = TICK_S, clock: Callable[[], float] = time.monotonic):  # fmt: skip
+    def __init__(
+        self,
+        workers: Resizable,
+        bounds: WidthBounds,
+        policy: ControllerPolicy | None = None,
+        *,
+        tick_s: float = TICK_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.workers = workers
         self.controller = WidthController(workers.width or bounds.floor, bounds, policy)
         self.tick_s = tick_s
@@ -80,9 +87,13 @@ class ElasticWidth:
         if span < self.tick_s:
             return False
         obs = Observation(
-            span_s=span, wait_s=min(self._wait, span), idle_share=1.0 - self._busy / self._samples,
-            ready_chunks=ready, width=self.workers.ready_workers(), images=self._images,
-        )  # fmt: skip
+            span_s=span,
+            wait_s=min(self._wait, span),
+            idle_share=1.0 - self._busy / self._samples,
+            ready_chunks=ready,
+            width=self.workers.ready_workers(),
+            images=self._images,
+        )
         self._since, self._wait, self._images, self._busy, self._samples = now, 0.0, 0, 0.0, 0
         wanted = self.controller.observe(obs)
         self.history.append((now, wanted, obs.width, self.controller.reason))
@@ -104,4 +115,3 @@ def start_width(share: int, bounds: WidthBounds) -> int:
     """The width to start from: the rank's share of the nodes there are (never more, so that a start
     asks the autoscaler for nothing beyond the floor), within the bounds."""
     return bounds.clamp(max(0, share)) if share > 0 else bounds.floor
-

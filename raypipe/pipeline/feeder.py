@@ -196,9 +196,14 @@ class FeederSource:
     """
 
     def __init__(
-        self, pipeline: Pipeline, *, span: RankSpan | None = None, prefetch: int = 2, timeout_s: float = 60.0,
+        self,
+        pipeline: Pipeline,
+        *,
+        span: RankSpan | None = None,
+        prefetch: int = 2,
+        timeout_s: float = 60.0,
         **keywords,
-    ):  # fmt: skip
+    ):
         span = RankSpan.of(span, **keywords)
         if prefetch < 1:
             raise ValueError(f"prefetch={prefetch}: expected >= 1")
@@ -330,8 +335,9 @@ class FeederSource:
         try:
             return self._receiver.view(token, start, stop, row_shape)
         except HandoverError as exc:
-            raise FeederDiedError(f"the raypipe feeder process of rank {self.rank} stopped handing over batches: "
-                                  f"{exc}") from exc  # fmt: skip
+            raise FeederDiedError(
+                f"the raypipe feeder process of rank {self.rank} stopped handing over batches: {exc}"
+            ) from exc
 
     def _get(self, ref, timeout_s: float | None = None):
         try:

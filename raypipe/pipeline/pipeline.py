@@ -98,9 +98,14 @@ class Pipeline:
     def plan(self, rank: int = 0, world_size: int = 1) -> RankPlan:
         cfg = self.config
         return RankPlan.for_rows(
-            self.rows, seed=cfg.seed, shuffle=cfg.shuffle, rank=rank, world_size=world_size,
-            chunk_rows=self.execution.chunk_rows_for(cfg.batch_size), window_rows=cfg.shuffle_window,
-        )  # fmt: skip
+            self.rows,
+            seed=cfg.seed,
+            shuffle=cfg.shuffle,
+            rank=rank,
+            world_size=world_size,
+            chunk_rows=self.execution.chunk_rows_for(cfg.batch_size),
+            window_rows=cfg.shuffle_window,
+        )
 
     def identity(self) -> PlanIdentity:
         """What this pipeline's orders and batches depend on besides epoch and ranks (made once: it hashes
@@ -108,11 +113,15 @@ class Pipeline:
         if self._identity is None:
             cfg, runs = self.config, self.plan().runs
             self._identity = PlanIdentity(
-                rows=len(self.rows), listing=self.rows.digest(),
-                shards=shard_layout_digest(runs.sizes if runs is not None else None), seed=cfg.seed,
-                shuffle=cfg.shuffle, shuffle_window=cfg.shuffle_window, batch_size=cfg.batch_size,
+                rows=len(self.rows),
+                listing=self.rows.digest(),
+                shards=shard_layout_digest(runs.sizes if runs is not None else None),
+                seed=cfg.seed,
+                shuffle=cfg.shuffle,
+                shuffle_window=cfg.shuffle_window,
+                batch_size=cfg.batch_size,
                 drop_last=cfg.drop_last,
-            )  # fmt: skip
+            )
         return self._identity
 
     def stage_spec(self, epoch: int) -> StageSpec:
@@ -139,9 +148,15 @@ class Pipeline:
         h, w, c = self.batch_spec.image_shape
         chunk_bytes = self.plan(0, world_size).max_chunk_rows * h * w * c
         return rank_budget(
-            eligible_cpus=cpus, reserved_cpus=reserved_cpus, world_size=world_size, cpus_per_task=ex.cpus_per_task,
-            prefetch_chunks=ex.prefetch_chunks, num_tasks=ex.num_tasks, store_bytes=store, chunk_bytes=chunk_bytes,
-        )  # fmt: skip
+            eligible_cpus=cpus,
+            reserved_cpus=reserved_cpus,
+            world_size=world_size,
+            cpus_per_task=ex.cpus_per_task,
+            prefetch_chunks=ex.prefetch_chunks,
+            num_tasks=ex.num_tasks,
+            store_bytes=store,
+            chunk_bytes=chunk_bytes,
+        )
 
     def uses_ray(self) -> bool:
         """Whether this pipeline's tasks run on a Ray cluster (``ExecutionConfig.backend``)."""
@@ -161,9 +176,14 @@ class Pipeline:
 
         ex = self.execution
         return node_slots(
-            eligible_nodes(ex.resources), here=ray.get_runtime_context().get_node_id(), reserved_cpus=reserved_cpus,
-            cpus_per_task=ex.cpus_per_task, rank=rank, world_size=world_size, workers=ex.num_tasks,
-        )  # fmt: skip
+            eligible_nodes(ex.resources),
+            here=ray.get_runtime_context().get_node_id(),
+            reserved_cpus=reserved_cpus,
+            cpus_per_task=ex.cpus_per_task,
+            rank=rank,
+            world_size=world_size,
+            workers=ex.num_tasks,
+        )
 
     def local_budget(self, *, world_size: int = 1, reserved_cpus: float = 0.0) -> tuple[RankBudget, int, str]:
         """This rank's share of this machine for local workers: (budget, worker processes, the directory
@@ -187,9 +207,15 @@ class Pipeline:
         directory, free = shared_memory_dir(2 * wanted * chunk_bytes)
         free = slab_room(free)
         budget = rank_budget(
-            eligible_cpus=cpus, reserved_cpus=reserved_cpus, world_size=ranks_here, cpus_per_task=ex.cpus_per_task,
-            prefetch_chunks=ex.prefetch_chunks, num_tasks=ex.num_tasks, store_bytes=free, chunk_bytes=chunk_bytes,
-        )  # fmt: skip
+            eligible_cpus=cpus,
+            reserved_cpus=reserved_cpus,
+            world_size=ranks_here,
+            cpus_per_task=ex.cpus_per_task,
+            prefetch_chunks=ex.prefetch_chunks,
+            num_tasks=ex.num_tasks,
+            store_bytes=free,
+            chunk_bytes=chunk_bytes,
+        )
         if ex.num_tasks is not None:
             count = ex.num_tasks
         else:
@@ -233,9 +259,16 @@ class Pipeline:
                 return local
 
         return ChunkStream(
-            self.columns(), self.plan(span.rank, world_size), self.stage_spec, budget, workers,
-            start_epoch=span.start_epoch, end_epoch=span.end_epoch, segments=segments, elastic=elastic,
-        )  # fmt: skip
+            self.columns(),
+            self.plan(span.rank, world_size),
+            self.stage_spec,
+            budget,
+            workers,
+            start_epoch=span.start_epoch,
+            end_epoch=span.end_epoch,
+            segments=segments,
+            elastic=elastic,
+        )
 
     def _node_workers(self, span: RankSpan):
         """``backend="nodes"``: this process's ``NodeWorkers`` for this placement, and the rank's budget
@@ -253,23 +286,43 @@ class Pipeline:
         def slots() -> dict:
             return self.node_slots(rank=span.rank, world_size=span.world_size, reserved_cpus=span.reserved_cpus)
 
-        key = (tuple(sorted(ex.resources.items())), ex.cpus_per_task, ex.num_tasks, span.rank, span.world_size,
-               span.reserved_cpus, ex.elastic, ex.min_cpus, ex.max_cpus)  # fmt: skip
+        key = (
+            tuple(sorted(ex.resources.items())),
+            ex.cpus_per_task,
+            ex.num_tasks,
+            span.rank,
+            span.world_size,
+            span.reserved_cpus,
+            ex.elastic,
+            ex.min_cpus,
+            ex.max_cpus,
+        )
         here = ray.get_runtime_context().get_node_id()
         directory = shared_memory_dir(0)[0]
 
         def make() -> NodeWorkers:
             # elastic: from the rank's share of the nodes there are, within its bounds
             width = start_width(sum(s.workers for s in slots().values()), bounds_for(ex)) if ex.elastic else None
-            return NodeWorkers(slots, here, directory, resources=ex.resources, task_cpus=ex.cpus_per_task,
-                               prefetch_chunks=ex.prefetch_chunks, width=width)  # fmt: skip
+            return NodeWorkers(
+                slots,
+                here,
+                directory,
+                resources=ex.resources,
+                task_cpus=ex.cpus_per_task,
+                prefetch_chunks=ex.prefetch_chunks,
+                width=width,
+            )
 
         pool = NodeWorkers.shared_for(key, make)
 
         def budget() -> RankBudget:
             workers = max(1, pool.count)
-            return RankBudget(workers=workers, in_flight=workers + ex.prefetch_chunks, cpus=workers * ex.cpus_per_task,
-                              task_cpus=ex.cpus_per_task)  # fmt: skip
+            return RankBudget(
+                workers=workers,
+                in_flight=workers + ex.prefetch_chunks,
+                cpus=workers * ex.cpus_per_task,
+                task_cpus=ex.cpus_per_task,
+            )
 
         return pool, budget
 
@@ -368,11 +421,19 @@ class EpochSource:
         else:
             done = cursor.batches if batches is None else batches
             if done not in cursor.after:
-                raise ValueError(f"the position after batch {done} of epoch {cursor.epoch} is not known (batches "
-                                 f"{min(cursor.after)} … {max(cursor.after)} are)")  # fmt: skip
+                raise ValueError(
+                    f"the position after batch {done} of epoch {cursor.epoch} is not known (batches "
+                    f"{min(cursor.after)} … {max(cursor.after)} are)"
+                )
             epoch, remaining = cursor.epoch, remaining_after(cursor.segments, cursor.after[done])
-        return Position(epoch=epoch, batches=done, rank=self.rank, world_size=self.world_size,
-                        remaining=tuple(remaining), plan=identity).as_dict()  # fmt: skip
+        return Position(
+            epoch=epoch,
+            batches=done,
+            rank=self.rank,
+            world_size=self.world_size,
+            remaining=tuple(remaining),
+            plan=identity,
+        ).as_dict()
 
     def load_state_dict(self, state) -> None:
         """Go on from ``state`` at the next ``iter()``: this rank's own position, or the list of every rank's
@@ -416,9 +477,12 @@ class EpochSource:
         # a resumed epoch's stream starts at its segments; else the one running (or a fresh slice's)
         stream = self._stream_at(epoch, cursor.segments if resumed else None)
         ledger = EpochLedger(
-            epoch=epoch, expected=sum(hi - lo for lo, hi in cursor.segments), with_content=p.content_digest,
-            max_skip_ratio=cfg.max_skip_ratio, max_skips=cfg.max_skips,
-        )  # fmt: skip
+            epoch=epoch,
+            expected=sum(hi - lo for lo, hi in cursor.segments),
+            with_content=p.content_digest,
+            max_skip_ratio=cfg.max_skip_ratio,
+            max_skips=cfg.max_skips,
+        )
         packer = Packer(p.batch_spec, drop_last=cfg.drop_last)
         first = None
         finished = False

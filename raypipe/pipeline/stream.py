@@ -140,8 +140,14 @@ class ChunkStream:
             chunks = self._plan.chunks(epoch, ramp=epoch == start, segments=segments if epoch == start else None)
             window = self._window_read(epoch, chunks) if chunks.ramp and self._share_reads(epoch) else None
             for i in range(len(chunks)):
-                yield _Todo(epoch, i, i == len(chunks) - 1, int(chunks.bounds[i, 0]), chunks[i],
-                            window if i < chunks.ramp else None)  # fmt: skip
+                yield _Todo(
+                    epoch,
+                    i,
+                    i == len(chunks) - 1,
+                    int(chunks.bounds[i, 0]),
+                    chunks[i],
+                    window if i < chunks.ramp else None,
+                )
             if not len(chunks):
                 yield _Todo(epoch, 0, True, 0, np.empty(0, np.int64))
             epoch += 1
@@ -176,8 +182,12 @@ class ChunkStream:
         if self._held is None:
             self._held = next(self._todo, None)
         item = self._held
-        if item is not None and not wait and item.window is not None and \
-                not item.window.ready(item.start, item.start + len(item.idx)):  # fmt: skip
+        if (
+            item is not None
+            and not wait
+            and item.window is not None
+            and not item.window.ready(item.start, item.start + len(item.idx))
+        ):
             return None
         self._held = None
         return item
@@ -247,8 +257,11 @@ class ChunkStream:
         if item is None:
             raise StopIteration
         epoch, index, last, start, idx = item.epoch, item.index, item.last, item.start, item.idx
-        if len(idx) > self._plan.chunk_rows and self.local_chunks and \
-                (self._workers.queues_while_starting or not self._workers.starting()):  # fmt: skip
+        if (
+            len(idx) > self._plan.chunk_rows
+            and self.local_chunks
+            and (self._workers.queues_while_starting or not self._workers.starting())
+        ):
             # A piece longer than a chunk (a whole-window stream's first pieces) while the workers
             # start or set up: they take the chunks after it as soon as they can, instead of idling
             # until the consumer is done with it; the consumer then waits on theirs.
@@ -291,8 +304,11 @@ class ChunkStream:
             log.warning(
                 "epoch %d, chunk %d: not done after %.0f s (%s): a read that does not return (a hung mount or "
                 "object store?), a stuck worker, or no node able to run the task; still waiting",
-                epoch, index, waited, self.budget.describe(),
-            )  # fmt: skip
+                epoch,
+                index,
+                waited,
+                self.budget.describe(),
+            )
 
     def close(self) -> None:
         """Drop the chunks in flight (local workers' queued ones are cancelled; Ray tasks finish and

@@ -46,9 +46,16 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 __all__ = [
-    "EpochOrder", "EpochChunks", "RankPlan", "SHARDED_KINDS", "ShardRuns", "chunk_bounds", "doubling_bounds",
-    "epoch_order", "rank_slice",
-]  # fmt: skip
+    "EpochOrder",
+    "EpochChunks",
+    "RankPlan",
+    "SHARDED_KINDS",
+    "ShardRuns",
+    "chunk_bounds",
+    "doubling_bounds",
+    "epoch_order",
+    "rank_slice",
+]
 
 # Sources whose rows live in shards (Parquet row groups, tar shards, a Ray Dataset's blocks in the object
 # store): shuffled by windows of whole shards. A folder or manifest row is a file of its own, read alone,
@@ -125,8 +132,7 @@ class EpochOrder:
     begin (``[0]`` for a global shuffle), ``take(lo, hi)`` the rows at positions ``lo … hi``. Holds
     a few numbers per shard; a window's rows are computed when asked (the last one is kept)."""
 
-    def __init__(self, n: int, *, seed: int, epoch: int, shuffle: bool, runs: ShardRuns | None,
-                 window_rows: int = 1):  # fmt: skip
+    def __init__(self, n: int, *, seed: int, epoch: int, shuffle: bool, runs: ShardRuns | None, window_rows: int = 1):
         self.n, self.seed, self.epoch, self.shuffle = n, seed, epoch, shuffle
         self._runs = runs
         self._window: tuple[int, np.ndarray] | None = None
@@ -276,8 +282,9 @@ class RankPlan:
         self._order: EpochOrder | None = None
 
     @classmethod
-    def for_rows(cls, rows, *, seed: int, shuffle: bool, chunk_rows: int, window_rows: int, rank: int = 0,
-                 world_size: int = 1) -> RankPlan:  # fmt: skip
+    def for_rows(
+        cls, rows, *, seed: int, shuffle: bool, chunk_rows: int, window_rows: int, rank: int = 0, world_size: int = 1
+    ) -> RankPlan:
         """The plan for a listing (``raypipe.sources.SourceRows``, or a ``ShardListing``'s samples per
         shard): shard windows for sharded kinds, each one chunk where its shards are read whole or from an
         object store."""
@@ -289,10 +296,16 @@ class RankPlan:
         else:
             runs = None
         return cls(
-            len(rows), seed=seed, shuffle=shuffle, chunk_rows=chunk_rows, rank=rank, world_size=world_size,
-            runs=runs, window_rows=window_rows,
+            len(rows),
+            seed=seed,
+            shuffle=shuffle,
+            chunk_rows=chunk_rows,
+            rank=rank,
+            world_size=world_size,
+            runs=runs,
+            window_rows=window_rows,
             whole_windows=rows.kind in WHOLE_SHARD_KINDS or not rows.root.is_local,
-        )  # fmt: skip
+        )
 
     @property
     def max_chunk_rows(self) -> int:
@@ -309,8 +322,9 @@ class RankPlan:
     def order(self, epoch: int) -> EpochOrder:
         """Epoch ``epoch``'s order (the last one asked for is kept)."""
         if self._order is None or self._order.epoch != epoch:
-            self._order = EpochOrder(self.n, seed=self.seed, epoch=epoch, shuffle=self.shuffle, runs=self.runs,
-                                     window_rows=self.window_rows)  # fmt: skip
+            self._order = EpochOrder(
+                self.n, seed=self.seed, epoch=epoch, shuffle=self.shuffle, runs=self.runs, window_rows=self.window_rows
+            )
         return self._order
 
     def chunks(self, epoch: int, *, ramp: bool = False, segments=None) -> EpochChunks:

@@ -113,8 +113,10 @@ class Position:
         previous = 0
         for lo, hi in self.remaining:
             if not (previous <= lo <= hi <= self.plan.rows):
-                raise StateMismatchError(f"the saved position's remaining ranges {list(self.remaining)[:4]} are not "
-                                         f"ascending ranges of the epoch's {self.plan.rows} positions")  # fmt: skip
+                raise StateMismatchError(
+                    f"the saved position's remaining ranges {list(self.remaining)[:4]} are not "
+                    f"ascending ranges of the epoch's {self.plan.rows} positions"
+                )
             previous = hi
 
     @property
@@ -135,9 +137,16 @@ class Position:
 
     def as_dict(self) -> dict:
         remaining = None if self.remaining is None else [[int(lo), int(hi)] for lo, hi in self.remaining]
-        return {"format": FORMAT, "version": VERSION, "epoch": self.epoch, "rank": self.rank,
-                "world_size": self.world_size, "batches": self.batches, "remaining": remaining,
-                "plan": None if self.plan is None else asdict(self.plan)}  # fmt: skip
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "epoch": self.epoch,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "batches": self.batches,
+            "remaining": remaining,
+            "plan": None if self.plan is None else asdict(self.plan),
+        }
 
     @classmethod
     def from_dict(cls, saved) -> Position:
@@ -154,12 +163,18 @@ class Position:
             raise StateMismatchError(f"raypipe position version {saved.get('version')!r}, this raypipe reads 1 and 2")
         remaining, plan = saved.get("remaining"), saved.get("plan")
         if remaining is not None and not (isinstance(remaining, list) and all(_is_range(r) for r in remaining)):
-            raise StateMismatchError(f"the saved position's remaining {str(remaining)[:80]} is not a list of "
-                                     "[start, end] ranges")  # fmt: skip
+            raise StateMismatchError(
+                f"the saved position's remaining {str(remaining)[:80]} is not a list of [start, end] ranges"
+            )
         ranges = None if remaining is None else tuple((lo, hi) for lo, hi in remaining)
-        return cls(epoch=saved.get("epoch"), batches=saved.get("batches"), rank=saved.get("rank"),
-                   world_size=saved.get("world_size"), remaining=ranges,
-                   plan=None if plan is None else PlanIdentity.from_dict(plan))  # fmt: skip
+        return cls(
+            epoch=saved.get("epoch"),
+            batches=saved.get("batches"),
+            rank=saved.get("rank"),
+            world_size=saved.get("world_size"),
+            remaining=ranges,
+            plan=None if plan is None else PlanIdentity.from_dict(plan),
+        )
 
 
 @dataclass(frozen=True)
@@ -184,8 +199,9 @@ class SavedPositions:
         world = self.positions[0].world_size
         ranks = [p.rank for p in self.positions]
         if ranks != list(range(world)) or any(p.world_size != world for p in self.positions):
-            raise StateMismatchError(f"the saved positions are of ranks {ranks}, expected each of 0 … {world - 1} "
-                                     "once, in order")  # fmt: skip
+            raise StateMismatchError(
+                f"the saved positions are of ranks {ranks}, expected each of 0 … {world - 1} once, in order"
+            )
 
     @property
     def epoch(self) -> int:
@@ -229,7 +245,7 @@ class SavedPositions:
                 raise StateMismatchError(
                     f"the saved position is rank {own.rank} of {own.world_size}, this is rank {rank} of {world_size}: "
                     "to resume on another number of ranks, give every rank the states of all the ranks that saved them"
-                )  # fmt: skip
+                )
             return list(own.remaining)
         if self.world_size == world_size:
             return list(self.positions[rank].remaining)

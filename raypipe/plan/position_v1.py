@@ -40,14 +40,23 @@ def rewrite(state: dict) -> dict:
     if inner is None:  # a DeviceLoader over a source with no position: its epoch and count only
         if epoch is None:
             raise ValueError("the saved state holds no position")
-        return {"format": _FORMAT, "version": 2, "epoch": epoch, "batches": max(counts), "rank": None,
-                "world_size": None, "remaining": None, "plan": None}  # fmt: skip
+        return {
+            "format": _FORMAT,
+            "version": 2,
+            "epoch": epoch,
+            "batches": max(counts),
+            "rank": None,
+            "world_size": None,
+            "remaining": None,
+            "plan": None,
+        }
     if not isinstance(inner, dict) or inner.get("format") != _FORMAT or inner.get("version") != 1:
         raise ValueError(f"the saved state's source is not a raypipe position of version 1: {str(inner)[:80]}")
     counts.append(_count(inner, "batches", "the position's"))
     if epoch is not None and _count(inner, "epoch", "the position's") != epoch:
-        raise ValueError(f"the saved DeviceLoader state is of epoch {epoch} and its source's position of epoch "
-                         f"{inner['epoch']}")  # fmt: skip
+        raise ValueError(
+            f"the saved DeviceLoader state is of epoch {epoch} and its source's position of epoch {inner['epoch']}"
+        )
     return {**inner, "version": 2, "batches": max(counts)}
 
 

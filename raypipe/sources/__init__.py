@@ -45,6 +45,7 @@ __all__ = [
     "open_source",
 ]
 
+
 def _by_files(names: list[str]) -> str | None:
     """The kind a folder's files say: Parquet files (raypipe's shard index is not one), or tar shards."""
     if any(n.endswith(".parquet") and n.rpartition("/")[2] != INDEX_NAME for n in names):
@@ -123,19 +124,25 @@ def open_source(data, *, options: ListingOptions | None = None, **keywords) -> S
     return timeouts.call_with_deadline(
         lambda: _list(data, options),
         timeouts.LISTING_S,
-        lambda: f"listing {data} did not finish in {timeouts.LISTING_S:g} s: {_what_to_check(data)}; for a "
-        "very large dataset raise RAYPIPE_LISTING_S",
+        lambda: (
+            f"listing {data} did not finish in {timeouts.LISTING_S:g} s: {_what_to_check(data)}; for a "
+            "very large dataset raise RAYPIPE_LISTING_S"
+        ),
     )
 
 
 def _what_to_check(data: str) -> str:
     scheme = data.partition("://")[0].lower() if "://" in data else ""
     if scheme in ("s3", "s3a"):
-        return ("check the credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE), the endpoint (AWS_ENDPOINT_URL) and "
-                "access to the bucket")
+        return (
+            "check the credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE), the endpoint (AWS_ENDPOINT_URL) and "
+            "access to the bucket"
+        )
     if scheme in ("gs", "gcs"):
-        return ("check the credentials (GOOGLE_APPLICATION_CREDENTIALS, or `gcloud auth application-default "
-                "login`) and access to the bucket")
+        return (
+            "check the credentials (GOOGLE_APPLICATION_CREDENTIALS, or `gcloud auth application-default "
+            "login`) and access to the bucket"
+        )
     return "check the credentials, the endpoint and access to the data"
 
 
@@ -150,9 +157,10 @@ def _first_answer(data: str, filesystem: pafs.FileSystem | None) -> None:
 
     try:
         timeouts.call_with_deadline(
-            ask, timeouts.FIRST_ANSWER_S,
+            ask,
+            timeouts.FIRST_ANSWER_S,
             lambda: f"listing {data} did not answer in {timeouts.FIRST_ANSWER_S:g} s: {_what_to_check(data)}",
-        )  # fmt: skip
+        )
     except TimeoutError:
         raise
     except OSError as e:  # the store's own error: often pages long; its first line says what failed
@@ -172,9 +180,14 @@ def _list(data: str, options: ListingOptions) -> SourceRows | ShardListing:
         return list_parquet(data, image_column=o.image_column, label_column=o.label_column, filesystem=filesystem)
     if kind == "manifest":
         return list_manifest(
-            data, root=o.root, path_column=o.path_column, label_column=o.label_column, filesystem=filesystem,
-            class_order=o.class_order, class_map=o.class_map,
-        )  # fmt: skip
+            data,
+            root=o.root,
+            path_column=o.path_column,
+            label_column=o.label_column,
+            filesystem=filesystem,
+            class_order=o.class_order,
+            class_map=o.class_map,
+        )
     if kind == "webdataset":
         return list_webdataset(data, filesystem=filesystem, index=o.index, by_shard=o.by_shard)
     raise ValueError(f"kind={kind!r}: expected one of {KINDS}")

@@ -45,8 +45,22 @@ from typing import BinaryIO
 
 __all__ = ["CacheConfig", "LocalCache", "SizeMismatch", "local_cache", "parse_bytes"]
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}  # fmt: skip
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+    "tib": 1 << 40,
+}
 _TMP_MAX_AGE_S = 3600.0  # a temporary file older than this has lost its writer
 _LOW_WATER = 0.9  # an eviction pass empties to this fraction of the bound, so the next fill has room
 

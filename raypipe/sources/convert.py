@@ -57,11 +57,22 @@ def parse_size(text: str | int) -> int:
     """``256MB``, ``1GiB``, ``500k`` or a plain number of bytes."""
     if isinstance(text, int):
         return text
-    units = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
-             "g": 10**9, "gb": 10**9, "gib": 2**30}  # fmt: skip
+    units = {
+        "": 1,
+        "b": 1,
+        "k": 10**3,
+        "kb": 10**3,
+        "kib": 2**10,
+        "m": 10**6,
+        "mb": 10**6,
+        "mib": 2**20,
+        "g": 10**9,
+        "gb": 10**9,
+        "gib": 2**30,
+    }
     s = text.strip().lower()
     number = s.rstrip("abcdefghijklmnopqrstuvwxyz ")
-    unit = s[len(number):].strip()
+    unit = s[len(number) :].strip()
     if unit not in units or not number:
         raise ValueError(f"shard size {text!r}: expected a number with an optional unit (256MB, 1GiB)")
     size = int(float(number) * units[unit])
@@ -189,8 +200,14 @@ def _write_shard(job: _ShardJob) -> dict:
             for i, data in enumerate(reader.read_block({**batch, "error": _unless_label(batch["error"])})):
                 sid, err = int(batch["sample_id"][i]), batch["error"][i]
                 if isinstance(data, SkipImage):
-                    stats["skipped"].append({"sample_id": sid, "path": reader.describe(batch, i),
-                                             "reason": data.reason, "detail": data.detail})  # fmt: skip
+                    stats["skipped"].append(
+                        {
+                            "sample_id": sid,
+                            "path": reader.describe(batch, i),
+                            "reason": data.reason,
+                            "detail": data.detail,
+                        }
+                    )
                     continue
                 if job.max_side:
                     data, what = _shrink(data, job.max_side)
@@ -263,8 +280,9 @@ def _write_index(root: DatasetRoot, names: list[str], results: list[dict]) -> No
     records = []
     for name, result in zip(names, results, strict=True):
         info = result["index"]
-        listing = TarListing(members=[Member(*m) for m in info["members"]], labels=dict(info["labels"]),
-                             file_size=info["stamp"][0])  # fmt: skip
+        listing = TarListing(
+            members=[Member(*m) for m in info["members"]], labels=dict(info["labels"]), file_size=info["stamp"][0]
+        )
         records.append(shard_record(name, tuple(info["stamp"]), listing))
     where = os.path.join(root.root, INDEX_NAME) if root.is_local else posixpath.join(root.root, INDEX_NAME)
     write_index(records, where, root=root, filesystem=root.filesystem)
@@ -294,8 +312,10 @@ def _prepare_dst(dst: str, filesystem: pafs.FileSystem | None, ext: str) -> Data
         infos = root.filesystem.get_file_info(pafs.FileSelector(root.root, allow_not_found=True))
         existing = [i.base_name for i in infos if i.base_name.endswith(ext)]
     if existing:
-        raise ValueError(f"{dst!r} already holds {ext} files (e.g. {sorted(existing)[0]!r}): convert into an "
-                         "empty folder, so no shard of another conversion mixes with these")  # fmt: skip
+        raise ValueError(
+            f"{dst!r} already holds {ext} files (e.g. {sorted(existing)[0]!r}): convert into an "
+            "empty folder, so no shard of another conversion mixes with these"
+        )
     return root
 
 
@@ -364,8 +384,9 @@ def convert(
     rows = src if isinstance(src, SourceRows) else open_source(src, **source_options)
     ext = ".tar" if format == "webdataset" else ".parquet"
     out_root = _prepare_dst(dst, dst_filesystem, ext)
-    plan = plan_shards(len(rows), _mean_bytes(rows, max_side), parse_size(shard_size),
-                       samples_per_shard=samples_per_shard)  # fmt: skip
+    plan = plan_shards(
+        len(rows), _mean_bytes(rows, max_side), parse_size(shard_size), samples_per_shard=samples_per_shard
+    )
     digits = max(5, len(str(len(plan) - 1)))
     names = [f"{'shard' if format == 'webdataset' else 'part'}-{k:0{digits}d}{ext}" for k in range(len(plan))]
     key_width = max(6, len(str(max(len(rows) - 1, 0))))
@@ -388,8 +409,13 @@ def convert(
     if format == "webdataset":
         _write_index(out_root, names, ordered)
     return ConvertReport(
-        dst=dst, format=format, shards=tuple(names), samples=sum(r["samples"] for r in ordered),
-        skipped=tuple(s for r in ordered for s in r["skipped"]), resized=sum(r["resized"] for r in ordered),
-        undecodable=sum(r["undecodable"] for r in ordered), seconds=time.monotonic() - began,
+        dst=dst,
+        format=format,
+        shards=tuple(names),
+        samples=sum(r["samples"] for r in ordered),
+        skipped=tuple(s for r in ordered for s in r["skipped"]),
+        resized=sum(r["resized"] for r in ordered),
+        undecodable=sum(r["undecodable"] for r in ordered),
+        seconds=time.monotonic() - began,
         extra={"classes": list(rows.classes)},
-    )  # fmt: skip
+    )

@@ -42,8 +42,10 @@ def parse_dali_index(text: str, where: str) -> list[list[DaliMember]]:
     lines = text.splitlines()
     head = lines[0].split() if lines else []
     if len(head) != 2 or head[0] not in _DALI_VERSIONS or not head[1].isdigit():
-        raise ValueError(f"{where}: not a DALI webdataset index (first line {lines[0][:40] if lines else ''!r}; "
-                         f"expected a version of {sorted(_DALI_VERSIONS)} and a sample count)")  # fmt: skip
+        raise ValueError(
+            f"{where}: not a DALI webdataset index (first line {lines[0][:40] if lines else ''!r}; "
+            f"expected a version of {sorted(_DALI_VERSIONS)} and a sample count)"
+        )
     fields = _DALI_VERSIONS[head[0]]
     samples = []
     for number, line in enumerate(lines[1:], start=2):
@@ -53,8 +55,10 @@ def parse_dali_index(text: str, where: str) -> list[list[DaliMember]]:
         if len(parts) % fields:
             raise ValueError(f"{where}:{number}: {len(parts)} fields, expected a multiple of {fields} ({head[0]})")
         try:
-            members = [DaliMember(parts[i], int(parts[i + 1]), int(parts[i + 2]), parts[i + 3] if fields == 4 else None)
-                       for i in range(0, len(parts), fields)]  # fmt: skip
+            members = [
+                DaliMember(parts[i], int(parts[i + 1]), int(parts[i + 2]), parts[i + 3] if fields == 4 else None)
+                for i in range(0, len(parts), fields)
+            ]
         except ValueError:
             raise ValueError(f"{where}:{number}: an offset or size is not an integer") from None
         if any(m.offset < 0 or m.size < 0 for m in members):
@@ -74,8 +78,10 @@ def parse_wids(data: bytes, where: str) -> tuple[str | None, list[WidsShard]]:
     if not isinstance(desc, dict) or (desc.get("__kind__") != "wids-shard-index-v1" and desc.get("wids_version") != 1):
         raise ValueError(f"{where}: not a wids shard index (no __kind__ 'wids-shard-index-v1' or wids_version 1)")
     if desc.get("datasets"):
-        raise ValueError(f"{where}: wids 'datasets' (indexes that name other indexes) are not read; list the "
-                         "shards in one 'shardlist'")  # fmt: skip
+        raise ValueError(
+            f"{where}: wids 'datasets' (indexes that name other indexes) are not read; list the "
+            "shards in one 'shardlist'"
+        )
     shards = []
     for i, s in enumerate(desc.get("shardlist") or []):
         if not isinstance(s, dict) or not isinstance(s.get("url"), str) or not isinstance(s.get("nsamples"), int):

@@ -44,8 +44,15 @@ def _stamps_now(root: DatasetRoot, rels: list[str]) -> dict[str, tuple[int, int]
     return {rel: listed_stamp(i) for rel, i in zip(rels, infos, strict=True)}
 
 
-def index_shards(data: str, out: str | None = None, *, filesystem: pafs.FileSystem | None = None,
-                 use_ray: bool = True, tasks: int | None = None, connect=None) -> IndexReport:  # fmt: skip
+def index_shards(
+    data: str,
+    out: str | None = None,
+    *,
+    filesystem: pafs.FileSystem | None = None,
+    use_ray: bool = True,
+    tasks: int | None = None,
+    connect=None,
+) -> IndexReport:
     """Index the shards ``data`` names (as ``list_webdataset`` takes them) into ``out`` (default:
     ``raypipe-index.parquet`` in the shards' folder; a URI is written through the shards' store).
     ``use_ray`` spreads the shards over ``tasks`` Ray tasks (default: twice the cluster's CPUs, connecting
@@ -74,8 +81,10 @@ def index_shards(data: str, out: str | None = None, *, filesystem: pafs.FileSyst
     now = _stamps_now(root, rels)
     changed = [rec.path for rec in records if not stamp_matches((rec.size, rec.mtime_ns), now[rec.path])]
     if changed:
-        raise ValueError(f"{len(changed)} shard(s) changed while they were indexed, e.g. "
-                         f"{root.display(changed[0])}: index them again once they are written")  # fmt: skip
+        raise ValueError(
+            f"{len(changed)} shard(s) changed while they were indexed, e.g. "
+            f"{root.display(changed[0])}: index them again once they are written"
+        )
     if out is None:
         fs = root.filesystem
         where = os.path.join(root.root, INDEX_NAME) if root.is_local else posixpath.join(root.root, INDEX_NAME)
@@ -84,5 +93,10 @@ def index_shards(data: str, out: str | None = None, *, filesystem: pafs.FileSyst
         fs, where = index_location(out, root, filesystem)
         shown = out
     write_index(records, where, root=root, filesystem=fs)
-    return IndexReport(index=shown, shards=len(records), samples=sum(len(r) for r in records),
-                       shard_bytes=sum(r.size for r in records), seconds=time.monotonic() - began)  # fmt: skip
+    return IndexReport(
+        index=shown,
+        shards=len(records),
+        samples=sum(len(r) for r in records),
+        shard_bytes=sum(r.size for r in records),
+        seconds=time.monotonic() - began,
+    )

@@ -155,7 +155,7 @@ def _arrow_csv(uri: str, filesystem, columns: tuple[str, str]) -> tuple[pa.Chunk
                     include_columns=[path_at, label_at],
                     column_types={path_at: pa.string(), label_at: pa.dictionary(pa.int32(), pa.string())},
                 ),
-            )  # fmt: skip
+            )
     except pa.ArrowInvalid:
         raise _NotForArrow from None  # a row of another width, or not UTF-8
     return table.column(path_at), table.column(label_at)
@@ -175,8 +175,12 @@ def _arrow_jsonl(uri: str, filesystem, columns: tuple[str, str]) -> tuple[pa.Chu
     labels = table.column(label_column) if label_column in table.column_names else None
     if not pa.types.is_string(paths.type):
         raise _NotForArrow  # numbers as paths: str() of the value
-    if labels is not None and not (pa.types.is_string(labels.type) or pa.types.is_int64(labels.type)
-                                   or pa.types.is_boolean(labels.type) or pa.types.is_null(labels.type)):  # fmt: skip
+    if labels is not None and not (
+        pa.types.is_string(labels.type)
+        or pa.types.is_int64(labels.type)
+        or pa.types.is_boolean(labels.type)
+        or pa.types.is_null(labels.type)
+    ):
         raise _NotForArrow  # floats: a bad label's message shows 2 as Python's JSON reads it, not 2.0
     with _open(uri, filesystem) as f:  # one object per line, as the line-by-line read requires
         lines = sum(1 for line in io.BufferedReader(f) if line.strip())

@@ -42,8 +42,11 @@ def _listed_files(root: DatasetRoot) -> dict[str, tuple[int, int]]:
             found += [os.path.relpath(os.path.join(dirpath, f), root.root) for f in filenames if f.endswith(".parquet")]
         return dict.fromkeys(sorted(found), unknown)
     infos = root.filesystem.get_file_info(pafs.FileSelector(root.root, recursive=True))
-    stamps = {root.relative(i.path): listed_stamp(i) for i in infos
-              if i.type == pafs.FileType.File and i.path.endswith(".parquet")}  # fmt: skip
+    stamps = {
+        root.relative(i.path): listed_stamp(i)
+        for i in infos
+        if i.type == pafs.FileType.File and i.path.endswith(".parquet")
+    }
     return {rel: stamps[rel] for rel in sorted(stamps)}
 
 
@@ -99,11 +102,16 @@ def list_parquet(
         groups_before += len(sizes)
         labels.append(np.where(bad, -1, pc.fill_null(lab, -1).to_numpy()).astype(np.int64))
         errors += [f"{BAD_LABEL}: null or negative label" if b else None for b in bad]
-    table = make_rows(paths, np.concatenate(labels), rows=np.concatenate(rows), errors=errors,
-                      shards=np.concatenate(shards), object_sizes=np.concatenate(object_sizes),
-                      object_mtimes=np.concatenate(object_mtimes))  # fmt: skip
-    return SourceRows(kind="parquet", root=root, table=table, image_column=image_column,
-                      extra={"single_file": single})
+    table = make_rows(
+        paths,
+        np.concatenate(labels),
+        rows=np.concatenate(rows),
+        errors=errors,
+        shards=np.concatenate(shards),
+        object_sizes=np.concatenate(object_sizes),
+        object_mtimes=np.concatenate(object_mtimes),
+    )
+    return SourceRows(kind="parquet", root=root, table=table, image_column=image_column, extra={"single_file": single})
 
 
 class ParquetGroups:

@@ -154,7 +154,7 @@ class DatasetRoot:
     def relative(self, abspath: str) -> str:
         sep = os.sep if self.is_local else "/"
         prefix = self.root.rstrip(sep) + sep
-        return abspath[len(prefix):] if abspath.startswith(prefix) else abspath
+        return abspath[len(prefix) :] if abspath.startswith(prefix) else abspath
 
     def display(self, relpath: str) -> str:
         """A path users recognise in reports (the URI form for remote roots); "" is the root itself (a

@@ -80,8 +80,14 @@ def list_ray_dataset(ds, *, options: ListingOptions | None = None, **keywords) -
     if listing.paths_given:
         table = make_file_rows(pa.chunked_array(listing.paths, pa.string()), labels, errors)
         return SourceRows(kind="manifest", root=droot, table=table, classes=classes)
-    return SourceRows(kind="raydata", root=DATASET_ROOT, table=listing.table(labels, errors), classes=classes,
-                      image_column=listing.column, extra={"blocks": tuple(listing.refs)})  # fmt: skip
+    return SourceRows(
+        kind="raydata",
+        root=DATASET_ROOT,
+        table=listing.table(labels, errors),
+        classes=classes,
+        image_column=listing.column,
+        extra={"blocks": tuple(listing.refs)},
+    )
 
 
 class _Listing:
@@ -121,8 +127,16 @@ class _Listing:
             self.errors.append(_missing(paths, pc.equal(paths, ""), NULL_IMAGE, "no path", NULL_IMAGE, "empty path"))
         else:
             images = _image_bytes(cells, self.column)
-            self.errors.append(_missing(images, pc.equal(pc.binary_length(images), 0), NULL_IMAGE,
-                                        f"null {self.column!r} cell", EMPTY, "zero bytes"))  # fmt: skip
+            self.errors.append(
+                _missing(
+                    images,
+                    pc.equal(pc.binary_length(images), 0),
+                    NULL_IMAGE,
+                    f"null {self.column!r} cell",
+                    EMPTY,
+                    "zero bytes",
+                )
+            )
             self._put(images)
         self.rows += m
 
@@ -130,8 +144,10 @@ class _Listing:
         image_column, path_column, _ = self.names
         name = image_column if image_column in batch.column_names else path_column
         if name not in batch.column_names:
-            raise ValueError(f"the Ray Dataset has neither an image column {image_column!r} nor a path column "
-                             f"{path_column!r} (columns: {batch.column_names})")  # fmt: skip
+            raise ValueError(
+                f"the Ray Dataset has neither an image column {image_column!r} nor a path column "
+                f"{path_column!r} (columns: {batch.column_names})"
+            )
         kind = batch.schema.field(name).type
         self.column = name
         self.paths_given = pa.types.is_string(kind) or pa.types.is_large_string(kind)
@@ -175,8 +191,13 @@ class _Listing:
         first = np.cumsum(sizes) - sizes
         rows = np.arange(self.rows, dtype=np.int64) - np.repeat(first, sizes)
         paths = pa.concat_arrays([pa.repeat(pa.scalar(f"block{k}"), int(m)) for k, m in enumerate(sizes)])
-        columns = {"sample_id": int64_array(np.arange(self.rows, dtype=np.int64)), "label": int64_array(labels),
-                   "path": paths, "row": int64_array(rows), "shard": int64_array(shards)}  # fmt: skip
+        columns = {
+            "sample_id": int64_array(np.arange(self.rows, dtype=np.int64)),
+            "label": int64_array(labels),
+            "path": paths,
+            "row": int64_array(rows),
+            "shard": int64_array(shards),
+        }
         if errors is not None:
             columns["error"] = errors
         schema = pa.schema([ROW_SCHEMA.field(name) for name in columns])
@@ -208,8 +229,9 @@ def _image_bytes(cells: pa.Array, name: str) -> pa.Array:
     raise ValueError(f"column {name!r} holds {cells.type}: expected image bytes (binary) or paths (strings)")
 
 
-def _missing(values: pa.Array, empty: pa.Array, null_reason: str, null_detail: str, empty_reason: str,
-             empty_detail: str) -> pa.Array:  # fmt: skip
+def _missing(
+    values: pa.Array, empty: pa.Array, null_reason: str, null_detail: str, empty_reason: str, empty_detail: str
+) -> pa.Array:
     """Per row: ``null_reason: null_detail`` where the value is null, ``empty_reason: …`` where it is
     empty, else null."""
     null = pa.scalar(f"{null_reason}: {null_detail}")

@@ -74,8 +74,11 @@ class BlockReader:
         self.root, self.kind, self.image_column = root, kind, image_column
         self.options = options or ReadOptions()
         cached = self.options.cache is not None and not root.is_local
-        self._parquet = ParquetGroups(root, image_column, opener=self._open_cached if cached else None) \
-            if kind == "parquet" else None  # fmt: skip
+        self._parquet = (
+            ParquetGroups(root, image_column, opener=self._open_cached if cached else None)
+            if kind == "parquet"
+            else None
+        )
         self._cache: LocalCache | None = None  # made on first use: the folder is the reading node's
         self._store = ""  # the store's name in cache keys, set with _cache
         self._pool: ThreadPoolExecutor | None = None
@@ -372,9 +375,14 @@ class BlockReader:
     # -- tar members: ranged reads ----------------------------------------------------------------
 
     def _read_members(
-        self, paths, members: MemberHeaders, todo: list[int], out: list, listed: Callable[[int], tuple[int, int]],
+        self,
+        paths,
+        members: MemberHeaders,
+        todo: list[int],
+        out: list,
+        listed: Callable[[int], tuple[int, int]],
         wait: bool = True,
-    ) -> None:  # fmt: skip
+    ) -> None:
         offsets, sizes = members.offsets, members.sizes
         by_shard: dict[str, list[int]] = {}
         for i in todo:
@@ -500,4 +508,4 @@ def _fan_out(done: Future, rows: list[Future]) -> None:
 def _cut(data: bytes, start: int, size: int, rel: str) -> Result:
     if start + size > len(data):
         return SkipImage(TRUNCATED, f"{rel}: the shard ends {start + size - len(data)} bytes before the member does")
-    return bytes(data[start:start + size])
+    return bytes(data[start : start + size])

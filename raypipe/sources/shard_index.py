@@ -48,9 +48,17 @@ _META_KEY = b"raypipe.index"
 # Rows per row group: a listing by shard reads one shard's rows from the groups that hold them
 # (``shard_listing``), a few hundred kilobytes rather than a million rows' worth.
 _GROUP_ROWS = 65_536
-_SCHEMA = pa.schema([("shard", pa.int64()), ("label", pa.int64()), ("error", pa.string()),
-                     ("offset", pa.int64()), ("size", pa.int64()), ("member", pa.string()),
-                     ("header_crc", pa.int64())])  # fmt: skip
+_SCHEMA = pa.schema(
+    [
+        ("shard", pa.int64()),
+        ("label", pa.int64()),
+        ("error", pa.string()),
+        ("offset", pa.int64()),
+        ("size", pa.int64()),
+        ("member", pa.string()),
+        ("header_crc", pa.int64()),
+    ]
+)
 
 
 @dataclass
@@ -107,8 +115,9 @@ def local_stamp(root: DatasetRoot, rel: str) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
-def index_location(path: str, root: DatasetRoot, filesystem: pafs.FileSystem | None
-                   ) -> tuple[pafs.FileSystem | None, str]:  # fmt: skip
+def index_location(
+    path: str, root: DatasetRoot, filesystem: pafs.FileSystem | None
+) -> tuple[pafs.FileSystem | None, str]:
     """(filesystem, path) of an index file: a URI is read through the dataset's filesystem (or the one it
     names), a plain path from local disk."""
     if "://" not in path:
@@ -131,15 +140,21 @@ def relative_paths(index_root: str, paths: list[str], root: DatasetRoot, *, besi
         return list(paths)
     prefix = root.root.rstrip(sep) + sep
     joined = [(os.path.join if root.is_local else posixpath.join)(index_root, p) for p in paths]
-    return [p[len(prefix):] if p.startswith(prefix) else None for p in joined]
+    return [p[len(prefix) :] if p.startswith(prefix) else None for p in joined]
 
 
 def _index_path(root: DatasetRoot, where: str) -> str:
     return os.path.join(root.root, where) if root.is_local else posixpath.join(root.root, where)
 
 
-def write_index(records: list[ShardRecord], out: str, *, root: DatasetRoot,
-                filesystem: pafs.FileSystem | None = None, member_rows: bool = True) -> str:  # fmt: skip
+def write_index(
+    records: list[ShardRecord],
+    out: str,
+    *,
+    root: DatasetRoot,
+    filesystem: pafs.FileSystem | None = None,
+    member_rows: bool = True,
+) -> str:
     """Write ``records`` (shards under ``root``) as an index at ``out`` (a local path, or a path on
     ``filesystem``), in one piece; returns where. ``member_rows=False`` writes the footer alone (each
     shard's samples counted in it, no sample rows): all that a listing by shard and an epoch's plan read,
@@ -147,20 +162,37 @@ def write_index(records: list[ShardRecord], out: str, *, root: DatasetRoot,
     or reading a chunk's rows from such an index finds no samples."""
     if member_rows:
         counts = [len(r) for r in records]
-        table = pa.table({
-            "shard": int64_array(np.repeat(np.arange(len(records), dtype=np.int64), counts)),
-            "label": int64_array([v for r in records for v in r.labels]),
-            "error": string_array([v for r in records for v in r.errors]),
-            "offset": int64_array([v for r in records for v in r.offsets]),
-            "size": int64_array([v for r in records for v in r.sizes]),
-            "member": string_array([v for r in records for v in r.members]),
-            "header_crc": int64_array([v for r in records for v in r.header_digests()]),
-        }, schema=_SCHEMA)  # fmt: skip
+        table = pa.table(
+            {
+                "shard": int64_array(np.repeat(np.arange(len(records), dtype=np.int64), counts)),
+                "label": int64_array([v for r in records for v in r.labels]),
+                "error": string_array([v for r in records for v in r.errors]),
+                "offset": int64_array([v for r in records for v in r.offsets]),
+                "size": int64_array([v for r in records for v in r.sizes]),
+                "member": string_array([v for r in records for v in r.members]),
+                "header_crc": int64_array([v for r in records for v in r.header_digests()]),
+            },
+            schema=_SCHEMA,
+        )
     else:
         table = _SCHEMA.empty_table()
-    meta = {"format": _FORMAT, "version": _VERSION, "root": root.root,
-            "shards": [{"path": r.path, "size": r.size, "mtime_ns": r.mtime_ns, "keys": r.keys, "rows": len(r),
-                        "stopped_at": r.stopped_at, "reason": r.reason} for r in records]}  # fmt: skip
+    meta = {
+        "format": _FORMAT,
+        "version": _VERSION,
+        "root": root.root,
+        "shards": [
+            {
+                "path": r.path,
+                "size": r.size,
+                "mtime_ns": r.mtime_ns,
+                "keys": r.keys,
+                "rows": len(r),
+                "stopped_at": r.stopped_at,
+                "reason": r.reason,
+            }
+            for r in records
+        ],
+    }
     table = table.replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
     if filesystem is None:
         folder, name = os.path.split(os.path.abspath(out))
@@ -192,8 +224,10 @@ def index_meta(metadata: dict | None, path: str) -> dict:
     if meta.get("format") != _FORMAT:
         raise ValueError(f"{path}: not a raypipe shard index (no {_META_KEY.decode()} metadata)")
     if meta.get("version") != _VERSION:
-        raise ValueError(f"{path}: raypipe shard index version {meta.get('version')}, this raypipe reads "
-                         f"{_VERSION}: write it again with `raypipe index`")  # fmt: skip
+        raise ValueError(
+            f"{path}: raypipe shard index version {meta.get('version')}, this raypipe reads "
+            f"{_VERSION}: write it again with `raypipe index`"
+        )
     return meta
 
 
@@ -209,16 +243,26 @@ def read_index(path: str, filesystem: pafs.FileSystem | None = None) -> tuple[st
     shard = column_array(table.column("shard"))
     bounds = np.searchsorted(shard, np.arange(len(meta["shards"]) + 1))
     cols = {name: column_array(table.column(name)) for name in ("label", "error", "offset", "size", "member")}
-    cols["header_crc"] = column_array(table.column("header_crc")) if "header_crc" in table.column_names else \
-        np.full(table.num_rows, -1, np.int64)  # fmt: skip
+    cols["header_crc"] = (
+        column_array(table.column("header_crc"))
+        if "header_crc" in table.column_names
+        else np.full(table.num_rows, -1, np.int64)
+    )
     records = {}
     for k, s in enumerate(meta["shards"]):
         lo, hi = int(bounds[k]), int(bounds[k + 1])
         records[s["path"]] = ShardRecord(
-            path=s["path"], size=int(s["size"]), mtime_ns=int(s["mtime_ns"]),
-            labels=cols["label"][lo:hi].tolist(), errors=list(cols["error"][lo:hi]),
-            offsets=cols["offset"][lo:hi].tolist(), sizes=cols["size"][lo:hi].tolist(),
-            members=list(cols["member"][lo:hi]), keys=int(s["keys"]), stopped_at=s["stopped_at"],
-            reason=s["reason"], header_crcs=cols["header_crc"][lo:hi].tolist(),
-        )  # fmt: skip
+            path=s["path"],
+            size=int(s["size"]),
+            mtime_ns=int(s["mtime_ns"]),
+            labels=cols["label"][lo:hi].tolist(),
+            errors=list(cols["error"][lo:hi]),
+            offsets=cols["offset"][lo:hi].tolist(),
+            sizes=cols["size"][lo:hi].tolist(),
+            members=list(cols["member"][lo:hi]),
+            keys=int(s["keys"]),
+            stopped_at=s["stopped_at"],
+            reason=s["reason"],
+            header_crcs=cols["header_crc"][lo:hi].tolist(),
+        )
     return meta["root"], records

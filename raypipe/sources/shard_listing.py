@@ -46,8 +46,16 @@ class ShardListing:
     image_column = ""
     classes: tuple[str, ...] = ()
 
-    def __init__(self, root: DatasetRoot, index: tuple[pafs.FileSystem | None, str], paths: list[str],
-                 counts: np.ndarray, index_starts: np.ndarray, stamps: np.ndarray, incomplete: list[dict]):  # fmt: skip
+    def __init__(
+        self,
+        root: DatasetRoot,
+        index: tuple[pafs.FileSystem | None, str],
+        paths: list[str],
+        counts: np.ndarray,
+        index_starts: np.ndarray,
+        stamps: np.ndarray,
+        incomplete: list[dict],
+    ):
         self.root, self.index = root, index
         self.paths = tuple(paths)
         self.shard_counts = np.asarray(counts, dtype=np.int64)
@@ -70,14 +78,18 @@ class ShardListing:
 
     @property
     def table(self):
-        raise ValueError(f"{self.root.display('')}: listed by shard ({len(self):,} samples in {len(self.paths):,} "
-                         "shards), this has no row per sample; list it by row (by_shard=False: about 50 bytes a "
-                         "sample in memory) for what reads every row")  # fmt: skip
+        raise ValueError(
+            f"{self.root.display('')}: listed by shard ({len(self):,} samples in {len(self.paths):,} "
+            "shards), this has no row per sample; list it by row (by_shard=False: about 50 bytes a "
+            "sample in memory) for what reads every row"
+        )
 
     @property
     def num_classes(self) -> int:
-        raise ValueError("a WebDataset listed by shard does not know its classes without reading every label: "
-                         "give the number of classes (--num-classes, num_classes=…)")  # fmt: skip
+        raise ValueError(
+            "a WebDataset listed by shard does not know its classes without reading every label: "
+            "give the number of classes (--num-classes, num_classes=…)"
+        )
 
     def numbered_like(self, classes: tuple[str, ...]) -> ShardListing:
         return self  # labels are the shards' integers: no class names to renumber
@@ -110,8 +122,13 @@ class ShardColumns:
         return self.num_rows
 
     def __getstate__(self) -> dict:  # the open index file stays with the process that opened it
-        return {"listing": self.listing, "num_rows": self.num_rows, "_file": None, "_group_starts": None,
-                "_kept": collections.OrderedDict()}  # fmt: skip
+        return {
+            "listing": self.listing,
+            "num_rows": self.num_rows,
+            "_file": None,
+            "_group_starts": None,
+            "_kept": collections.OrderedDict(),
+        }
 
     def take(self, idx: np.ndarray) -> dict[str, np.ndarray]:
         lst = self.listing
@@ -123,12 +140,19 @@ class ShardColumns:
         within = idx - lst.first[shard]
         paths = np.array(lst.paths, dtype=object)
         out = {
-            "sample_id": idx.copy(), "label": np.empty(len(idx), np.int64), "path": paths[shard],
-            "row": np.full(len(idx), -1, np.int64), "error": np.empty(len(idx), object), "shard": shard,
-            "offset": np.empty(len(idx), np.int64), "size": np.empty(len(idx), np.int64),
-            "member": np.empty(len(idx), object), "object_size": lst.stamps[shard, 0].copy(),
-            "object_mtime_ns": lst.stamps[shard, 1].copy(), "header_crc": np.full(len(idx), -1, np.int64),
-        }  # fmt: skip
+            "sample_id": idx.copy(),
+            "label": np.empty(len(idx), np.int64),
+            "path": paths[shard],
+            "row": np.full(len(idx), -1, np.int64),
+            "error": np.empty(len(idx), object),
+            "shard": shard,
+            "offset": np.empty(len(idx), np.int64),
+            "size": np.empty(len(idx), np.int64),
+            "member": np.empty(len(idx), object),
+            "object_size": lst.stamps[shard, 0].copy(),
+            "object_mtime_ns": lst.stamps[shard, 1].copy(),
+            "header_crc": np.full(len(idx), -1, np.int64),
+        }
         for s in np.unique(shard):
             where = shard == s
             rows = self._rows_of(int(s))
@@ -153,8 +177,10 @@ class ShardColumns:
         table = table.slice(lo - int(starts[first]), hi - lo)
         rows = {name: column_array(table.column(name)) for name in names}
         if len(rows["shard"]) != hi - lo or (len(rows["shard"]) and (rows["shard"] != rows["shard"][0]).any()):
-            raise RuntimeError(f"the index {lst.index[1]} does not hold shard {lst.paths[s]}'s rows where its footer "
-                               "says: write it again with `raypipe index`")  # fmt: skip
+            raise RuntimeError(
+                f"the index {lst.index[1]} does not hold shard {lst.paths[s]}'s rows where its footer "
+                "says: write it again with `raypipe index`"
+            )
         self._kept[s] = rows
         if len(self._kept) > _KEPT_SHARDS:
             self._kept.popitem(last=False)
@@ -183,9 +209,16 @@ def footer_rows(meta: dict) -> int | None:
     return sum(int(s["rows"]) for s in shards) if all("rows" in s for s in shards) else None
 
 
-def listing_by_shard(root: DatasetRoot, rels: list[str], current: dict[str, tuple[int, int]],
-                     index: tuple[pafs.FileSystem | None, str], meta: dict, shown: str, *,
-                     beside: bool = False) -> ShardListing:  # fmt: skip
+def listing_by_shard(
+    root: DatasetRoot,
+    rels: list[str],
+    current: dict[str, tuple[int, int]],
+    index: tuple[pafs.FileSystem | None, str],
+    meta: dict,
+    shown: str,
+    *,
+    beside: bool = False,
+) -> ShardListing:
     """``rels`` (sorted, with their current stamps) listed by shard from the index footer ``meta``
     (``beside``: the index found beside the shards, whose paths are relative to its own folder)."""
     if footer_rows(meta) is None:
@@ -197,18 +230,29 @@ def listing_by_shard(root: DatasetRoot, rels: list[str], current: dict[str, tupl
     at = {name: k for k, name in enumerate(names) if name is not None}
     missing = [r for r in rels if r not in at]
     if missing:
-        raise ValueError(f"{len(missing)} of the {len(rels)} shards are not in the index {shown}, e.g. "
-                         f"{root.display(missing[0])}: listed by shard, every shard must be indexed; "
-                         "`raypipe index` writes the index again")  # fmt: skip
+        raise ValueError(
+            f"{len(missing)} of the {len(rels)} shards are not in the index {shown}, e.g. "
+            f"{root.display(missing[0])}: listed by shard, every shard must be indexed; "
+            "`raypipe index` writes the index again"
+        )
     order = np.array([at[r] for r in rels], dtype=np.int64)
     changed = [r for r, k in zip(rels, order, strict=True) if not size_matches(int(shards[k]["size"]), current[r])]
     if changed:
-        raise ValueError(f"{len(changed)} of the {len(rels)} shards changed since {shown} indexed them (another "
-                         f"size), e.g. {root.display(changed[0])}: listed by shard, their rows cannot be trusted; "
-                         "`raypipe index` writes the index again")  # fmt: skip
+        raise ValueError(
+            f"{len(changed)} of the {len(rels)} shards changed since {shown} indexed them (another "
+            f"size), e.g. {root.display(changed[0])}: listed by shard, their rows cannot be trusted; "
+            "`raypipe index` writes the index again"
+        )
     stamps = np.array([current[r] for r in rels], dtype=np.int64).reshape(-1, 2)
-    incomplete = [{"shard": root.display(r), "listed_samples": int(shards[k]["keys"]),
-                   "stopped_at": shards[k]["stopped_at"], "shard_bytes": int(shards[k]["size"]),
-                   "reason": shards[k]["reason"]}
-                  for r, k in zip(rels, order, strict=True) if shards[k]["stopped_at"] is not None]  # fmt: skip
+    incomplete = [
+        {
+            "shard": root.display(r),
+            "listed_samples": int(shards[k]["keys"]),
+            "stopped_at": shards[k]["stopped_at"],
+            "shard_bytes": int(shards[k]["size"]),
+            "reason": shards[k]["reason"],
+        }
+        for r, k in zip(rels, order, strict=True)
+        if shards[k]["stopped_at"] is not None
+    ]
     return ShardListing(root, index, rels, counts[order], starts[order], stamps, incomplete)

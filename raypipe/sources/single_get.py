@@ -66,8 +66,9 @@ class SingleGet:
         import obstore
 
         bucket, _, key = path.partition("/")
-        return self._counted(lambda: memoryview(obstore.get_range(self._store(bucket), key, start=start,
-                                                                  length=length)))  # fmt: skip
+        return self._counted(
+            lambda: memoryview(obstore.get_range(self._store(bucket), key, start=start, length=length))
+        )
 
     def _counted(self, request):
         try:
@@ -91,14 +92,23 @@ def single_get_for(filesystem: pafs.FileSystem | None) -> SingleGet | None:
         opts = filesystem.__reduce__()[1][0]
     except Exception:  # noqa: BLE001 - options not readable: leave the root to pyarrow
         return None
-    if not isinstance(opts, dict) or opts.get("role_arn") or opts.get("tls_ca_file_path") \
-            or (opts.get("proxy_options") or {}).get("host") or not _credentials_shared(opts):  # fmt: skip
+    if (
+        not isinstance(opts, dict)
+        or opts.get("role_arn")
+        or opts.get("tls_ca_file_path")
+        or (opts.get("proxy_options") or {}).get("host")
+        or not _credentials_shared(opts)
+    ):
         return None
     config: dict = {}
     if opts.get("region"):
         config["region"] = opts["region"]
-    endpoint = opts.get("endpoint_override") or os.environ.get("AWS_ENDPOINT_URL_S3") \
-        or os.environ.get("AWS_ENDPOINT_URL") or ""  # fmt: skip
+    endpoint = (
+        opts.get("endpoint_override")
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or ""
+    )
     scheme = opts.get("scheme") or "https"
     if endpoint:
         if "://" not in endpoint:
@@ -135,12 +145,20 @@ def _credentials_shared(opts: dict) -> bool:
         return True  # the environment comes before any profile in both clients' chains
     if env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE"):
         return False
-    if any(env.get(k) for k in ("AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                                "AWS_CONTAINER_CREDENTIALS_FULL_URI")):  # fmt: skip
+    if any(
+        env.get(k)
+        for k in (
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        )
+    ):
         return True
     home = os.path.expanduser("~")
-    files = (env.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join(home, ".aws", "credentials"),
-             env.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config"))  # fmt: skip
+    files = (
+        env.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join(home, ".aws", "credentials"),
+        env.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config"),
+    )
     return not any(os.path.exists(f) for f in files)  # else: the default profile (pyarrow only)
 
 

@@ -83,9 +83,16 @@ _WITHOUT_CRC = pa.schema([f for f in ROW_SCHEMA if f.name != "header_crc"])
 
 # What a column that a listing leaves out holds in every row (``shard``: each row its own shard).
 COLUMN_DEFAULTS = {
-    "row": -1, "error": None, "shard": "own", "offset": -1, "size": -1, "member": None,
-    "object_size": -1, "object_mtime_ns": -1, "header_crc": -1,
-}  # fmt: skip
+    "row": -1,
+    "error": None,
+    "shard": "own",
+    "offset": -1,
+    "size": -1,
+    "member": None,
+    "object_size": -1,
+    "object_mtime_ns": -1,
+    "header_crc": -1,
+}
 
 
 def column_or_default(table: pa.Table, name: str) -> pa.ChunkedArray | pa.Array:
@@ -152,9 +159,7 @@ class SourceRows:
         remap = np.array([index[name] for name in self.classes], dtype=np.int64)
         labels = column_array(self.table.column("label"))
         renumbered = np.where(labels >= 0, remap[np.clip(labels, 0, None)], labels)
-        table = self.table.set_column(
-            self.table.schema.get_field_index("label"), "label", int64_array(renumbered)
-        )
+        table = self.table.set_column(self.table.schema.get_field_index("label"), "label", int64_array(renumbered))
         return replace(self, table=table, classes=tuple(classes))
 
     def digest(self) -> str:

@@ -174,8 +174,19 @@ def shard_record(rel: str, stamp: tuple[int, int], listing: TarListing) -> Shard
             sample["image"] = m
         elif ext == "cls" and "cls" not in sample:
             sample["cls"] = listing.labels[index]
-    rec = ShardRecord(rel, listing.file_size, stamp[1], [], [], [], [], [], keys=len(samples),
-                      stopped_at=listing.stopped_at, reason=listing.reason)  # fmt: skip
+    rec = ShardRecord(
+        rel,
+        listing.file_size,
+        stamp[1],
+        [],
+        [],
+        [],
+        [],
+        [],
+        keys=len(samples),
+        stopped_at=listing.stopped_at,
+        reason=listing.reason,
+    )
     for key, sample in samples.items():
         if "image" not in sample and "cls" not in sample:
             continue

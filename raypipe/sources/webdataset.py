@@ -60,7 +60,7 @@ def expand_braces(pattern: str) -> list[str]:
     parts: list[list[str]] = []
     pos = 0
     for m in _BRACE.finditer(pattern):
-        parts.append([pattern[pos:m.start()]])
+        parts.append([pattern[pos : m.start()]])
         body = m.group(1)
         rng = _RANGE.match(body)
         if rng:
@@ -117,7 +117,7 @@ def _shards(data: str, filesystem: pafs.FileSystem | None) -> tuple[DatasetRoot,
         head = data[: data.index("{")]
         base = head.rsplit("/", 1)[0] if "/" in head else "."
         root = open_root(base, filesystem=filesystem)
-        rels = sorted(set(name[len(base) + 1:] if base != "." else name for name in expand_braces(data)))
+        rels = sorted(set(name[len(base) + 1 :] if base != "." else name for name in expand_braces(data)))
         found = _existing(root, rels)
         missing = [r for r in rels if r not in found]
         if missing:
@@ -158,8 +158,11 @@ def _tar_files(root: DatasetRoot, where: str, *, recursive: bool) -> dict[str, t
                 break
         return dict.fromkeys(sorted(found), _UNKNOWN)
     infos = root.filesystem.get_file_info(pafs.FileSelector(where, recursive=recursive, allow_not_found=True))
-    found = {root.relative(i.path): listed_stamp(i) for i in infos
-             if i.type == pafs.FileType.File and i.path.endswith(".tar")}  # fmt: skip
+    found = {
+        root.relative(i.path): listed_stamp(i)
+        for i in infos
+        if i.type == pafs.FileType.File and i.path.endswith(".tar")
+    }
     return {r: found[r] for r in sorted(found)}
 
 
@@ -191,8 +194,9 @@ def _scan(root: DatasetRoot, rel: str, stamp: tuple[int, int], options: ReadOpti
     return shard_record(rel, stamp, _list_shard(root, rel, options))
 
 
-def scan_shards(root: DatasetRoot, stamps: dict[str, tuple[int, int]], options: ReadOptions | None = None
-                ) -> list[ShardRecord]:  # fmt: skip
+def scan_shards(
+    root: DatasetRoot, stamps: dict[str, tuple[int, int]], options: ReadOptions | None = None
+) -> list[ShardRecord]:
     """The records of the shards ``stamps`` names, from their tar headers: locally one after another
     (a ``pread`` per header), remotely ``options.in_flight`` shards at a time."""
     options = options or ReadOptions()
@@ -203,8 +207,9 @@ def scan_shards(root: DatasetRoot, stamps: dict[str, tuple[int, int]], options: 
         return list(pool.map(lambda rel: _scan(root, rel, stamps[rel], options), rels))
 
 
-def _dali_record(root: DatasetRoot, rel: str, stamp: tuple[int, int], samples: list[list[DaliMember]],
-                 options: ReadOptions) -> ShardRecord:  # fmt: skip
+def _dali_record(
+    root: DatasetRoot, rel: str, stamp: tuple[int, int], samples: list[list[DaliMember]], options: ReadOptions
+) -> ShardRecord:
     """A shard's record from its DALI index: members as the index says, each ``.cls`` member read (a
     ``pread`` locally, a small ranged read remotely), no tar header."""
     read_at, size, close = _open_shard(root, rel, options)
@@ -229,8 +234,9 @@ def _human(n: int) -> str:
     return ""
 
 
-def _wids_shards(data: str, filesystem: pafs.FileSystem | None
-                 ) -> tuple[DatasetRoot, dict[str, tuple[int, int]], dict[str, int]]:  # fmt: skip
+def _wids_shards(
+    data: str, filesystem: pafs.FileSystem | None
+) -> tuple[DatasetRoot, dict[str, tuple[int, int]], dict[str, int]]:
     """The root, the shards (with their stamps) and the sample count per shard of a wids shard list."""
     parent, _, name = data.rstrip("/").rpartition("/")
     here = open_root(parent or ".", filesystem=filesystem)
@@ -241,16 +247,20 @@ def _wids_shards(data: str, filesystem: pafs.FileSystem | None
     base, shards = parse_wids(raw, data)
     root = here
     if base is not None:
-        root = open_root(base, filesystem=filesystem) if "://" in base or base.startswith("/") else \
-            open_root(posixpath.join(parent or ".", base), filesystem=filesystem)  # fmt: skip
+        root = (
+            open_root(base, filesystem=filesystem)
+            if "://" in base or base.startswith("/")
+            else open_root(posixpath.join(parent or ".", base), filesystem=filesystem)
+        )
     rels, counts = [], {}
     for s in shards:
         url = s.url
         try:
             resolved = root.resolve(url)  # a URI or a path inside the root; ".." out of it is refused
         except SkipImage as e:
-            raise ValueError(f"wids shard index {data!r}: shard {url!r} lies outside {root.uri or root.root!r} "
-                             f"({e.detail})") from None  # fmt: skip
+            raise ValueError(
+                f"wids shard index {data!r}: shard {url!r} lies outside {root.uri or root.root!r} ({e.detail})"
+            ) from None
         rel = root.relative(resolved)
         rels.append(rel)
         counts[rel] = s.nsamples
@@ -261,15 +271,17 @@ def _wids_shards(data: str, filesystem: pafs.FileSystem | None
     return root, {r: found[r] for r in sorted(found)}, counts
 
 
-def _given_index(root: DatasetRoot, index, rels: list[str], filesystem: pafs.FileSystem | None,
-                 options: ReadOptions) -> tuple[dict[str, ShardRecord], dict[str, list], str]:  # fmt: skip
+def _given_index(
+    root: DatasetRoot, index, rels: list[str], filesystem: pafs.FileSystem | None, options: ReadOptions
+) -> tuple[dict[str, ShardRecord], dict[str, list], str]:
     """(raypipe index records by shard, DALI samples by shard, where the index came from)."""
     if index is False:
         return {}, {}, ""
     if index is None:  # raypipe's own beside the shards, when there is one
         where = os.path.join(root.root, INDEX_NAME) if root.is_local else posixpath.join(root.root, INDEX_NAME)
-        exists = os.path.isfile(where) if root.is_local else \
-            root.filesystem.get_file_info(where).type == pafs.FileType.File  # fmt: skip
+        exists = (
+            os.path.isfile(where) if root.is_local else root.filesystem.get_file_info(where).type == pafs.FileType.File
+        )
         if not exists:
             return {}, {}, ""
         _, records = read_index(where, root.filesystem)
@@ -285,8 +297,10 @@ def _given_index(root: DatasetRoot, index, rels: list[str], filesystem: pafs.Fil
         paths = [posixpath.join(posixpath.dirname(rel), dali_index_for(rel.rpartition("/")[2])) for rel in rels]
         paths = [root.display(p) for p in paths]
     elif any(not p.endswith(".idx") for p in paths):
-        raise ValueError(f"index={index!r}: expected a raypipe index (.parquet), DALI index files (.idx, a list "
-                         "or a brace pattern) or 'dali' (SHARD.idx beside each shard)")  # fmt: skip
+        raise ValueError(
+            f"index={index!r}: expected a raypipe index (.parquet), DALI index files (.idx, a list "
+            "or a brace pattern) or 'dali' (SHARD.idx beside each shard)"
+        )
     if len(paths) == 1 and has_braces(paths[0]):
         paths = expand_braces(paths[0])
     by_stem = {dali_index_for(rel.rpartition("/")[2]): rel for rel in rels}
@@ -306,14 +320,16 @@ def _given_index(root: DatasetRoot, index, rels: list[str], filesystem: pafs.Fil
     return {}, dali, ", ".join(paths[:2]) + (" …" if len(paths) > 2 else "")
 
 
-def _raypipe_index(root: DatasetRoot, index, filesystem: pafs.FileSystem | None
-                   ) -> tuple[pafs.FileSystem | None, str, str] | None:  # fmt: skip
+def _raypipe_index(
+    root: DatasetRoot, index, filesystem: pafs.FileSystem | None
+) -> tuple[pafs.FileSystem | None, str, str] | None:
     """(filesystem, path, as shown) of the raypipe index ``index`` names (None: the one beside the shards,
     when there is one), or None where there is none."""
     if index is None:
         where = os.path.join(root.root, INDEX_NAME) if root.is_local else posixpath.join(root.root, INDEX_NAME)
-        exists = os.path.isfile(where) if root.is_local else \
-            root.filesystem.get_file_info(where).type == pafs.FileType.File  # fmt: skip
+        exists = (
+            os.path.isfile(where) if root.is_local else root.filesystem.get_file_info(where).type == pafs.FileType.File
+        )
         return (root.filesystem, where, root.display(INDEX_NAME)) if exists else None
     if isinstance(index, str) and index.endswith(".parquet"):
         fs, where = index_location(index, root, filesystem)
@@ -322,9 +338,13 @@ def _raypipe_index(root: DatasetRoot, index, filesystem: pafs.FileSystem | None
 
 
 def list_webdataset(
-    data: str, *, filesystem: pafs.FileSystem | None = None, options: ReadOptions | None = None, index=None,
+    data: str,
+    *,
+    filesystem: pafs.FileSystem | None = None,
+    options: ReadOptions | None = None,
+    index=None,
     by_shard: bool | None = None,
-) -> SourceRows | ShardListing:  # fmt: skip
+) -> SourceRows | ShardListing:
     """List WebDataset tar shards (a folder, a prefix, a ``.tar`` file, a brace pattern or a wids shard-list
     ``.json``) into SourceRows.
 
@@ -348,8 +368,10 @@ def list_webdataset(
                 current = {rel: local_stamp(root, rel) for rel in rels} if root.is_local else stamps
                 return listing_by_shard(root, rels, current, (fs, where), meta, shown, beside=index is None)
         if by_shard:
-            raise ValueError(f"{data!r}: by_shard=True needs raypipe's shard index (`raypipe index {data}` writes "
-                             f"{INDEX_NAME} beside the shards, or give index=PATH.parquet)")  # fmt: skip
+            raise ValueError(
+                f"{data!r}: by_shard=True needs raypipe's shard index (`raypipe index {data}` writes "
+                f"{INDEX_NAME} beside the shards, or give index=PATH.parquet)"
+            )
     indexed, dali, source = _given_index(root, index, rels, filesystem, options)
     current = {rel: local_stamp(root, rel) for rel in rels} if root.is_local else stamps
     records: dict[str, ShardRecord] = {}
@@ -362,9 +384,13 @@ def list_webdataset(
         elif rec is not None:
             stale.append(rel)
     if moved:
-        log.info("raypipe: %d of the %d shards have other times than %s recorded (copied or uploaded with it): "
-                 "listed from it, as their sizes are the indexed ones; each read checks its member's tar header",
-                 moved, len(rels), source)  # fmt: skip
+        log.info(
+            "raypipe: %d of the %d shards have other times than %s recorded (copied or uploaded with it): "
+            "listed from it, as their sizes are the indexed ones; each read checks its member's tar header",
+            moved,
+            len(rels),
+            source,
+        )
     if dali:
         fresh = _dali_fresh(dali, current)
         stale += [rel for rel in dali if not fresh[rel]]
@@ -374,16 +400,26 @@ def list_webdataset(
             records.update(zip(todo, done, strict=True))
     if stale:
         why = "modified after its index file, or shorter" if dali else "another size"
-        log.warning("raypipe: %d of the %d shards changed since %s indexed them (%s), e.g. %s: listing them "
-                    "from their tar headers; `raypipe index` writes the index again", len(stale), len(rels), source,
-                    why, root.display(stale[0]))  # fmt: skip
+        log.warning(
+            "raypipe: %d of the %d shards changed since %s indexed them (%s), e.g. %s: listing them "
+            "from their tar headers; `raypipe index` writes the index again",
+            len(stale),
+            len(rels),
+            source,
+            why,
+            root.display(stale[0]),
+        )
     to_scan = {rel: stamps[rel] for rel in rels if rel not in records}
     if to_scan and len(to_scan) > len(stale):
         total = sum(current[rel][0] for rel in to_scan if current[rel][0] > 0)
         (log.info if root.is_local else log.warning)(
             "raypipe: listing %d shard(s) of %s without an index: reading the tar headers of up to %s; "
             "`raypipe index %s` writes an index, and the listing then reads that file alone",
-            len(to_scan), data, _human(total), data)  # fmt: skip
+            len(to_scan),
+            data,
+            _human(total),
+            data,
+        )
     for rec in scan_shards(root, to_scan, options):
         records[rec.path] = rec
     return _rows(data, root, rels, stamps, records, expected)
@@ -409,10 +445,29 @@ def _dali_fresh(dali: dict, current: dict) -> dict[str, bool]:
     return out
 
 
-def _rows(data: str, root: DatasetRoot, rels: list[str], stamps: dict, records: dict[str, ShardRecord],
-          expected: dict[str, int]) -> SourceRows:  # fmt: skip
-    cols: dict[str, list] = {k: [] for k in ("path", "label", "error", "shard", "offset", "size", "member",
-                                             "object_size", "object_mtime_ns", "header_crc")}  # fmt: skip
+def _rows(
+    data: str,
+    root: DatasetRoot,
+    rels: list[str],
+    stamps: dict,
+    records: dict[str, ShardRecord],
+    expected: dict[str, int],
+) -> SourceRows:
+    cols: dict[str, list] = {
+        k: []
+        for k in (
+            "path",
+            "label",
+            "error",
+            "shard",
+            "offset",
+            "size",
+            "member",
+            "object_size",
+            "object_mtime_ns",
+            "header_crc",
+        )
+    }
     incomplete, miscounted = [], []
     for shard, rel in enumerate(rels):
         rec = records[rel]
@@ -430,20 +485,48 @@ def _rows(data: str, root: DatasetRoot, rels: list[str], stamps: dict, records: 
         if rel in expected and expected[rel] != rec.keys:
             miscounted.append((rel, expected[rel], rec.keys))
         if rec.stopped_at is not None:
-            incomplete.append({"shard": root.display(rel), "listed_samples": rec.keys,
-                               "stopped_at": rec.stopped_at, "shard_bytes": rec.size,
-                               "reason": rec.reason})  # fmt: skip
-            log.warning("raypipe: %s: %s; listed %d samples up to byte %d of %d, any after it are not in the "
-                        "dataset", root.display(rel), rec.reason, rec.keys, rec.stopped_at, rec.size)  # fmt: skip
+            incomplete.append(
+                {
+                    "shard": root.display(rel),
+                    "listed_samples": rec.keys,
+                    "stopped_at": rec.stopped_at,
+                    "shard_bytes": rec.size,
+                    "reason": rec.reason,
+                }
+            )
+            log.warning(
+                "raypipe: %s: %s; listed %d samples up to byte %d of %d, any after it are not in the dataset",
+                root.display(rel),
+                rec.reason,
+                rec.keys,
+                rec.stopped_at,
+                rec.size,
+            )
     if miscounted:
         rel, said, found = miscounted[0]
-        log.warning("raypipe: %d shard(s) hold another number of samples than the wids index %s says, e.g. %s: "
-                    "%d said, %d found", len(miscounted), data, root.display(rel), said, found)  # fmt: skip
+        log.warning(
+            "raypipe: %d shard(s) hold another number of samples than the wids index %s says, e.g. %s: "
+            "%d said, %d found",
+            len(miscounted),
+            data,
+            root.display(rel),
+            said,
+            found,
+        )
     if not cols["path"]:
         raise ValueError(f"the {len(rels)} shard(s) of {data!r} hold no samples (KEY.jpg with KEY.cls)")
-    table = make_rows(cols["path"], cols["label"], errors=cols["error"], shards=cols["shard"],
-                      offsets=cols["offset"], sizes=cols["size"], members=cols["member"],
-                      object_sizes=cols["object_size"], object_mtimes=cols["object_mtime_ns"],
-                      header_crcs=cols["header_crc"])  # fmt: skip
-    return SourceRows(kind="webdataset", root=root, table=table,
-                      extra={"shards": tuple(rels), "incomplete_shards": incomplete})  # fmt: skip
+    table = make_rows(
+        cols["path"],
+        cols["label"],
+        errors=cols["error"],
+        shards=cols["shard"],
+        offsets=cols["offset"],
+        sizes=cols["size"],
+        members=cols["member"],
+        object_sizes=cols["object_size"],
+        object_mtimes=cols["object_mtime_ns"],
+        header_crcs=cols["header_crc"],
+    )
+    return SourceRows(
+        kind="webdataset", root=root, table=table, extra={"shards": tuple(rels), "incomplete_shards": incomplete}
+    )

@@ -75,8 +75,11 @@ def lower_priority(nice: int, sched_idle: bool = False) -> None:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except OSError as exc:
         wanted = f"niceness {nice}" + (" and SCHED_IDLE" if sched_idle else "")
-        warnings.warn(f"raypipe: the augmentation thread could not take {wanted} ({exc}); it runs as it is",
-                      RuntimeWarning, stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"raypipe: the augmentation thread could not take {wanted} ({exc}); it runs as it is",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 # One thread per priority setting, per worker process: the stage's work runs there, so the worker's
@@ -179,8 +182,11 @@ def stage_for(spec: StageSpec) -> AugmentStage:
     # filesystems compare by their options but do not hash, so they are checked here, not keyed.)
     # Likewise a reader made before the read settings (RAYPIPE_READ_*, RAYPIPE_CACHE_*) changed in this
     # process: a pipeline's chunks made in the consumer would read without the cache its workers use.
-    if stage is None or not _same_filesystem(stage.spec.root.filesystem, spec.root.filesystem) \
-            or stage.reader.options != ReadOptions():  # fmt: skip
+    if (
+        stage is None
+        or not _same_filesystem(stage.spec.root.filesystem, spec.root.filesystem)
+        or stage.reader.options != ReadOptions()
+    ):
         if len(_STAGES) > 8:
             _STAGES.clear()
         stage = _STAGES[spec.reuse_key] = AugmentStage(spec)

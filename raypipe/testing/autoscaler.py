@@ -34,8 +34,16 @@ import yaml
 
 from raypipe.cluster_config import DEFAULT_PREPROCESS_RESOURCE
 
-__all__ = ["FakeAutoscalingCluster", "autoscaling_config", "end_process_tree", "marked_processes", "PREPROCESS",
-           "WORKER_TYPE", "HEAD_TYPE", "MARK_ENV"]  # fmt: skip
+__all__ = [
+    "FakeAutoscalingCluster",
+    "autoscaling_config",
+    "end_process_tree",
+    "marked_processes",
+    "PREPROCESS",
+    "WORKER_TYPE",
+    "HEAD_TYPE",
+    "MARK_ENV",
+]
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +92,7 @@ def autoscaling_config(
                 "min_workers": min_workers,
                 "max_workers": max_workers,
             },
-        },  # fmt: skip
+        },
         "auth": {},
         "docker": {},
         "file_mounts": {},
@@ -146,10 +154,13 @@ class FakeAutoscalingCluster:
         self.head_cpus = _positive_int("head_cpus", head_cpus)
         self.worker_cpus = _positive_int("worker_cpus", worker_cpus)
         resources = {PREPROCESS: float(worker_cpus)} if worker_resources is None else dict(worker_resources)
-        if not resources or not all(isinstance(k, str) and k != "CPU" and isinstance(v, (int, float)) and v > 0
-                                    for k, v in resources.items()):  # fmt: skip
-            raise ValueError(f"worker_resources={worker_resources!r}: expected custom resource name -> amount > 0 "
-                             "(what tells the CPU nodes apart from the head)")  # fmt: skip
+        if not resources or not all(
+            isinstance(k, str) and k != "CPU" and isinstance(v, (int, float)) and v > 0 for k, v in resources.items()
+        ):
+            raise ValueError(
+                f"worker_resources={worker_resources!r}: expected custom resource name -> amount > 0 "
+                "(what tells the CPU nodes apart from the head)"
+            )
         self.worker_resources = resources
         self.min_workers = _positive_int("min_workers", min_workers, minimum=0)
         self.max_workers = _positive_int("max_workers", max_workers)
@@ -194,27 +205,50 @@ class FakeAutoscalingCluster:
         gcs, client, nm, om, agent_listen, agent_grpc, metrics, runtime_env, dash = ports
         self.address = f"127.0.0.1:{gcs}"
         config = autoscaling_config(
-            gcs_address=self.address, head_cpus=self.head_cpus, worker_cpus=self.worker_cpus,
-            worker_resources=self.worker_resources, min_workers=self.min_workers, max_workers=self.max_workers,
-            idle_timeout_s=self.idle_timeout_s, worker_object_store_bytes=self.worker_object_store_mb << 20,
-        )  # fmt: skip
+            gcs_address=self.address,
+            head_cpus=self.head_cpus,
+            worker_cpus=self.worker_cpus,
+            worker_resources=self.worker_resources,
+            min_workers=self.min_workers,
+            max_workers=self.max_workers,
+            idle_timeout_s=self.idle_timeout_s,
+            worker_object_store_bytes=self.worker_object_store_mb << 20,
+        )
         config_path = Path(self.temp_dir, "autoscaling.yaml")
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}
-        env.update({
-            "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN": self.token, "RAY_USAGE_STATS_ENABLED": "0", MARK_ENV: self.mark,
-        })  # fmt: skip
+        env.update(
+            {
+                "RAY_FAKE_CLUSTER": "1",
+                "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+                "RAY_AUTH_MODE": "token",
+                "RAY_AUTH_TOKEN": self.token,
+                "RAY_USAGE_STATS_ENABLED": "0",
+                MARK_ENV: self.mark,
+            }
+        )
         # --node-ip-address: Ray replaces 127.0.0.1 with the machine's address, which every node shares
         cmd = [
-            _ray_command(), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
-            f"--num-cpus={self.head_cpus}", f"--object-store-memory={self.head_object_store_mb << 20}",
-            f"--ray-client-server-port={client}", f"--node-manager-port={nm}", f"--object-manager-port={om}",
-            f"--dashboard-agent-listen-port={agent_listen}", f"--dashboard-agent-grpc-port={agent_grpc}",
-            f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}",
-            f"--min-worker-port={workers}", f"--max-worker-port={workers + WORKER_PORTS - 1}",
-            f"--temp-dir={self.temp_dir}", f"--autoscaling-config={config_path}",
-        ]  # fmt: skip
+            _ray_command(),
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--port={gcs}",
+            f"--num-cpus={self.head_cpus}",
+            f"--object-store-memory={self.head_object_store_mb << 20}",
+            f"--ray-client-server-port={client}",
+            f"--node-manager-port={nm}",
+            f"--object-manager-port={om}",
+            f"--dashboard-agent-listen-port={agent_listen}",
+            f"--dashboard-agent-grpc-port={agent_grpc}",
+            f"--metrics-export-port={metrics}",
+            f"--runtime-env-agent-port={runtime_env}",
+            f"--min-worker-port={workers}",
+            f"--max-worker-port={workers + WORKER_PORTS - 1}",
+            f"--temp-dir={self.temp_dir}",
+            f"--autoscaling-config={config_path}",
+        ]
         if self.dashboard:
             cmd += ["--dashboard-host=127.0.0.1", f"--dashboard-port={dash}"]
             self.dashboard_url = f"http://127.0.0.1:{dash}"
@@ -222,8 +256,9 @@ class FakeAutoscalingCluster:
             cmd += ["--include-dashboard=false"]
         log_path = Path(self.temp_dir, "head.log")
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed by stop()
-        self._proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        self._proc = subprocess.Popen(
+            cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         deadline = time.monotonic() + self.start_timeout_s
         while b"Ray runtime started." not in log_path.read_bytes():
             if self._proc.poll() is not None:
@@ -311,8 +346,11 @@ class FakeAutoscalingCluster:
         count = 0
         for node in ray.nodes():
             have = node.get("Resources", {})
-            if node.get("Alive") and "node:__internal_head__" not in have and \
-                    all(have.get(k, 0.0) >= v for k, v in self.worker_resources.items()):  # fmt: skip
+            if (
+                node.get("Alive")
+                and "node:__internal_head__" not in have
+                and all(have.get(k, 0.0) >= v for k, v in self.worker_resources.items())
+            ):
                 count += 1
         self.most_workers_seen = max(self.most_workers_seen, count)
         if not self.timeline or self.timeline[-1][1] != count:

@@ -67,8 +67,15 @@ class S3Server:
     the object bytes that ``GetObject`` answers carried.
     """
 
-    def __init__(self, root: str | os.PathLike, *, latency_ms: float = 0.0, port: int = 0, log_size: int = 10000,
-                 cache_listings: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        latency_ms: float = 0.0,
+        port: int = 0,
+        log_size: int = 10000,
+        cache_listings: bool = False,
+    ):
         self.root = os.path.realpath(root)
         if not os.path.isdir(self.root):
             raise ValueError(f"root={str(root)!r}: not a directory")
@@ -172,8 +179,13 @@ class S3Server:
         """A pyarrow ``S3FileSystem`` for this server (anonymous, plain http); ``kwargs`` override."""
         import pyarrow.fs as pafs
 
-        opts = {"anonymous": True, "endpoint_override": f"127.0.0.1:{self.port}", "scheme": "http",
-                "region": "us-east-1", **kwargs}  # fmt: skip
+        opts = {
+            "anonymous": True,
+            "endpoint_override": f"127.0.0.1:{self.port}",
+            "scheme": "http",
+            "region": "us-east-1",
+            **kwargs,
+        }
         return pafs.S3FileSystem(**opts)
 
     def reset_counts(self) -> None:
@@ -293,8 +305,10 @@ def _make_handler(server: S3Server):
                 self.wfile.write(body)
 
         def _error(self, status: int, code: str, message: str, *, head: bool = False) -> None:
-            body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{escape(message)}'
-                    f"</Message><RequestId>0</RequestId></Error>").encode()  # fmt: skip
+            body = (
+                f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{escape(message)}'
+                f"</Message><RequestId>0</RequestId></Error>"
+            ).encode()
             self._send(status, body, head=head)
 
         def answer(self) -> None:
@@ -306,13 +320,19 @@ def _make_handler(server: S3Server):
         # -- buckets ----------------------------------------------------------------------------
 
         def _ListBuckets(self, bucket, key, query):
-            names = sorted(n for n in os.listdir(server.root)
-                           if not n.startswith(".") and os.path.isdir(os.path.join(server.root, n)))  # fmt: skip
-            items = "".join(f"<Bucket><Name>{escape(n)}</Name><CreationDate>{_iso(0)}</CreationDate></Bucket>"
-                            for n in names)  # fmt: skip
-            self._send(200, f'<?xml version="1.0" encoding="UTF-8"?><ListAllMyBucketsResult xmlns="{_NS}">'
-                            f"<Owner><ID>raypipe</ID></Owner><Buckets>{items}</Buckets></ListAllMyBucketsResult>"
-                            .encode())  # fmt: skip
+            names = sorted(
+                n
+                for n in os.listdir(server.root)
+                if not n.startswith(".") and os.path.isdir(os.path.join(server.root, n))
+            )
+            items = "".join(
+                f"<Bucket><Name>{escape(n)}</Name><CreationDate>{_iso(0)}</CreationDate></Bucket>" for n in names
+            )
+            self._send(
+                200,
+                f'<?xml version="1.0" encoding="UTF-8"?><ListAllMyBucketsResult xmlns="{_NS}">'
+                f"<Owner><ID>raypipe</ID></Owner><Buckets>{items}</Buckets></ListAllMyBucketsResult>".encode(),
+            )
 
         def _HeadBucket(self, bucket, key, query):
             base = server._locate(bucket)
@@ -329,21 +349,25 @@ def _make_handler(server: S3Server):
             after = query.get("continuation-token") or query.get("start-after") or ""
             names, entries = server._listing(base, prefix, delimiter)  # (key or common prefix, stat or None)
             first = bisect.bisect_right(names, after)  # strictly after `after`
-            page = entries[first:first + max_keys]
+            page = entries[first : first + max_keys]
             truncated = len(entries) - first > max_keys
             contents = "".join(
                 f"<Contents><Key>{escape(n)}</Key><LastModified>{_iso(st.st_mtime)}</LastModified><ETag>"
                 f"{escape(_etag(st))}</ETag><Size>{st.st_size}</Size><StorageClass>STANDARD</StorageClass></Contents>"
-                for n, st in page if st is not None
-            )  # fmt: skip
-            prefixes = "".join(f"<CommonPrefixes><Prefix>{escape(n)}</Prefix></CommonPrefixes>"
-                               for n, st in page if st is None)  # fmt: skip
+                for n, st in page
+                if st is not None
+            )
+            prefixes = "".join(
+                f"<CommonPrefixes><Prefix>{escape(n)}</Prefix></CommonPrefixes>" for n, st in page if st is None
+            )
             token = f"<NextContinuationToken>{escape(page[-1][0])}</NextContinuationToken>" if truncated else ""
-            body = (f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="{_NS}"><Name>{escape(bucket)}'
-                    f"</Name><Prefix>{escape(prefix)}</Prefix><Delimiter>{escape(delimiter)}</Delimiter>"
-                    f"<MaxKeys>{max_keys}</MaxKeys><KeyCount>{len(page)}</KeyCount>"
-                    f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>{token}{contents}{prefixes}"
-                    "</ListBucketResult>")  # fmt: skip
+            body = (
+                f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="{_NS}"><Name>{escape(bucket)}'
+                f"</Name><Prefix>{escape(prefix)}</Prefix><Delimiter>{escape(delimiter)}</Delimiter>"
+                f"<MaxKeys>{max_keys}</MaxKeys><KeyCount>{len(page)}</KeyCount>"
+                f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>{token}{contents}{prefixes}"
+                "</ListBucketResult>"
+            )
             self._send(200, body.encode())
 
         # -- objects ----------------------------------------------------------------------------
@@ -359,8 +383,12 @@ def _make_handler(server: S3Server):
             return (path, st) if os.path.isfile(path) else (None, None)
 
         def _object_headers(self, st) -> dict:
-            return {"Last-Modified": formatdate(st.st_mtime, usegmt=True), "ETag": _etag(st),
-                    "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}  # fmt: skip
+            return {
+                "Last-Modified": formatdate(st.st_mtime, usegmt=True),
+                "ETag": _etag(st),
+                "Accept-Ranges": "bytes",
+                "Content-Type": "application/octet-stream",
+            }
 
         def _HeadObject(self, bucket, key, query):
             path, st = self._stat(bucket, key)
@@ -412,8 +440,10 @@ def _make_handler(server: S3Server):
                     return self._error(404, "NoSuchKey", src_key)
                 _atomic_write(path, lambda f: shutil.copyfileobj(open(src, "rb"), f))
                 st = os.stat(path)
-                body = (f'<?xml version="1.0" encoding="UTF-8"?><CopyObjectResult><LastModified>{_iso(st.st_mtime)}'
-                        f"</LastModified><ETag>{escape(_etag(st))}</ETag></CopyObjectResult>")  # fmt: skip
+                body = (
+                    f'<?xml version="1.0" encoding="UTF-8"?><CopyObjectResult><LastModified>{_iso(st.st_mtime)}'
+                    f"</LastModified><ETag>{escape(_etag(st))}</ETag></CopyObjectResult>"
+                )
                 return self._send(200, body.encode())
             _atomic_write(path, lambda f: f.write(data))
             self._send(200, headers={"ETag": _etag(os.stat(path))})
@@ -445,9 +475,11 @@ def _make_handler(server: S3Server):
             if folder is None or server._locate(bucket, key) is None:
                 return self._error(404, "NoSuchBucket", bucket)
             os.makedirs(folder)
-            body = (f'<?xml version="1.0" encoding="UTF-8"?><InitiateMultipartUploadResult xmlns="{_NS}"><Bucket>'
-                    f"{escape(bucket)}</Bucket><Key>{escape(key)}</Key><UploadId>{upload_id}</UploadId>"
-                    "</InitiateMultipartUploadResult>")  # fmt: skip
+            body = (
+                f'<?xml version="1.0" encoding="UTF-8"?><InitiateMultipartUploadResult xmlns="{_NS}"><Bucket>'
+                f"{escape(bucket)}</Bucket><Key>{escape(key)}</Key><UploadId>{upload_id}</UploadId>"
+                "</InitiateMultipartUploadResult>"
+            )
             self._send(200, body.encode())
 
         def _UploadPart(self, bucket, key, query):
@@ -475,9 +507,11 @@ def _make_handler(server: S3Server):
             _atomic_write(path, join)
             shutil.rmtree(folder, ignore_errors=True)
             st = os.stat(path)
-            body = (f'<?xml version="1.0" encoding="UTF-8"?><CompleteMultipartUploadResult xmlns="{_NS}"><Bucket>'
-                    f"{escape(bucket)}</Bucket><Key>{escape(key)}</Key><ETag>{escape(_etag(st))}</ETag>"
-                    "</CompleteMultipartUploadResult>")  # fmt: skip
+            body = (
+                f'<?xml version="1.0" encoding="UTF-8"?><CompleteMultipartUploadResult xmlns="{_NS}"><Bucket>'
+                f"{escape(bucket)}</Bucket><Key>{escape(key)}</Key><ETag>{escape(_etag(st))}</ETag>"
+                "</CompleteMultipartUploadResult>"
+            )
             self._send(200, body.encode())
 
         def _AbortMultipartUpload(self, bucket, key, query):
@@ -504,8 +538,13 @@ def _action(method: str, bucket: str, key: str, query: dict, headers) -> str:
             return "ListObjectsV2"
         return "Unsupported"
     if method == "POST":
-        return "CreateMultipartUpload" if "uploads" in query else "CompleteMultipartUpload" if "uploadId" in query \
-            else "Unsupported"  # fmt: skip
+        return (
+            "CreateMultipartUpload"
+            if "uploads" in query
+            else "CompleteMultipartUpload"
+            if "uploadId" in query
+            else "Unsupported"
+        )
     if method == "PUT":
         return "UploadPart" if "uploadId" in query else "PutObject"
     if method == "DELETE":
@@ -621,7 +660,7 @@ def _decode_aws_chunked(data: bytes) -> bytes:
         size = int(data[pos:eol].split(b";")[0], 16)
         if size == 0:
             break
-        out += data[eol + 2:eol + 2 + size]
+        out += data[eol + 2 : eol + 2 + size]
         pos = eol + 2 + size + 2
     return bytes(out)
 

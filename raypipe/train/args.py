@@ -159,12 +159,43 @@ class TrainJobConfig:
 
 # dest -> TrainJobConfig field, for the job's own flags
 _JOB_FIELDS = (
-    "data", "val_data", "val_split", "kind", "index", "sample_dir", "sample_per_class", "model", "num_classes",
-    "epochs", "lr", "opt", "momentum", "sched", "warmup_epochs", "warmup_lr", "min_lr", "weight_decay", "reprob",
-    "remode", "recount", "mixup", "cutmix", "smoothing", "amp", "channels_last", "num_workers", "use_gpu",
-    "cpus_per_worker", "storage_path", "name", "max_failures", "checkpoint_steps", "preprocess_resource",
-    "record_ids", "feeder",
-)  # fmt: skip
+    "data",
+    "val_data",
+    "val_split",
+    "kind",
+    "index",
+    "sample_dir",
+    "sample_per_class",
+    "model",
+    "num_classes",
+    "epochs",
+    "lr",
+    "opt",
+    "momentum",
+    "sched",
+    "warmup_epochs",
+    "warmup_lr",
+    "min_lr",
+    "weight_decay",
+    "reprob",
+    "remode",
+    "recount",
+    "mixup",
+    "cutmix",
+    "smoothing",
+    "amp",
+    "channels_last",
+    "num_workers",
+    "use_gpu",
+    "cpus_per_worker",
+    "storage_path",
+    "name",
+    "max_failures",
+    "checkpoint_steps",
+    "preprocess_resource",
+    "record_ids",
+    "feeder",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,12 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a timm model on Ray: augmentation on the cluster, one DDP worker per GPU.",
     )
     g = p.add_argument_group("data and model")
-    g.add_argument("--data", help="image folder, Parquet, CSV/JSONL manifest or WebDataset shards, local or a URI "
-                                  "(default: generated sample data)")
+    g.add_argument(
+        "--data",
+        help="image folder, Parquet, CSV/JSONL manifest or WebDataset shards, local or a URI "
+        "(default: generated sample data)",
+    )
     g.add_argument("--val-data", help="evaluation dataset (default: a held-out --val-split of --data)")
     g.add_argument("--val-split", type=float, help="fraction held out for eval, chosen by a hash of each image's path")
-    g.add_argument("--kind", choices=("folder", "parquet", "manifest", "webdataset"),
-                   help="dataset kind (detected if omitted)")
+    g.add_argument(
+        "--kind", choices=("folder", "parquet", "manifest", "webdataset"), help="dataset kind (detected if omitted)"
+    )
     add_index_arg(g)
     g.add_argument("--sample-dir", help="where the sample dataset is generated when --data is not given")
     g.add_argument("--sample-per-class", type=int, help="sample dataset images per class (10 classes)")
@@ -209,17 +244,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--storage-path", help="run storage (local path, or s3://… shared by all nodes)")
     g.add_argument("--name", help="run name; re-running with the same name resumes from its last checkpoint")
     g.add_argument("--max-failures", type=int, help="restarts from the last checkpoint after a worker dies")
-    g.add_argument("--checkpoint-steps", type=int, metavar="N",
-                   help="also checkpoint inside an epoch, after every N optimizer steps (default: at epoch "
-                        "ends only)")  # fmt: skip
+    g.add_argument(
+        "--checkpoint-steps",
+        type=int,
+        metavar="N",
+        help="also checkpoint inside an epoch, after every N optimizer steps (default: at epoch ends only)",
+    )
     g.add_argument("--preprocess-resource", help="Ray resource augmentation workers ask 0.001 of (cluster.yaml)")
     g.add_argument("--record-ids", action="store_true", default=None, help="write the sample ids each rank trained on")
-    g.add_argument("--feeder", choices=("process", "thread"),
-                   help="where each rank's batch consumer runs: a process beside it, or a thread")  # fmt: skip
+    g.add_argument(
+        "--feeder",
+        choices=("process", "thread"),
+        help="where each rank's batch consumer runs: a process beside it, or a thread",
+    )
     g = p.add_argument_group("output")
-    g.add_argument("-v", "--verbose", action="store_true",
-                   help="also show Ray's own lines: its start-up warnings and Ray Train's INFO lines (resources, "
-                        "worker group, each report and checkpoint)")  # fmt: skip
+    g.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also show Ray's own lines: its start-up warnings and Ray Train's INFO lines (resources, "
+        "worker group, each report and checkpoint)",
+    )
     add_augment_args(p)
     add_pipeline_args(p)  # also -b/--batch-size, --seed and -c/--config
     for action in p._actions:  # the shared flags' help shows the library's defaults: show this job's
@@ -247,9 +292,13 @@ def job_from_namespace(args: argparse.Namespace, parser: argparse.ArgumentParser
     if job.get("preprocess_resource"):
         execution = dataclasses.replace(execution, resources={job["preprocess_resource"]: 0.001})
     return TrainJobConfig(
-        **job, augment=sections["augment"], eval=sections["eval"], pipeline=sections["pipeline"],
-        execution=execution, decode=sections["decode"],
-    )  # fmt: skip
+        **job,
+        augment=sections["augment"],
+        eval=sections["eval"],
+        pipeline=sections["pipeline"],
+        execution=execution,
+        decode=sections["decode"],
+    )
 
 
 def parse_job(argv: list[str] | None = None) -> TrainJobConfig:

@@ -140,8 +140,9 @@ def _load_state(trained: _Trained) -> ResumePoint:
     return resume_point(state)
 
 
-def _save_and_report(trained: _Trained, metrics: dict, *, epoch: int, step: int | None, loader: DeviceLoader,
-                     ids: list | None, rank: int) -> None:  # fmt: skip
+def _save_and_report(
+    trained: _Trained, metrics: dict, *, epoch: int, step: int | None, loader: DeviceLoader, ids: list | None, rank: int
+) -> None:
     """Every rank: rank 0 writes the checkpoint, every rank reports it (a barrier for all ranks). One
     inside an epoch (``step``) also holds every rank's train-loader position and, with ``ids``, the
     ids each rank trained on so far in the epoch, as JSON strings (``raypipe.train.resume``)."""
@@ -183,8 +184,9 @@ def _last_safe_step(job: TrainJobConfig, loader: DeviceLoader, first_step: int) 
     each rank's rows left in it (``last_safe_step``); call between passes."""
     rows = _gather(rows_left(Position.from_dict(loader.state_dict())))
     cfg = job.pipeline
-    return last_safe_step(first_step, rows, batch_size=cfg.batch_size, max_skip_ratio=cfg.max_skip_ratio,
-                          max_skips=cfg.max_skips)  # fmt: skip
+    return last_safe_step(
+        first_step, rows, batch_size=cfg.batch_size, max_skip_ratio=cfg.max_skip_ratio, max_skips=cfg.max_skips
+    )
 
 
 def _bar(total: int, desc: str):
@@ -211,8 +213,19 @@ def _frozen_batchnorm(model: torch.nn.Module, active: bool):
                 m.train()
 
 
-def _train_epoch(model, loader, optimizer, loss_fn, autocast, scaler, rec: RankEpoch, ids: list | None, *,
-                 first_step: int = 0, after_step=None) -> None:  # fmt: skip
+def _train_epoch(
+    model,
+    loader,
+    optimizer,
+    loss_fn,
+    autocast,
+    scaler,
+    rec: RankEpoch,
+    ids: list | None,
+    *,
+    first_step: int = 0,
+    after_step=None,
+) -> None:
     """One pass of ``loader``, whose first batch is step ``first_step + 1`` of the epoch (a resumed epoch
     counts its earlier steps); ``after_step(step)`` runs after each optimizer step."""
     model.train()
@@ -307,13 +320,15 @@ def train_loop_per_worker(config: dict) -> None:
     model = timm.create_model(job.model, pretrained=False, num_classes=num_classes).to(device)
     if job.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = create_optimizer_v2(
-        model, opt=job.opt, lr=job.lr, weight_decay=job.weight_decay, momentum=job.momentum
-    )
+    optimizer = create_optimizer_v2(model, opt=job.opt, lr=job.lr, weight_decay=job.weight_decay, momentum=job.momentum)
     scheduler, _ = create_scheduler_v2(
-        optimizer, sched=job.sched, num_epochs=job.epochs, warmup_epochs=job.warmup_epochs,
-        warmup_lr=job.warmup_lr, min_lr=job.min_lr,
-    )  # fmt: skip
+        optimizer,
+        sched=job.sched,
+        num_epochs=job.epochs,
+        warmup_epochs=job.warmup_epochs,
+        warmup_lr=job.warmup_lr,
+        min_lr=job.min_lr,
+    )
     autocast, scaler = _amp(job, device)
     trained = _Trained(model, optimizer, scheduler, scaler)
     start = _load_state(trained)
@@ -370,23 +385,43 @@ def train_loop_per_worker(config: dict) -> None:
                 ids = [np.asarray(saved, dtype=np.int64)] if saved else []
             last_safe = _last_safe_step(job, train_loader, first_step) if job.checkpoint_steps else None
             if job.checkpoint_steps and last_safe is None and rank == 0 and epoch == start.epoch:
-                _say(f"checkpoint_steps={job.checkpoint_steps}: no checkpoint inside an epoch, since neither "
-                     "max_skip_ratio nor max_skips limits its skips, so no step is sure to be reached by every "
-                     "rank; checkpoints at epoch ends only")  # fmt: skip
+                _say(
+                    f"checkpoint_steps={job.checkpoint_steps}: no checkpoint inside an epoch, since neither "
+                    "max_skip_ratio nor max_skips limits its skips, so no step is sure to be reached by every "
+                    "rank; checkpoints at epoch ends only"
+                )
 
             def after_step(step: int, epoch=epoch, rec=rec, ids=ids, last_safe=last_safe) -> None:
                 if job.record_ids:
-                    run_dir.write_json(f"{PROGRESS_DIR}/rank{rank:03d}.json",
-                                       {"epoch": epoch, "step": step, "ended": ended})  # fmt: skip
+                    run_dir.write_json(
+                        f"{PROGRESS_DIR}/rank{rank:03d}.json", {"epoch": epoch, "step": step, "ended": ended}
+                    )
                 if checkpoint_due(step, every=job.checkpoint_steps, last_safe=last_safe):
                     t0 = time.perf_counter()
-                    _save_and_report(trained, {"epoch": epoch, "step": step}, epoch=epoch, step=step,
-                                     loader=train_loader, ids=ids, rank=rank)  # fmt: skip
+                    _save_and_report(
+                        trained,
+                        {"epoch": epoch, "step": step},
+                        epoch=epoch,
+                        step=step,
+                        loader=train_loader,
+                        ids=ids,
+                        rank=rank,
+                    )
                     rec.checkpoint_s += time.perf_counter() - t0
 
             lr = optimizer.param_groups[0]["lr"]
-            _train_epoch(model, train_loader, optimizer, loss_fn, autocast, scaler, rec, ids,
-                         first_step=first_step, after_step=after_step)  # fmt: skip
+            _train_epoch(
+                model,
+                train_loader,
+                optimizer,
+                loss_fn,
+                autocast,
+                scaler,
+                rec,
+                ids,
+                first_step=first_step,
+                after_step=after_step,
+            )
             ended[str(epoch)] = first_step + rec.steps
             _account(rec, train_src)
             _sync_buffers(raw_model)
@@ -398,9 +433,13 @@ def train_loop_per_worker(config: dict) -> None:
             metrics = {}
             if rank == 0:
                 metrics = combine(
-                    epoch, records, lr=lr, resumed_from_epoch=resumed_from, resumed_from_step=resumed_step,
+                    epoch,
+                    records,
+                    lr=lr,
+                    resumed_from_epoch=resumed_from,
+                    resumed_from_step=resumed_step,
                     repeated_batches=repeated.get(epoch, 0) if repeated is not None else None,
-                )  # fmt: skip
+                )
                 _say(format_line(metrics, job.epochs))
                 metrics["repeated"] = epoch in ran_before
                 history.append(metrics)

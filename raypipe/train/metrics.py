@@ -40,9 +40,14 @@ class RankEpoch:
 
 
 def combine(
-    epoch: int, ranks: list[RankEpoch], *, lr: float, resumed_from_epoch: int | None,
-    resumed_from_step: int | None = None, repeated_batches: int | None = None,
-) -> dict:  # fmt: skip
+    epoch: int,
+    ranks: list[RankEpoch],
+    *,
+    lr: float,
+    resumed_from_epoch: int | None,
+    resumed_from_step: int | None = None,
+    repeated_batches: int | None = None,
+) -> dict:
     """One epoch's metrics from all ranks' records. ``resumed_from_epoch``/``resumed_from_step``: where
     the attempt that ran it started (None: the run's start; a step: inside that epoch, after that step
     of it, which an earlier attempt trained: the counts of that epoch are then this attempt's part).
@@ -79,9 +84,7 @@ def combine(
         "epoch_s": train_s,
         "eval_s": max((r.eval_s for r in ranks), default=0.0),
         "checkpoint_s": max((r.checkpoint_s for r in ranks), default=0.0),
-        "ranks": [
-            {k: v for k, v in asdict(r).items() if k not in ("skipped_paths",)} for r in ranks
-        ],
+        "ranks": [{k: v for k, v in asdict(r).items() if k not in ("skipped_paths",)} for r in ranks],
     }
 
 
@@ -128,8 +131,8 @@ class RunDir:
     """``<storage_path>/<name>``: a local directory or a pyarrow filesystem URI."""
 
     def __init__(self, storage_path: str, name: str):
-        self.fs, base = pafs.FileSystem.from_uri(storage_path) if "://" in storage_path else (
-            pafs.LocalFileSystem(), storage_path
+        self.fs, base = (
+            pafs.FileSystem.from_uri(storage_path) if "://" in storage_path else (pafs.LocalFileSystem(), storage_path)
         )
         self.path = posixpath.join(base, name)
 

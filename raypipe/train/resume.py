@@ -57,8 +57,13 @@ def resume_point(state: dict | None) -> ResumePoint:
     if step is None:
         return ResumePoint(epoch=epoch + 1, from_checkpoint=True)
     ids = state.get("ids")
-    return ResumePoint(epoch=epoch, step=int(step), loaders=json.loads(state["loaders"]),
-                       ids=json.loads(ids) if ids is not None else None, from_checkpoint=True)  # fmt: skip
+    return ResumePoint(
+        epoch=epoch,
+        step=int(step),
+        loaders=json.loads(state["loaders"]),
+        ids=json.loads(ids) if ids is not None else None,
+        from_checkpoint=True,
+    )
 
 
 def allowed_skips(rows: int, *, max_skip_ratio: float | None, max_skips: int | None) -> int | None:

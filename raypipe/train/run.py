@@ -59,12 +59,15 @@ def _check_cpus(job: TrainJobConfig) -> None:
 
     total = ray.cluster_resources().get("CPU", 0.0)
     left = augmentation_cpus(job, total)
-    holders = (f"{job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} and their feeders "
-               f"({feeder_cpus(job):g} CPU each)")  # fmt: skip
+    holders = (
+        f"{job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} and their feeders "
+        f"({feeder_cpus(job):g} CPU each)"
+    )
     if job.execution.backend == "local":  # augmentation in local worker processes, outside Ray's CPUs
         if left < 0:
-            raise ValueError(f"{holders} ask for more than the cluster's {total:g} CPUs: lower --cpus-per-worker "
-                             "or --num-workers")  # fmt: skip
+            raise ValueError(
+                f"{holders} ask for more than the cluster's {total:g} CPUs: lower --cpus-per-worker or --num-workers"
+            )
         return
     if left <= 0:
         held = f"{holders} hold all {total:g} CPUs, leaving none for augmentation"

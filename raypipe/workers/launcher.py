@@ -47,8 +47,11 @@ class Launcher:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "raypipe.workers.worker_process", "--connect", *self._args, str(read)],
-                pass_fds=(read,), stdin=subprocess.DEVNULL, env=self._env, start_new_session=True,
-            )  # fmt: skip
+                pass_fds=(read,),
+                stdin=subprocess.DEVNULL,
+                env=self._env,
+                start_new_session=True,
+            )
         except BaseException:
             os.close(write)
             raise

@@ -32,8 +32,7 @@ from raypipe.workers.host import local_cpus, shared_memory_dir
 from raypipe.workers.slabs import SlabPool
 from raypipe.workers.worker_process import receive, send_with_fds
 
-__all__ = ["LocalWorkers", "WorkerTraceback", "LocalWorkerDiedError", "shared_memory_dir", "local_cpus",
-           "MAX_RETRIES"]  # fmt: skip
+__all__ = ["LocalWorkers", "WorkerTraceback", "LocalWorkerDiedError", "shared_memory_dir", "local_cpus", "MAX_RETRIES"]
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +290,6 @@ class LocalWorkers:
         """Start the pool's processes (called holding the lock)."""
         self._workers.extend(self._spawn() for _ in range(self.processes))
 
-
     def _alive(self) -> list[_Worker]:
         return [w for w in self._workers if w.alive]
 
@@ -304,8 +302,11 @@ class LocalWorkers:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "raypipe.workers.worker_process", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-            )  # fmt: skip
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
         except BaseException:
             ours.close()
             raise

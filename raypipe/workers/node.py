@@ -57,8 +57,16 @@ from raypipe.workers.local import LocalWorkers
 from raypipe.workers.peer_auth import PeerAuthError, new_secret, prove_server, tune_stream_socket
 from raypipe.workers.placement import EligibleNode, NodeShare, eligible_nodes, node_address, node_slots
 
-__all__ = ["NodeWorkers", "EligibleNode", "NodeShare", "eligible_nodes", "node_slots", "FIRST_WORKER_WAIT_S",
-           "HOST_ENV", "ANY_NODE"]  # fmt: skip
+__all__ = [
+    "NodeWorkers",
+    "EligibleNode",
+    "NodeShare",
+    "eligible_nodes",
+    "node_slots",
+    "FIRST_WORKER_WAIT_S",
+    "HOST_ENV",
+    "ANY_NODE",
+]
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +90,17 @@ class NodeWorkers:
     _shared_key: tuple | None = None
     _shared_lock = threading.Lock()
 
-    def __init__(self, slots_fn: Callable[[], dict[str, NodeShare]], here: str, directory: str, *,
-                 resources: Mapping[str, float], task_cpus: float = 1.0, prefetch_chunks: int = 0,
-                 width: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        slots_fn: Callable[[], dict[str, NodeShare]],
+        here: str,
+        directory: str,
+        *,
+        resources: Mapping[str, float],
+        task_cpus: float = 1.0,
+        prefetch_chunks: int = 0,
+        width: int | None = None,
+    ):
         """``width``: elastic from that width (``set_width``); None: the rank's slots."""
         self._slots_fn, self._here = slots_fn, here
         self._resources, self._task_cpus = dict(resources), task_cpus

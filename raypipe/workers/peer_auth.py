@@ -17,8 +17,15 @@ import secrets
 import socket
 import time
 
-__all__ = ["SECRET_ENV", "AUTH_TIMEOUT_S", "PeerAuthError", "new_secret", "prove_server", "prove_client",
-           "tune_stream_socket"]  # fmt: skip
+__all__ = [
+    "SECRET_ENV",
+    "AUTH_TIMEOUT_S",
+    "PeerAuthError",
+    "new_secret",
+    "prove_server",
+    "prove_client",
+    "tune_stream_socket",
+]
 
 # The environment variable a launcher hands the secret to its workers in (as hex): a process's
 # environment is readable by its own user only, where its command line is anyone's.

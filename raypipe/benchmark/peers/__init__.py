@@ -34,12 +34,21 @@ class Peer:
 
 
 PEERS = {
-    "dali": Peer("dali", "DALI (CPU)", "nvidia.dali",
-                 "pip install nvidia-dali-cuda120 (raypipe's extra: pip install -e '.[peers]')"),
-    "spdl": Peer("spdl", "SPDL", "spdl.io", "pip install spdl (raypipe's extra: pip install -e '.[peers]')",
-                 libraries=("avutil", "avcodec", "avformat", "avfilter", "swscale", "swresample", "avdevice"),
-                 system_install=FFMPEG_APT),
-}  # fmt: skip
+    "dali": Peer(
+        "dali",
+        "DALI (CPU)",
+        "nvidia.dali",
+        "pip install nvidia-dali-cuda120 (raypipe's extra: pip install -e '.[peers]')",
+    ),
+    "spdl": Peer(
+        "spdl",
+        "SPDL",
+        "spdl.io",
+        "pip install spdl (raypipe's extra: pip install -e '.[peers]')",
+        libraries=("avutil", "avcodec", "avformat", "avfilter", "swscale", "swresample", "avdevice"),
+        system_install=FFMPEG_APT,
+    ),
+}
 
 
 def _importable(module: str) -> bool:
@@ -51,14 +60,18 @@ def _importable(module: str) -> bool:
 
 def unsupported(aug: TrainAugment) -> str | None:
     """Why the peers cannot do this augmentation's work, or None: they crop, flip, resize and normalise."""
-    extra = [name for name, on in (
-        ("auto-augment " + str(aug.auto_augment), aug.auto_augment is not None),
-        ("colour jitter", aug.color_jitter not in (None, 0, 0.0)),
-        ("grayscale", aug.grayscale_prob > 0),
-        ("blur", aug.gaussian_blur_prob > 0),
-        ("vertical flip", aug.vflip > 0),
-        (f"{aug.interpolation} interpolation", aug.interpolation not in ("bilinear", "bicubic")),
-    ) if on]  # fmt: skip
+    extra = [
+        name
+        for name, on in (
+            ("auto-augment " + str(aug.auto_augment), aug.auto_augment is not None),
+            ("colour jitter", aug.color_jitter not in (None, 0, 0.0)),
+            ("grayscale", aug.grayscale_prob > 0),
+            ("blur", aug.gaussian_blur_prob > 0),
+            ("vertical flip", aug.vflip > 0),
+            (f"{aug.interpolation} interpolation", aug.interpolation not in ("bilinear", "bicubic")),
+        )
+        if on
+    ]
     return None if not extra else f"RandomResizedCrop + flip only; this suite adds {', '.join(extra)}"
 
 
@@ -90,8 +103,9 @@ def load_library(key: str) -> None:
     importlib.import_module(f"raypipe.benchmark.peers.{key}").load_library()
 
 
-def run_peer(key: str, folder: str, aug: TrainAugment, *, batch_size: int, epochs: int,
-             started: float | None = None) -> Result:  # fmt: skip
+def run_peer(
+    key: str, folder: str, aug: TrainAugment, *, batch_size: int, epochs: int, started: float | None = None
+) -> Result:
     """``key``'s row: its loader on the image folder ``folder``, one thread per core."""
     module = importlib.import_module(f"raypipe.benchmark.peers.{key}")
     return module.run(folder, aug, batch_size=batch_size, epochs=epochs, started=started)

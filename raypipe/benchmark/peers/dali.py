@@ -14,8 +14,10 @@ from raypipe.config import IMAGENET_MEAN, IMAGENET_STD, TrainAugment
 
 __all__ = ["DIFFERS", "load_library", "build_loader", "run"]
 
-DIFFERS = ("DALI draws the crops (same scale, ratio, 10 tries, its own fallback); libjpeg-turbo region "
-           "decode; DALI's antialiased resize, not Pillow's")  # fmt: skip
+DIFFERS = (
+    "DALI draws the crops (same scale, ratio, 10 tries, its own fallback); libjpeg-turbo region "
+    "decode; DALI's antialiased resize, not Pillow's"
+)
 
 
 def load_library() -> None:
@@ -36,19 +38,28 @@ def build_loader(folder: str, aug: TrainAugment, *, batch_size: int, threads: in
     def pipeline():
         jpegs, labels = fn.readers.file(file_root=folder, shuffle_after_epoch=True, name="Reader")
         images = fn.decoders.image_random_crop(
-            jpegs, device="cpu", output_type=types.RGB, random_area=list(aug.scale),
-            random_aspect_ratio=list(aug.ratio), num_attempts=10,
-        )  # fmt: skip
+            jpegs,
+            device="cpu",
+            output_type=types.RGB,
+            random_area=list(aug.scale),
+            random_aspect_ratio=list(aug.ratio),
+            num_attempts=10,
+        )
         images = fn.resize(images, resize_x=w, resize_y=h, interp_type=interp, antialias=True)
         mirror = fn.random.coin_flip(probability=aug.hflip)
         images = fn.crop_mirror_normalize(
-            images, dtype=types.FLOAT, output_layout="CHW", mirror=mirror,
-            mean=[255 * m for m in IMAGENET_MEAN], std=[255 * s for s in IMAGENET_STD],
-        )  # fmt: skip
+            images,
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            mirror=mirror,
+            mean=[255 * m for m in IMAGENET_MEAN],
+            std=[255 * s for s in IMAGENET_STD],
+        )
         return images, labels
 
-    return DALIGenericIterator([pipeline()], ["image", "label"], reader_name="Reader",
-                               last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)  # fmt: skip
+    return DALIGenericIterator(
+        [pipeline()], ["image", "label"], reader_name="Reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
+    )
 
 
 def run(folder: str, aug: TrainAugment, *, batch_size: int, epochs: int, started: float | None = None) -> Result:

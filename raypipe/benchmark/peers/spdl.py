@@ -17,8 +17,9 @@ from raypipe.config import IMAGENET_MEAN, IMAGENET_STD, TrainAugment
 
 __all__ = ["DIFFERS", "load_library", "list_folder", "filter_desc", "build_loader", "run"]
 
-DIFFERS = ("FFmpeg's JPEG decoder and YUV-to-RGB; crop offsets rounded to even on 4:2:0 JPEGs; swscale's "
-           "resize, not Pillow's")  # fmt: skip
+DIFFERS = (
+    "FFmpeg's JPEG decoder and YUV-to-RGB; crop offsets rounded to even on 4:2:0 JPEGs; swscale's resize, not Pillow's"
+)
 
 
 def load_library() -> None:
@@ -100,8 +101,15 @@ def build_loader(folder: str, aug: TrainAugment, *, batch_size: int, threads: in
         image = hwc.permute(0, 3, 1, 2).to(torch.float32, memory_format=torch.contiguous_format)
         return {"image": image.sub_(mean).div_(std), "label": torch.tensor(labels)}
 
-    return DataLoader(_Epochs(items, seed), preprocessor=decode, batch_size=batch_size, drop_last=True,
-                      aggregator=batchify, buffer_size=3, num_threads=threads)  # fmt: skip
+    return DataLoader(
+        _Epochs(items, seed),
+        preprocessor=decode,
+        batch_size=batch_size,
+        drop_last=True,
+        aggregator=batchify,
+        buffer_size=3,
+        num_threads=threads,
+    )
 
 
 def run(folder: str, aug: TrainAugment, *, batch_size: int, epochs: int, started: float | None = None) -> Result:
