@@ -58,7 +58,8 @@ def main(args: argparse.Namespace) -> int:
     check_json_path(args.json)
     rows = rows_from_args(args)
     from raypipe.device import DeviceLoader
-    from raypipe.pipeline.pipeline import EpochSource, Pipeline
+    from raypipe.pipeline.epoch_source import EpochSource
+    from raypipe.pipeline.pipeline import Pipeline
     from raypipe.runtime import process_memory_mb, tune_consumer_process
 
     augment = cfg["eval"] if args.eval else cfg["augment"]

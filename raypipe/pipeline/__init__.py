@@ -19,8 +19,8 @@ _EXPORTS = {
     "epoch_order": "raypipe.plan.order",
     "BatchSpec": "raypipe.pipeline.pack",
     "Packer": "raypipe.pipeline.pack",
-    "EpochRun": "raypipe.pipeline.pipeline",
-    "EpochSource": "raypipe.pipeline.pipeline",
+    "EpochRun": "raypipe.pipeline.epoch_source",
+    "EpochSource": "raypipe.pipeline.epoch_source",
     "Pipeline": "raypipe.pipeline.pipeline",
     "StateMismatchError": "raypipe.plan.position",
 }

@@ -43,7 +43,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raypipe import runtime
 from raypipe.config import ExecutionConfig
 from raypipe.pipeline.accounting import EpochReport
-from raypipe.pipeline.pipeline import EpochSource, Pipeline
+from raypipe.pipeline.epoch_source import EpochSource
+from raypipe.pipeline.pipeline import Pipeline
 from raypipe.plan.span import RankSpan
 from raypipe.workers.handover import HandoverError, SlabReceiver, SlabSender
 from raypipe.workers.local import LocalWorkers
