@@ -10,8 +10,9 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "raypipe"
 ROOMS = ("plan", "workers", "pipeline")
-# What the plan may import: the standard library, NumPy, torch (the listing check's process group) and itself.
-PLAN_MAY_IMPORT = ("raypipe.plan", "raypipe._lazy", "numpy", "torch")
+# What the plan may import: the standard library, NumPy, torch (the listing check's process group), itself
+# and the standard-library-only helpers of option values.
+PLAN_MAY_IMPORT = ("raypipe.plan", "raypipe._lazy", "raypipe._values", "numpy", "torch")
 
 
 def _imports(path: pathlib.Path) -> list[tuple[str, list[str]]]:

@@ -161,25 +161,19 @@ def test_a_trickling_peer_is_dropped_at_the_handshakes_deadline():
             s.close()
 
 
+def _worker_process(listener: socket.socket, lifeline: int, env: dict, **popen) -> subprocess.Popen:
+    """A node worker process that connects to ``listener``, with ``lifeline`` as its launcher's pipe."""
+    port = str(listener.getsockname()[1])
+    command = [sys.executable, "-m", "raypipe.workers.worker_process", "--connect", "127.0.0.1", port, str(lifeline)]
+    return subprocess.Popen(command, pass_fds=(lifeline,), env=env, **popen)
+
+
 def test_a_worker_told_a_wrong_secret_ends_without_serving():
     """The worker process itself: it answers, the consumer refuses, the worker exits (no request read)."""
     listener = socket.create_server(("127.0.0.1", 0))
     read, write = os.pipe()
     env = dict(os.environ, **{SECRET_ENV: new_secret().hex()})
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "raypipe.workers.worker_process",
-            "--connect",
-            "127.0.0.1",
-            str(listener.getsockname()[1]),
-            str(read),
-        ],
-        pass_fds=(read,),
-        env=env,
-        stderr=subprocess.PIPE,
-    )
+    proc = _worker_process(listener, read, env, stderr=subprocess.PIPE)
     os.close(read)
     try:
         listener.settimeout(60)
@@ -202,19 +196,7 @@ def test_a_worker_ends_with_its_launcher():
     listener = socket.create_server(("127.0.0.1", 0))
     read, write = os.pipe()
     env = dict(os.environ, **{SECRET_ENV: secret.hex()})
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "raypipe.workers.worker_process",
-            "--connect",
-            "127.0.0.1",
-            str(listener.getsockname()[1]),
-            str(read),
-        ],
-        pass_fds=(read,),
-        env=env,
-    )
+    proc = _worker_process(listener, read, env)
     os.close(read)
     try:
         listener.settimeout(60)

@@ -12,11 +12,9 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from raypipe._values import fail, one_value
+
 __all__ = ["RankSpan"]
-
-
-def _fail(name: str, value: Any, why: str) -> None:
-    raise ValueError(f"{name}={value!r}: {why}")
 
 
 def _is_int(value: Any) -> bool:
@@ -37,16 +35,16 @@ class RankSpan:
 
     def __post_init__(self) -> None:
         if not _is_int(self.world_size) or self.world_size < 1:
-            _fail("world_size", self.world_size, "expected an int >= 1")
+            fail("world_size", self.world_size, "expected an int >= 1")
         if not _is_int(self.rank) or not 0 <= self.rank < self.world_size:
-            _fail("rank", self.rank, f"expected an int in [0, world_size={self.world_size})")
+            fail("rank", self.rank, f"expected an int in [0, world_size={self.world_size})")
         if not _is_int(self.start_epoch) or self.start_epoch < 0:
-            _fail("start_epoch", self.start_epoch, "expected an int >= 0")
+            fail("start_epoch", self.start_epoch, "expected an int >= 0")
         if self.end_epoch is not None and (not _is_int(self.end_epoch) or self.end_epoch < 0):
-            _fail("end_epoch", self.end_epoch, "expected an int >= 0, or None (no end)")
+            fail("end_epoch", self.end_epoch, "expected an int >= 0, or None (no end)")
         cpus = self.reserved_cpus
         if isinstance(cpus, bool) or not isinstance(cpus, numbers.Real) or not math.isfinite(cpus) or cpus < 0:
-            _fail("reserved_cpus", cpus, "expected a number >= 0")
+            fail("reserved_cpus", cpus, "expected a number >= 0")
         for name in ("rank", "world_size", "start_epoch", "end_epoch"):  # a NumPy int as Python's
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, int(getattr(self, name)))
@@ -55,10 +53,4 @@ class RankSpan:
     def of(cls, span: RankSpan | None = None, **keywords: Any) -> RankSpan:
         """``span``, or the same fields given as keywords (``EpochSource(pipe, rank=…)``) made into one;
         both at once is refused."""
-        if span is None:
-            return cls(**keywords)
-        if not isinstance(span, cls):
-            _fail("span", span, "expected a RankSpan")
-        if keywords:
-            raise ValueError(f"give span= or the rank keywords ({', '.join(sorted(keywords))}), not both")
-        return span
+        return one_value(cls, span, keywords, name="span", what="rank keywords")

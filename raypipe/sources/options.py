@@ -12,15 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from raypipe._values import fail, one_value
 from raypipe.sources.classes import CLASS_ORDERS
 
 __all__ = ["KINDS", "ListingOptions"]
 
 KINDS = ("folder", "parquet", "manifest", "webdataset")
-
-
-def _fail(name: str, value: Any, why: str) -> None:
-    raise ValueError(f"{name}={value!r}: {why}")
 
 
 def _path_like(value: Any) -> bool:
@@ -56,49 +53,43 @@ class ListingOptions:
 
     def __post_init__(self) -> None:
         if self.kind is not None and self.kind not in KINDS:
-            _fail("kind", self.kind, f"expected one of {KINDS} or None (detected)")
+            fail("kind", self.kind, f"expected one of {KINDS} or None (detected)")
         for name in ("image_column", "label_column", "path_column"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                _fail(name, getattr(self, name), "expected a column name")
+                fail(name, getattr(self, name), "expected a column name")
         if self.root is not None:
             if not _path_like(self.root):
-                _fail("root", self.root, "expected a folder or URI, or None")
+                fail("root", self.root, "expected a folder or URI, or None")
             object.__setattr__(self, "root", os.fspath(self.root))
         if self.filesystem is not None:
             import pyarrow.fs as pafs
 
             if not isinstance(self.filesystem, pafs.FileSystem):
-                _fail("filesystem", self.filesystem, "expected a pyarrow.fs.FileSystem or None")
+                fail("filesystem", self.filesystem, "expected a pyarrow.fs.FileSystem or None")
         if self.class_order not in CLASS_ORDERS:
-            _fail("class_order", self.class_order, f"expected one of {CLASS_ORDERS}")
+            fail("class_order", self.class_order, f"expected one of {CLASS_ORDERS}")
         if self.class_map is not None and not (isinstance(self.class_map, Mapping) or _path_like(self.class_map)):
-            _fail("class_map", self.class_map, "expected a {name: index} mapping, a .txt/.json/.csv file, or None")
+            fail("class_map", self.class_map, "expected a {name: index} mapping, a .txt/.json/.csv file, or None")
         if isinstance(self.index, (list, tuple)):
             if not self.index or not all(isinstance(p, str) and p for p in self.index):
-                _fail("index", self.index, "expected a non-empty list of .idx paths")
+                fail("index", self.index, "expected a non-empty list of .idx paths")
             object.__setattr__(self, "index", tuple(self.index))
         elif self.index is not None and not (isinstance(self.index, str) and self.index):
-            _fail("index", self.index, "expected a .parquet path, 'dali', .idx paths, or None")
+            fail("index", self.index, "expected a .parquet path, 'dali', .idx paths, or None")
         if self.by_shard is not None and not isinstance(self.by_shard, bool):
-            _fail("by_shard", self.by_shard, "expected true, false or None (by size)")
+            fail("by_shard", self.by_shard, "expected true, false or None (by size)")
         if isinstance(self.block_rows, bool) or not isinstance(self.block_rows, int) or self.block_rows < 1:
-            _fail("block_rows", self.block_rows, "expected an int >= 1")
+            fail("block_rows", self.block_rows, "expected an int >= 1")
         if self.max_bytes is not None and (
             isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes < 1
         ):
-            _fail("max_bytes", self.max_bytes, "expected an int >= 1, or None (half this node's object store)")
+            fail("max_bytes", self.max_bytes, "expected an int >= 1, or None (half this node's object store)")
 
     @classmethod
     def of(cls, options: ListingOptions | None = None, **keywords: Any) -> ListingOptions:
         """``options``, or the same fields given as keywords (``open_source(data, kind=…)``) made into one;
         both at once is refused."""
-        if options is None:
-            return cls(**keywords)
-        if not isinstance(options, cls):
-            _fail("options", options, "expected a ListingOptions")
-        if keywords:
-            raise ValueError(f"give options= or the listing keywords ({', '.join(sorted(keywords))}), not both")
-        return options
+        return one_value(cls, options, keywords, name="options", what="listing keywords")
 
     def changed(self, *names: str) -> list[str]:
         """Those of ``names`` whose value is not the default."""
