@@ -36,12 +36,12 @@ def test_raypipe_reads_every_epoch_from_one_stream(ray_local, sample_dir, monkey
 
     streams, closed = [], []
     make, close = Pipeline.stream, ChunkStream.close
-    monkeypatch.setattr(Pipeline, "stream", lambda self, **kw: streams.append(kw) or make(self, **kw))
+    monkeypatch.setattr(Pipeline, "stream", lambda self, span, **kw: streams.append(span) or make(self, span, **kw))
     monkeypatch.setattr(ChunkStream, "close", lambda self: closed.append(1) or close(self))
     r = contenders.raypipe_pipeline(
         str(sample_dir), TrainAugment(input_size=32), batch_size=8, epochs=3, device_side=False
     )
-    assert [kw["start_epoch"] for kw in streams] == [0]
+    assert [span.start_epoch for span in streams] == [0]
     assert closed
     assert len(r.epoch_rates) == 2 and r.images_per_s > 0
 

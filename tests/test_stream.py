@@ -21,7 +21,9 @@ def _ids(batches):
 def test_epochs_come_from_one_stream_that_runs_ahead_across_the_boundary(ray_local, sample_dir, monkeypatch):
     made, submitted = [], []
     make = Pipeline.stream
-    monkeypatch.setattr(Pipeline, "stream", lambda self, **kw: made.append(kw["start_epoch"]) or make(self, **kw))
+    monkeypatch.setattr(
+        Pipeline, "stream", lambda self, span, **kw: made.append(span.start_epoch) or make(self, span, **kw)
+    )
     submit = ChunkStream._submit
 
     def recording_submit(self):
