@@ -8,7 +8,9 @@ configurations, each in a fresh process: ``elastic`` (``ExecutionConfig(backend=
 Per ``--interval-s`` from the first batch: the trainer's stall (blocked on its next batch), the CPU nodes
 alive, CPU-seconds per trained image (nodes x seconds x CPUs per node / images) and the machine's busy CPU
 (``/proc/stat``) per image; per phase the same, the time from the step up to the stall at <= 2 % and from
-the step down to one node left. The figures of docs/performance.md, on a quiet machine::
+the step down to one node left; where the machine's CPU went, by process role. The defaults are the size
+of docs/performance.md (2000 sample images, 224 px RandomResizedCrop + rand-m9, batch 64, 160 then 800
+then 160 img/s for 60 s each), measured on a quiet machine::
 
     python bench/elastic.py --plot /tmp/elastic.png
 """
@@ -195,9 +197,10 @@ class _Changes(logging.Handler):
         self.seen.append((time.monotonic(), record.getMessage()))
 
 
-def _train(source, steps_s: tuple[float, ...], phase_s: float, batch_size: int, trace: Trace) -> None:
+def _train(source, steps_s: tuple[float, ...], phase_s: float, batch_size: int, trace: Trace, on_first) -> None:
     """The trainer: a batch every ``steps_s[phase]`` (a short batch: its share), until the phases are over.
-    Its waits count from its first batch on; an epoch's start is a wait like any."""
+    Its waits count from its first batch on (``on_first()`` is called then); an epoch's start is a wait
+    like any."""
     end = len(steps_s) * phase_s
     epoch = 0
     while True:
@@ -213,6 +216,7 @@ def _train(source, steps_s: tuple[float, ...], phase_s: float, batch_size: int, 
                 break
             if not trace.batches:
                 trace.t0 = now
+                on_first()
             if now - trace.t0 >= end:
                 return
             images = len(batch["sample_id"])
@@ -223,6 +227,7 @@ def _train(source, steps_s: tuple[float, ...], phase_s: float, batch_size: int, 
 
 
 def _one(a: argparse.Namespace) -> None:
+    from raypipe.benchmark.paths import CpuAccount
     from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
     from raypipe.pipeline import EpochSource, Pipeline
     from raypipe.testing.autoscaler import PREPROCESS, FakeAutoscalingCluster
@@ -258,8 +263,10 @@ def _one(a: argparse.Namespace) -> None:
             pipe = Pipeline(a.data, augment, config=config, execution=execution)
             trace = Trace(started=time.monotonic(), t0=0.0)
             source = EpochSource(pipe)
+            cpu = CpuAccount()
             try:
-                _train(source, steps, a.phase_s, a.batch_size, trace)
+                _train(source, steps, a.phase_s, a.batch_size, trace, cpu.start)
+                cpu.stop()
             finally:
                 source.close()
                 NodeWorkers.shutdown_shared()
@@ -267,7 +274,10 @@ def _one(a: argparse.Namespace) -> None:
             sampler.stop()
     trace.samples, trace.changes = sampler.samples, changes.seen
     r = account(trace, phase_s=a.phase_s, interval_s=a.interval_s, steps_s=steps, batch_size=a.batch_size)
-    print(RESULT + json.dumps({"config": a.one, **r}), flush=True)
+    # where the machine's CPU went from the first batch to the end, by the role of each process ("other":
+    # whatever else ran on the machine)
+    roles = {role: round(1000 * s / max(1, r["run"]["images"]), 3) for role, s in sorted(cpu.roles.items())}
+    print(RESULT + json.dumps({"config": a.one, **r, "roles_ms_per_image": roles}), flush=True)
 
 
 # -- the parent: each configuration in turn, the tables, the plot -------------------------------------------------
@@ -332,6 +342,8 @@ def _config_table(r: dict) -> str:
     )
     rows.append(f"per {r['interval_s']:g} s, CPU nodes: " + " ".join(f"{i['nodes']:.1f}" for i in r["intervals"]))
     rows.append(f"per {r['interval_s']:g} s, stall %: " + " ".join(f"{100 * i['stall']:.0f}" for i in r["intervals"]))
+    roles = ", ".join(f"{role} {ms:.2f}" for role, ms in r["roles_ms_per_image"].items())
+    rows.append(f"machine CPU over the run by role, ms per image: {roles}")
     rows += [f"  width at {t:.0f} s: {message}" for t, message in r["width_changes"]]
     return "\n".join(rows)
 
@@ -395,11 +407,11 @@ def _options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
     p.add_argument("--data", help="an image folder (default: raypipe's sample data, --images of it, written here)")
-    p.add_argument("--images", type=int, default=1200, help="images of the sample data written without --data")
+    p.add_argument("--images", type=int, default=2000, help="images of the sample data written without --data")
     p.add_argument("--phase-s", type=float, default=60.0, help="seconds of each phase: low, high, low again")
     p.add_argument("--interval-s", type=float, default=3.0, help="the figures' interval (a divisor of --phase-s)")
     p.add_argument("--step-ms-low", type=float, default=400.0, help="the trainer's step per batch at low demand")
-    p.add_argument("--step-ms-high", type=float, default=150.0, help="its step at high demand")
+    p.add_argument("--step-ms-high", type=float, default=80.0, help="its step at high demand")
     p.add_argument("--input-size", type=int, default=224, help="RandomResizedCrop's size")
     p.add_argument("--aa", default="rand-m9-mstd0.5-inc1", help="timm's auto-augment policy ('' for none)")
     p.add_argument("-b", "--batch-size", type=int, default=64)

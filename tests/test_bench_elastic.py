@@ -92,6 +92,7 @@ def _adds_up(r: dict, interval_s: float, phase_s: float) -> None:
             assert span["cpu_s_per_image"] is None
     assert run["images"] > 0 and r["first_batch_s"] > 0
     assert r["nodes_timeline"] and all(0 <= n <= 2 for _, n in r["nodes_timeline"])
+    assert "trainer" in r["roles_ms_per_image"] and all(ms >= 0 for ms in r["roles_ms_per_image"].values())
 
 
 @pytest.mark.slow
