@@ -129,6 +129,8 @@ def account(trace: Trace, *, phase_s: float, interval_s: float, steps_s: tuple[f
         ),
         None,
     )
+    # two intervals at <= FED in a row can be a lull: the stall from there to the phase's end says whether it held
+    after = None if fed is None else _overlap(trace.waits, trace.t0 + phase_s + fed, trace.t0 + 2 * phase_s)
     rel = [(t - trace.t0, n) for t, n, _ in trace.samples]
     most_high = max((n for t, n in rel if phase_s <= t < 2 * phase_s), default=0)
     up = next((t - phase_s for t, n in rel if t >= phase_s and n >= most_high), None)
@@ -152,6 +154,7 @@ def account(trace: Trace, *, phase_s: float, interval_s: float, steps_s: tuple[f
         "most_nodes_before_step_up": max((n for t, n in rel if t < phase_s), default=0),  # start-up included
         "nodes_up_after_step_up_s": None if up is None else round(max(0.0, up), 2),
         "fed_after_step_up_s": None if fed is None else round(fed, 2),
+        "stall_after_fed": None if fed is None else round(after / (phase_s - fed), 4),
         "one_node_after_step_down_s": None if released is None else round(released, 2),
         "nodes_timeline": timeline,
         "width_changes": [(round(t - trace.t0, 2), message) for t, message in trace.changes],
@@ -161,20 +164,67 @@ def account(trace: Trace, *, phase_s: float, interval_s: float, steps_s: tuple[f
 # -- one configuration, in a process of its own -----------------------------------------------------------------
 
 
-class _Sampler(threading.Thread):
-    """Reads the CPU nodes alive and the machine's busy ticks every ``POLL_S`` until stopped."""
+class _RoleCpu:
+    """CPU seconds by the role of each process (``raypipe.benchmark.paths.process_role``) from ``start()``
+    on, read at each ``read()``: a process that ended meanwhile (a released node's) counts up to its last
+    reading, one started later from 0."""
 
-    def __init__(self, cluster):
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._first: dict[int, float] | None = None
+        self._last: dict[int, tuple[str, float]] = {}
+
+    def start(self) -> None:
+        self.read()
+        with self._lock:
+            self._first = {pid: cpu for pid, (_, cpu) in self._last.items()}
+
+    def read(self) -> None:
+        import psutil
+
+        from raypipe.benchmark.paths import process_role
+
+        with self._lock:
+            for proc in psutil.process_iter():
+                try:
+                    times = proc.cpu_times()
+                    role = self._last[proc.pid][0] if proc.pid in self._last else process_role(proc, os.getpid())
+                except psutil.Error:
+                    continue
+                self._last[proc.pid] = (role, times.user + times.system)
+
+    @property
+    def started(self) -> bool:
+        return self._first is not None
+
+    def seconds(self) -> dict[str, float]:
+        roles: dict[str, float] = {}
+        for pid, (role, cpu) in self._last.items():
+            roles[role] = roles.get(role, 0.0) + cpu - (self._first or {}).get(pid, 0.0)
+        return roles
+
+
+class _Sampler(threading.Thread):
+    """Reads the CPU nodes alive and the machine's busy ticks every ``POLL_S``, and once ``roles`` started,
+    the processes' CPU every ``roles_s``, until stopped."""
+
+    def __init__(self, cluster, roles: _RoleCpu, roles_s: float):
         super().__init__(daemon=True, name="bench-elastic-sampler")
         self.cluster = cluster
+        self.roles, self.roles_s = roles, roles_s
         self.samples: list[tuple[float, int, int]] = []
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         from raypipe.benchmark.measure import core_ticks
 
+        roles_at = 0.0
         while True:
-            self.samples.append((time.monotonic(), self.cluster.alive_workers(), core_ticks()[0]))
+            now = time.monotonic()
+            self.samples.append((now, self.cluster.alive_workers(), core_ticks()[0]))
+            if self.roles.started and now - roles_at >= self.roles_s:
+                self.roles.read()
+                roles_at = now
             if self._stop_event.wait(POLL_S):
                 return
 
@@ -227,7 +277,6 @@ def _train(source, steps_s: tuple[float, ...], phase_s: float, batch_size: int, 
 
 
 def _one(a: argparse.Namespace) -> None:
-    from raypipe.benchmark.paths import CpuAccount
     from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
     from raypipe.pipeline import EpochSource, Pipeline
     from raypipe.testing.autoscaler import PREPROCESS, FakeAutoscalingCluster
@@ -251,7 +300,8 @@ def _one(a: argparse.Namespace) -> None:
         idle_timeout_s=a.idle_timeout_s,
     ) as cluster:
         cluster.connect()
-        sampler = _Sampler(cluster)
+        roles = _RoleCpu()
+        sampler = _Sampler(cluster, roles, a.interval_s)
         sampler.start()
         try:
             deadline = time.monotonic() + 180
@@ -263,10 +313,9 @@ def _one(a: argparse.Namespace) -> None:
             pipe = Pipeline(a.data, augment, config=config, execution=execution)
             trace = Trace(started=time.monotonic(), t0=0.0)
             source = EpochSource(pipe)
-            cpu = CpuAccount()
             try:
-                _train(source, steps, a.phase_s, a.batch_size, trace, cpu.start)
-                cpu.stop()
+                _train(source, steps, a.phase_s, a.batch_size, trace, roles.start)
+                roles.read()
             finally:
                 source.close()
                 NodeWorkers.shutdown_shared()
@@ -276,8 +325,8 @@ def _one(a: argparse.Namespace) -> None:
     r = account(trace, phase_s=a.phase_s, interval_s=a.interval_s, steps_s=steps, batch_size=a.batch_size)
     # where the machine's CPU went from the first batch to the end, by the role of each process ("other":
     # whatever else ran on the machine)
-    roles = {role: round(1000 * s / max(1, r["run"]["images"]), 3) for role, s in sorted(cpu.roles.items())}
-    print(RESULT + json.dumps({"config": a.one, **r, "roles_ms_per_image": roles}), flush=True)
+    per_image = {role: round(1000 * s / max(1, r["run"]["images"]), 3) for role, s in sorted(roles.seconds().items())}
+    print(RESULT + json.dumps({"config": a.one, **r, "roles_ms_per_image": per_image}), flush=True)
 
 
 # -- the parent: each configuration in turn, the tables, the plot -------------------------------------------------
@@ -319,6 +368,13 @@ def _secs(x: float | None, never: str) -> str:
     return never if x is None else f"{x:.0f} s"
 
 
+def _fed(r: dict) -> str:
+    """The time from the step up to two intervals in a row at <= FED, and the stall from there on."""
+    if r["fed_after_step_up_s"] is None:
+        return "never"
+    return f"{r['fed_after_step_up_s']:.0f} s (then {_pct(r['stall_after_fed'])})"
+
+
 def _config_table(r: dict) -> str:
     rows = [
         f"{r['config']}: first batch after {r['first_batch_s']:.1f} s, {r['epochs']} whole epochs",
@@ -335,7 +391,7 @@ def _config_table(r: dict) -> str:
             f"{'-' if machine is None else f'{1000 * machine:.2f} ms'} |"
         )
     rows.append(
-        f"step up -> stall <= {FED:.0%}: {_secs(r['fed_after_step_up_s'], 'never')} (nodes up after "
+        f"step up -> stall <= {FED:.0%}: {_fed(r)} (nodes up after "
         f"{_secs(r['nodes_up_after_step_up_s'], '-')}); step down -> one CPU node: "
         f"{_secs(r['one_node_after_step_down_s'], 'not in the run')}; most CPU nodes before the step up "
         f"(start-up included): {r['most_nodes_before_step_up']}"
@@ -351,8 +407,8 @@ def _config_table(r: dict) -> str:
 def _summary(results: list[dict]) -> str:
     stalls, nodes = " | ".join(f"stall {p}" for p in PHASES), " | ".join(f"CPU nodes {p}" for p in PHASES)
     rows = [
-        f"| configuration | {stalls} | {nodes} | CPU-s per image | machine CPU-s per image | step up -> fed "
-        "| step down -> 1 node |",
+        f"| configuration | {stalls} | {nodes} | CPU-s per image | machine CPU-s per image | step up -> stall "
+        f"<= {FED:.0%} | step down -> 1 node |",
         "|---" * (3 + 2 * len(PHASES) + 2) + "|",
     ]
     for r in results:
@@ -364,7 +420,7 @@ def _summary(results: list[dict]) -> str:
             + " | ".join(f"{p['nodes']:.2f}" for p in phases)
             + f" | {1000 * (r['run']['cpu_s_per_image'] or 0):.2f} ms | "
             f"{1000 * (r['run']['machine_cpu_s_per_image'] or 0):.2f} ms | "
-            f"{_secs(r['fed_after_step_up_s'], 'never')} | {_secs(r['one_node_after_step_down_s'], 'not in the run')} |"
+            f"{_fed(r)} | {_secs(r['one_node_after_step_down_s'], 'not in the run')} |"
         )
     return "\n".join(rows)
 

@@ -50,6 +50,7 @@ def test_the_accounting_of_a_made_up_run():
     assert r["most_nodes_before_step_up"] == 1  # start-up included
     assert r["nodes_up_after_step_up_s"] == 1.0  # three nodes from 7 s
     assert r["fed_after_step_up_s"] == 3.0  # the second interval of the high phase: the first at <= 2 %
+    assert r["stall_after_fed"] == 0.0  # and it held
     assert r["one_node_after_step_down_s"] == 2.0  # one node again from 14 s
     assert r["nodes_timeline"] == [(-2.0, 1), (7.0, 3), (14.0, 1)]
     assert r["width_changes"] == [(6.5, "1 -> 3 workers")]
@@ -62,8 +63,19 @@ def test_a_trainer_never_fed_and_nodes_never_released_say_so():
     trace = bench.Trace(started=0.0, t0=t0, samples=samples, batches=[(0.5, 4)], waits=[(1.0, 9.0)])
     r = bench.account(trace, phase_s=3.0, interval_s=3.0, steps_s=(0.1, 0.1, 0.1), batch_size=4)
     assert r["fed_after_step_up_s"] is None and r["one_node_after_step_down_s"] is None
+    assert r["stall_after_fed"] is None
     assert r["intervals"][1]["cpu_s_per_image"] is None  # no image trained in it
     assert r["nodes_up_after_step_up_s"] == 0.0  # as many nodes as it ever held, from the step up
+
+
+def test_a_lull_after_the_step_up_is_told_apart_by_the_stall_after_it():
+    bench = _bench()
+    samples = [(float(t), 1, 0) for t in range(0, 19)]
+    trace = bench.Trace(started=0.0, t0=0.0, samples=samples, batches=[(0.5, 4)], waits=[(10.0, 12.0)])
+    r = bench.account(trace, phase_s=6.0, interval_s=2.0, steps_s=(0.1, 0.1, 0.1), batch_size=4)
+    assert r["fed_after_step_up_s"] == 0.0  # its first two intervals waited for nothing
+    assert r["stall_after_fed"] == round(2 / 6, 4)  # the third did, the whole of it
+    assert r["one_node_after_step_down_s"] == 0.0  # one node throughout: nothing to release
 
 
 def test_a_phase_that_is_no_whole_number_of_intervals_is_refused():
