@@ -399,7 +399,7 @@ def _config_table(r: dict) -> str:
     rows.append(f"per {r['interval_s']:g} s, CPU nodes: " + " ".join(f"{i['nodes']:.1f}" for i in r["intervals"]))
     rows.append(f"per {r['interval_s']:g} s, stall %: " + " ".join(f"{100 * i['stall']:.0f}" for i in r["intervals"]))
     roles = ", ".join(f"{role} {ms:.2f}" for role, ms in r["roles_ms_per_image"].items())
-    rows.append(f"machine CPU over the run by role, ms per image: {roles}")
+    rows.append(f"the machine's CPU over the run by process role (every process of the machine), ms per image: {roles}")
     rows += [f"  width at {t:.0f} s: {message}" for t, message in r["width_changes"]]
     return "\n".join(rows)
 
