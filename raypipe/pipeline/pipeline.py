@@ -142,8 +142,15 @@ class Pipeline:
         ex = self.execution
         cpus, store = eligible_resources(ex.resources)
         reserved_cpus = reserved_cpus if runs_tasks_here(ex.resources) else 0.0
+        return self._rank_budget(cpus, reserved_cpus, world_size, store, self._chunk_bytes(world_size))
+
+    def _chunk_bytes(self, world_size: int) -> int:
+        """The images of the largest chunk a rank of ``world_size`` runs, in bytes."""
         h, w, c = self.batch_spec.image_shape
-        chunk_bytes = self.plan(0, world_size).max_chunk_rows * h * w * c
+        return self.plan(0, world_size).max_chunk_rows * h * w * c
+
+    def _rank_budget(self, cpus: float, reserved_cpus: float, world_size: int, store_bytes: int, chunk_bytes: int):
+        ex = self.execution
         return rank_budget(
             eligible_cpus=cpus,
             reserved_cpus=reserved_cpus,
@@ -151,7 +158,7 @@ class Pipeline:
             cpus_per_task=ex.cpus_per_task,
             prefetch_chunks=ex.prefetch_chunks,
             num_tasks=ex.num_tasks,
-            store_bytes=store,
+            store_bytes=store_bytes,
             chunk_bytes=chunk_bytes,
         )
 
@@ -193,8 +200,7 @@ class Pipeline:
         the chunks in flight. In a process on Ray (a feeder, a training worker) the cores are at most
         those its node declares to Ray: ``connect(num_cpus=2)`` on a larger machine runs two."""
         ex = self.execution
-        h, w, c = self.batch_spec.image_shape
-        chunk_bytes = self.plan(0, world_size).max_chunk_rows * h * w * c
+        chunk_bytes = self._chunk_bytes(world_size)
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
         cpus = local_cpus()
         declared = runtime.node_cpus()
@@ -203,16 +209,7 @@ class Pipeline:
         wanted = (ex.num_tasks or cpus) + ex.prefetch_chunks
         directory, free = shared_memory_dir(2 * wanted * chunk_bytes)
         free = slab_room(free)
-        budget = rank_budget(
-            eligible_cpus=cpus,
-            reserved_cpus=reserved_cpus,
-            world_size=ranks_here,
-            cpus_per_task=ex.cpus_per_task,
-            prefetch_chunks=ex.prefetch_chunks,
-            num_tasks=ex.num_tasks,
-            store_bytes=free,
-            chunk_bytes=chunk_bytes,
-        )
+        budget = self._rank_budget(cpus, reserved_cpus, ranks_here, free, chunk_bytes)
         if ex.num_tasks is not None:
             count = ex.num_tasks
         else:
