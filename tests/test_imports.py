@@ -90,23 +90,3 @@ def test_a_listing_and_its_columns_do_not_import_pandas(sample_dir):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert int(out[0]) > 0 and out[1] == "False"
-
-
-def test_no_module_of_the_sources_imports_another_modules_private_name():
-    """What two modules of ``raypipe/sources/`` share is public in one of them (or a third): a name that
-    starts with ``_`` is its own module's."""
-    import ast
-    from pathlib import Path
-
-    import raypipe.sources
-
-    found = []
-    for path in sorted(Path(raypipe.sources.__file__).parent.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("raypipe"):
-                found += [
-                    f"{path.name}: {node.module}.{a.name}"
-                    for a in node.names
-                    if a.name.startswith("_") and not a.name.startswith("__")
-                ]
-    assert not found, found
