@@ -485,3 +485,29 @@ def test_the_pool_keeps_a_slab_for_each_chunk_a_stream_holds(tmp_path):
             pool.slabs.give_back(slab)
     finally:
         pool.shutdown()
+
+
+def test_an_adopted_worker_ended_on_purpose_is_a_departure_and_one_that_drops_is_a_loss(tmp_path, caplog):
+    import socket
+
+    pool = LocalWorkers(2, str(tmp_path), processes=0)  # two workers of other nodes, none of this machine's
+    try:
+        retired, ours_retired = socket.socketpair()
+        lost, ours_lost = socket.socketpair()
+        assert pool.adopt(ours_retired) and pool.adopt(ours_lost)
+        with caplog.at_level("INFO", logger="raypipe.workers.local"):
+            pool.retire_remote()
+            retired.close()  # a narrower width ended its launcher
+            deadline = time.monotonic() + 10
+            while not caplog.records and time.monotonic() < deadline:
+                time.sleep(0.01)
+            lost.close()  # its node went
+            while len(caplog.records) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert [(r.levelname, r.getMessage().split(";")[0]) for r in caplog.records] == [
+            ("INFO", "a raypipe worker on another node left (a narrower width)"),
+            ("WARNING", "a raypipe worker on another node was lost"),
+        ]
+        assert pool.restarts == 1  # the loss only
+    finally:
+        pool.shutdown()

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from raypipe.workers.errors import LocalWorkerDiedError, WorkerTraceback
 from raypipe.workers.host import local_cpus, shared_memory_dir
 from raypipe.workers.slabs import SlabPool
 from raypipe.workers.worker_process import receive, send_with_fds
@@ -40,21 +41,6 @@ MAX_RETRIES = 3  # as the Ray tasks' max_retries
 # Workers that may die before they answer at all (raypipe not importable there, a broken environment)
 # before the pool gives up with an error, rather than starting one after another.
 MAX_FAILED_STARTS = 3
-
-
-class WorkerTraceback(Exception):
-    """The traceback of an exception raised in a worker process (the cause of the one raised here)."""
-
-    def __init__(self, text: str):
-        super().__init__(text)
-        self.text = text
-
-    def __str__(self) -> str:
-        return "\n" + self.text
-
-
-class LocalWorkerDiedError(RuntimeError):
-    """A chunk's worker process died on every try."""
 
 
 class _Task:
@@ -109,6 +95,7 @@ class LocalWorkers:
         self._start_error: Exception | None = None
         self.restarts = 0  # workers replaced after they died
         self.remote_workers = 0  # connections adopted from other nodes' workers
+        self._leaving = 0  # other nodes' workers ended on purpose (``retire_remote``), yet to go
         self.received_chunks = 0  # chunks whose images came on the connection (another node's workers)
 
     def _slabs_kept(self, count: int) -> int:
@@ -278,6 +265,12 @@ class LocalWorkers:
             threading.Thread(target=self._read, args=(worker,), name="raypipe-node-worker", daemon=True).start()
             self._dispatch()
         return True
+
+    def retire_remote(self, count: int = 1) -> None:
+        """``count`` workers on other nodes are about to be ended on purpose (a narrower width): their
+        connections' ends are departures, not losses (their chunks go to the others all the same)."""
+        with self._lock:
+            self._leaving += count
 
     def ready_count(self, *, remote_only: bool = False) -> int:
         """Workers alive that answered (``remote_only``: of those on other nodes)."""
@@ -484,7 +477,11 @@ class LocalWorkers:
                     self._queue.appendleft(task)  # with its slab: every row is written again
             worker.sent.clear()
             self._workers = [w for w in self._workers if w.alive]
-            if worker.proc is None:  # another node's: its launcher starts another, which connects
+            if worker.proc is None and self._leaving:  # ended on purpose (retire_remote)
+                self._leaving -= 1
+                log.info("a raypipe worker on another node left (a narrower width); its chunks go to the others")
+                self._dispatch()
+            elif worker.proc is None:  # another node's: its launcher starts another, which connects
                 log.warning("a raypipe worker on another node was lost; its chunks go to the other workers")
                 self.restarts += 1
                 self._dispatch()

@@ -43,7 +43,6 @@ from __future__ import annotations
 import atexit
 import logging
 import math
-import os
 import socket
 import threading
 import time
@@ -55,7 +54,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raypipe.workers.launcher import Launcher
 from raypipe.workers.local import LocalWorkers
 from raypipe.workers.peer_auth import PeerAuthError, new_secret, prove_server, tune_stream_socket
-from raypipe.workers.placement import EligibleNode, NodeShare, eligible_nodes, node_address, node_slots
+from raypipe.workers.placement import EligibleNode, NodeShare, eligible_nodes, node_slots
+from raypipe.workers.reach import HOST_ENV, listen_address
 
 __all__ = [
     "NodeWorkers",
@@ -70,9 +70,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# The address the consumer listens on for its workers, where not its node's (Ray's NodeManagerAddress):
-# the interface of the network that should carry the images, on a machine with several.
-HOST_ENV = "RAYPIPE_NODE_WORKERS_HOST"
 # How long the consumer makes chunks itself while no worker has answered yet (their nodes' Python
 # starts and imports the stage); after it, chunks wait in the queue for the workers.
 FIRST_WORKER_WAIT_S = 60.0
@@ -109,7 +106,7 @@ class NodeWorkers:
         self._remote: list[tuple[object, object, object]] = []  # elastic: (launcher, its run(), its node())
         count, processes = self._counts(self._slots)
         self.pool = LocalWorkers(count, directory, prefetch_chunks=prefetch_chunks, processes=processes)
-        address = os.environ.get(HOST_ENV) or node_address(here)
+        address = listen_address(here)
         self._secret = new_secret()
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         self._listener = socket.create_server((address, 0), family=family, backlog=128)
@@ -304,6 +301,8 @@ class NodeWorkers:
         order = sorted(nodes, key=lambda i: (nodes[i] is not None, per_node.get(nodes[i], 0), nodes[i] or ""))
         for i in sorted(order[: len(self._remote) - count], reverse=True):
             actor, _, _ = self._remote.pop(i)
+            if nodes[i] is not None:  # placed: its worker's connection ends, on purpose
+                self.pool.retire_remote()
             ray.kill(actor)  # a pending one's demand goes with it; a placed one's worker ends with it
 
     def _start_launchers(self) -> None:
