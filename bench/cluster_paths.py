@@ -1,5 +1,5 @@
 """The paths a trainer's batches can take, in one run: local workers, Ray on one node (the README's API),
-Ray tasks across simulated nodes, node workers (``backend="nodes"``) across the same nodes, and timm's
+Ray tasks across simulated nodes, node workers (the default there) across the same nodes, and timm's
 loader, on the same images, each in a fresh process, in turn::
 
     python bench/photolike.py /tmp/photo4k --classes 8 --per-class 500

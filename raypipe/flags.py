@@ -159,8 +159,8 @@ def add_pipeline_args(p: argparse.ArgumentParser) -> None:
         choices=BACKENDS,
         help="where the augmentation tasks run: ray (Ray tasks on the cluster), local (worker processes "
         "of this machine), nodes (raypipe's worker processes on the cluster's nodes, their images "
-        "streamed to the trainer's node) or auto: ray when connected to Ray or RAY_ADDRESS is set, "
-        "else local "
+        "streamed to the trainer's node) or auto: on a cluster joined (RAY_ADDRESS), nodes with a width "
+        "that follows the trainer's demand (ray where the nodes cannot connect to it); on this machine, local "
         f"{d('execution', 'backend')}",
     )
     g.add_argument("--num-tasks", type=int, help="augmentation tasks at once (default: this rank's share of the CPUs)")

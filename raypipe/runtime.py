@@ -20,6 +20,7 @@ __all__ = [
     "connect",
     "starting",
     "on_ray",
+    "joined_cluster",
     "runs_on_ray",
     "wait_connected",
     "release_start",
@@ -93,6 +94,20 @@ def on_ray() -> bool:
     join a cluster (``RAY_ADDRESS``). ``ExecutionConfig(backend="auto")`` runs Ray tasks then, else
     local worker processes."""
     return ray.is_initialized() or starting() or bool(os.environ.get("RAY_ADDRESS"))
+
+
+def joined_cluster() -> bool:
+    """Whether this process runs (or is to run) on a Ray cluster it joined rather than started: not
+    raypipe's private local Ray, and told where by ``RAY_ADDRESS`` (``ray job submit``,
+    ``raypipe.connect()``) or a Ray actor (a feeder, a training worker: what a cluster's driver
+    starts). A script's own ``ray.init()`` that started a local Ray is not one, nor a Ray Client
+    (``ray://``), which is on no node of the cluster."""
+    if private_cluster():
+        return False
+    address = os.environ.get("RAY_ADDRESS", "")
+    if address:
+        return not address.startswith("ray://")
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
 def runs_on_ray(backend: str, *, needed: bool = False) -> bool:

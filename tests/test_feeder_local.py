@@ -131,7 +131,11 @@ def test_a_killed_feeder_on_local_workers_is_a_clear_error(ray_local, sample_dir
 def test_auto_runs_local_workers_on_the_private_cluster_only(ray_local, sample_dir, monkeypatch):
     pipe = Pipeline(str(sample_dir), AUG)
     monkeypatch.setattr(runtime, "_PRIVATE_CLUSTER", False)
-    assert feeder_execution(pipe).execution.backend == "ray"  # a cluster joined: it may have other nodes
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert feeder_execution(pipe).execution.backend == "ray"  # a Ray this script started itself
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # as `ray job submit` tells a job
+    assert feeder_execution(pipe) is pipe  # a cluster joined: the feeder decides on its node (pipeline.backend)
+    monkeypatch.delenv("RAY_ADDRESS")
     monkeypatch.setattr(runtime, "_PRIVATE_CLUSTER", True)
     assert feeder_execution(pipe).execution.backend == "local"
     assert pipe.execution.backend == "auto"  # the caller's pipeline is left as it is

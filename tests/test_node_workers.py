@@ -253,12 +253,12 @@ def _batches(data, backend: str, *, epochs: int, on_batch=None) -> tuple[list, l
         str(data),
         TrainAugment(input_size=64),
         config=PipelineConfig(batch_size=8, seed=3),
-        execution=ExecutionConfig(chunk_rows=8, backend=backend, resources=PREPROCESS if backend == "nodes" else {}),
+        execution=ExecutionConfig(chunk_rows=8, backend=backend, resources=PREPROCESS if backend != "local" else {}),
     )
     source = EpochSource(pipe, end_epoch=epochs)
     out = []
     for epoch in range(epochs):
-        if epoch == 1 and backend == "nodes":
+        if epoch == 1 and backend in ("nodes", "auto"):
             _wait_for_remote_workers()  # the first epoch is made here while they start: the others on them
         source.set_epoch(epoch)
         for i, batch in enumerate(source):
@@ -360,6 +360,49 @@ def test_node_workers_give_the_local_batches_from_the_other_nodes(photos):
         assert set(pool.slots) and head not in pool.slots  # no worker on the trainer's node (no resource)
     _every_sample_once(reports, 3)
     _same(got, local)
+
+
+@pytest.mark.isolated
+@pytest.mark.timeout(300)
+def test_auto_on_a_joined_cluster_is_elastic_node_workers_or_ray_tasks_where_nodes_cannot_connect(
+    photos, monkeypatch, caplog
+):
+    import ray
+
+    from raypipe.pipeline import Pipeline, backend
+    from raypipe.workers import reach
+    from raypipe.workers.node import NodeWorkers
+
+    local, _ = _batches(photos, "local", epochs=2)
+    monkeypatch.setattr(backend, "_REACH", {})
+    with _cluster(cpu_nodes=1) as (cluster, nodes):
+        ours = Pipeline(str(photos), TrainAugment(input_size=64))
+        assert backend.consumer_pipeline(ours) is ours  # a Ray this process started: Ray tasks, as before
+        monkeypatch.setenv("RAY_ADDRESS", cluster.address)  # joined, as `ray job submit` tells a driver
+        got, reports = _batches(photos, "auto", epochs=2)
+        pool = NodeWorkers._shared
+        assert pool is not None and pool.elastic  # node workers, their width following the consumer
+        assert pool.pool.remote_workers >= 1 and pool.pool.received_chunks > 0
+        assert backend._REACH == {ray.get_runtime_context().get_node_id(): None}  # the probe connected
+        NodeWorkers.shutdown_shared()
+        # the other node's probe, against a port nobody listens on: the reason it gives
+        with socket.create_server(("127.0.0.1", 0)) as closed:
+            port = closed.getsockname()[1]
+        assert "ConnectionRefusedError" in reach.connect_from(nodes[0].node_id, "127.0.0.1", port)
+        # where the nodes cannot connect: Ray tasks, and one line that says why
+        monkeypatch.setattr(backend, "_REACH", {})
+        monkeypatch.setattr(reach, "unreachable_reason", lambda here, resources: "node x cannot connect (refused)")
+        pipe = Pipeline(str(photos), TrainAugment(input_size=64), execution=ExecutionConfig(resources=PREPROCESS))
+        with caplog.at_level("WARNING", logger="raypipe.pipeline.backend"):
+            assert backend.consumer_pipeline(pipe).execution.backend == "ray"
+        assert [r.getMessage() for r in caplog.records] == [
+            "raypipe: Ray tasks make this rank's chunks, not node workers: node x cannot connect (refused)"
+        ]
+        ray_tasks, _ = _batches(photos, "auto", epochs=1)
+        assert NodeWorkers._shared is None
+    _every_sample_once(reports, 2)
+    _same(got, local)
+    _same(ray_tasks, local[: len(ray_tasks)])
 
 
 @pytest.mark.isolated

@@ -343,7 +343,7 @@ def test_on_the_private_cluster_the_jobs_tasks_are_local_workers_and_need_no_ray
 
     import raypipe.runtime
     import raypipe.train.run as run
-    from raypipe.pipeline.feeder import on_ray_backend
+    from raypipe.pipeline.backend import on_ray_backend
 
     monkeypatch.setattr(run.ray, "cluster_resources", lambda: {"CPU": 2.0})
     monkeypatch.setattr(raypipe.runtime, "private_cluster", lambda: True)
@@ -358,7 +358,12 @@ def test_on_the_private_cluster_the_jobs_tasks_are_local_workers_and_need_no_ray
     steered = parse_job(["--preprocess-resource", "preprocess"]).execution
     assert on_ray_backend(steered, source_kind="folder").backend == "ray"
     monkeypatch.setattr(raypipe.runtime, "private_cluster", lambda: False)
-    assert on_ray_backend(parse_job([]).execution, source_kind="folder").backend == "ray"
+    joined = parse_job([]).execution
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert on_ray_backend(joined, source_kind="folder").backend == "ray"  # a Ray this script started itself
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # as `ray job submit` tells a job
+    assert on_ray_backend(joined, source_kind="folder") is joined  # each rank's consumer decides on its node
+    assert on_ray_backend(joined, source_kind="raydata").backend == "ray"
 
 
 def test_a_listing_by_shard_takes_the_number_of_classes_given(tmp_path):

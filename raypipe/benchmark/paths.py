@@ -12,9 +12,11 @@ NCHW batches), with raypipe's defaults (worker priorities included):
   the trainer and its feeder, and ``nodes`` CPU nodes of ``node_cpus`` each offer the ``preprocess``
   resource that every augmentation task asks for (cluster.yaml's shape: CPU nodes feeding a GPU node).
   The nodes share this machine's cores, so their CPUs are a scheduling limit, not cores of their own.
-- ``nodes``: the same cluster and ``FeederSource`` with ``ExecutionConfig(backend="nodes")``: raypipe's
-  worker processes on the CPU nodes, their images streamed to the feeder over TCP
-  (``raypipe.workers.node``) instead of Ray tasks' objects.
+- ``nodes``: the same cluster and ``FeederSource`` with the default ``ExecutionConfig``, the process
+  told the cluster's address as ``ray job submit`` tells a job (``RAY_ADDRESS``): what a rank on a
+  cluster it joined runs (``raypipe.pipeline.backend``), raypipe's worker processes on the CPU nodes,
+  their images streamed to the feeder over TCP (``raypipe.workers.node``) instead of Ray tasks'
+  objects, their width following the trainer's demand (elastic).
 
 ``run_path`` measures one path in this process; ``bench/cluster_paths.py`` runs each in a process of its
 own, in turn, and prints the table.
@@ -152,11 +154,15 @@ def _source(
         execution = ExecutionConfig(backend="local", chunk_rows=chunk_rows)
         return EpochSource(Pipeline(data, aug, config=config, execution=execution), end_epoch=epochs)
     resources = {PREPROCESS: 0.001} if path in ("ray-nodes", "nodes") else {}
-    # the default backend, as the README's; ``ray_tasks``: Ray tasks, as a rank on a cluster it joined
-    backend = "nodes" if path == "nodes" else "ray" if ray_tasks else "auto"
+    # the default backend, as the README's; ``ray_tasks``: Ray tasks, as ``--backend ray`` makes
+    backend = "ray" if path == "ray-nodes" or (ray_tasks and path == "ray-node") else "auto"
     execution = ExecutionConfig(resources=resources, chunk_rows=chunk_rows, backend=backend)
     pipe = Pipeline(data, aug, config=config, execution=execution)
-    return FeederSource(pipe, end_epoch=epochs)
+    source = FeederSource(pipe, end_epoch=epochs)
+    if path == "nodes" and not source.runs_on_local_workers:  # the default made Ray tasks: not this path
+        source.close()
+        raise RuntimeError("the default backend on the simulated cluster did not run node workers")
+    return source
 
 
 def _start_nodes(nodes: int, node_cpus: int, trainer_cpus: int, store_mb: int):
@@ -178,6 +184,7 @@ def _start_nodes(nodes: int, node_cpus: int, trainer_cpus: int, store_mb: int):
     # connected before the CPU nodes start, so that the trainer's node is the head: with several raylets
     # on one address a driver may attach to any of them
     ray.init(address=cluster.address, logging_level="ERROR")
+    os.environ["RAY_ADDRESS"] = cluster.address  # a cluster joined, as ``ray job submit`` tells a job
     for _ in range(nodes):
         cluster.add_node(num_cpus=node_cpus, resources={PREPROCESS: node_cpus}, object_store_memory=store_mb << 20)
     cluster.wait_for_nodes()
@@ -247,7 +254,7 @@ def run_path(
         "local": "local workers",
         "ray-node": "Ray, one node, FeederSource",
         "ray-nodes": f"Ray tasks, {across}",
-        "nodes": f"node workers (backend='nodes'), {across}",
+        "nodes": f"node workers (the default, elastic), {across}",
     }[path]
     try:
         source = _source(

@@ -18,11 +18,11 @@ nothing will join, so the feeder runs them on local worker processes instead, as
 without Ray does: a Ray task costs more CPU per image than the whole local path (its result is put
 into the object store, Ray's core-worker threads run beside it; docs/performance.md). Their chunks
 are slabs of shared memory, and a batch of one chunk goes to the trainer as the slab's descriptor
-(``raypipe.workers.handover``): no copy there either. On a cluster the feeder's tasks are Ray tasks,
-spread over its nodes as they come and go; ``ExecutionConfig(backend="local")`` keeps a feeder's
-tasks on its own node there too, and ``backend="nodes"`` runs them on raypipe's own worker processes
-on the cluster's nodes, whose images arrive in this process's slabs
-(``raypipe.workers.node``) and go to the trainer as local workers' do.
+(``raypipe.workers.handover``): no copy there either. On a cluster it joined, the feeder's chunks
+are made by raypipe's own worker processes on the cluster's nodes (``raypipe.pipeline.backend``):
+their images arrive in this process's slabs (``raypipe.workers.node``) and go to the trainer as local
+workers' do; ``ExecutionConfig(backend="ray")`` makes them Ray tasks, spread over the nodes as they
+come and go, and ``backend="local"`` keeps them on the feeder's own node.
 
 The feeder runs exactly the ``EpochSource`` the trainer would have run (same shard, same order, same
 accounting), so the batches are identical either way.
@@ -31,7 +31,6 @@ accounting), so the batches are identical either way.
 from __future__ import annotations
 
 import collections
-import copy
 import dataclasses
 import logging
 from collections.abc import Iterator
@@ -40,9 +39,8 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raypipe import runtime
-from raypipe.config import ExecutionConfig
 from raypipe.pipeline.accounting import EpochReport
+from raypipe.pipeline.backend import consumer_pipeline, on_ray_backend, with_execution
 from raypipe.pipeline.epoch_source import EpochSource
 from raypipe.pipeline.pipeline import Pipeline
 from raypipe.plan.span import RankSpan
@@ -51,7 +49,7 @@ from raypipe.workers.local import LocalWorkers
 from raypipe.workers.node import NodeWorkers
 from raypipe.workers.slabs import SlabPool, slab_of
 
-__all__ = ["FeederSource", "FeederDiedError", "FEEDER_CPUS", "feeder_execution", "on_ray_backend"]
+__all__ = ["FeederSource", "FeederDiedError", "FEEDER_CPUS", "feeder_execution"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +71,7 @@ class _Feeder:
         from raypipe.runtime import tune_consumer_process
 
         tune_consumer_process()  # this process is raypipe's own: see the function
+        pipeline = consumer_pipeline(pipeline)  # "auto" decided on this node, before the sender below
         self.source = EpochSource(pipeline, span=span)
         self.it: Iterator | None = None
         self.local = not pipeline.runs_ray_tasks()
@@ -152,26 +151,9 @@ class _Feeder:
             NodeWorkers.shutdown_shared()
 
 
-def on_ray_backend(execution: ExecutionConfig, *, source_kind: str) -> ExecutionConfig:
-    """``execution`` for a process on Ray (a feeder, a training worker), with ``backend="auto"``
-    decided: ``"local"`` on raypipe's private local Ray (the machine's own worker processes: nothing
-    else will join that cluster, so a Ray task could only run here too, at a higher CPU cost), unless
-    the tasks need Ray (a Ray Dataset's blocks, steering ``resources``); else ``"ray"``. Decided in the
-    process that connected (only it knows whose cluster it is)."""
-    if execution.backend != "auto":
-        return execution
-    local = runtime.private_cluster() and not execution.resources and source_kind != "raydata"
-    return dataclasses.replace(execution, backend="local" if local else "ray")
-
-
 def feeder_execution(pipeline: Pipeline) -> Pipeline:
     """``pipeline`` as its feeder runs it (``on_ray_backend``); the caller's is left as it is."""
-    execution = on_ray_backend(pipeline.execution, source_kind=pipeline.rows.kind)
-    if execution == pipeline.execution:
-        return pipeline
-    out = copy.copy(pipeline)
-    out.execution = execution
-    return out
+    return with_execution(pipeline, on_ray_backend(pipeline.execution, source_kind=pipeline.rows.kind))
 
 
 def _rows_of(image: np.ndarray, chunk) -> tuple[int, int] | None:

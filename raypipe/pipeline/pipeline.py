@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from raypipe import runtime
 from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineConfig, TrainAugment
+from raypipe.pipeline.backend import consumer_pipeline
 from raypipe.pipeline.budget import (
     RankBudget,
     check_task_fits,
@@ -228,6 +229,11 @@ class Pipeline:
         (exclusive; None: no end); ``segments``: the positions of ``start_epoch``'s order to run (None:
         the rank's slice)."""
         span = span or RankSpan()
+        if self.execution.backend == "auto":
+            self.columns()  # made once here: the copy below shares them
+            decided = consumer_pipeline(self)  # on a cluster joined: node workers, or Ray tasks
+            if decided is not self:
+                return decided.stream(span, segments=segments)
         world_size, reserved_cpus = span.world_size, span.reserved_cpus
         ex = self.execution
         elastic = None

@@ -19,7 +19,8 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from raypipe.pipeline.accounting import SkipLimitError
-from raypipe.pipeline.feeder import FEEDER_CPUS, on_ray_backend
+from raypipe.pipeline.backend import on_ray_backend
+from raypipe.pipeline.feeder import FEEDER_CPUS
 from raypipe.plan.same_listing import ListingMismatchError
 from raypipe.sources import ShardChangedError, SourceRows
 from raypipe.train.args import TrainJobConfig
