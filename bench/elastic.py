@@ -3,8 +3,9 @@
 Head = the trainer's node (1 CPU); a CPU node type of 1 CPU with ``preprocess``, 0 to ``--max-nodes`` nodes,
 idle timeout ``--idle-timeout-s``. The trainer takes a batch every ``--step-ms-low`` ms for ``--phase-s``,
 every ``--step-ms-high`` ms (more than one node makes) for as long, then at the low rate again. Three
-configurations, each in a fresh process: ``elastic`` (``ExecutionConfig(backend="nodes", elastic=True)``),
-``floor`` (``num_tasks=1``, one node kept up) and ``ceiling`` (``num_tasks=--max-nodes``, as many kept up).
+configurations of the default backend on a cluster joined (node workers), each in a fresh process: ``elastic``
+(the default: ``ExecutionConfig()``), ``floor`` (``num_tasks=1``, one node kept up) and ``ceiling``
+(``num_tasks=--max-nodes``, as many kept up).
 Per ``--interval-s`` from the first batch: the trainer's stall (blocked on its next batch), the CPU nodes
 alive, CPU-seconds per trained image (nodes x seconds x CPUs per node / images) and the machine's busy CPU
 (``/proc/stat``) per image; per phase the same, the time from the step up to the stall at <= 2 % and from
@@ -284,9 +285,9 @@ def _one(a: argparse.Namespace) -> None:
 
     steps = (a.step_ms_low / 1000, a.step_ms_high / 1000, a.step_ms_low / 1000)
     kept = {"elastic": 0, "floor": 1, "ceiling": a.max_nodes}[a.one]
-    elastic = {"elastic": True, "max_cpus": float(a.max_nodes * NODE_CPUS)}
-    sizing = elastic if a.one == "elastic" else {"num_tasks": kept}
-    execution = ExecutionConfig(backend="nodes", resources={PREPROCESS: 0.001}, chunk_rows=a.chunk_rows, **sizing)
+    # the default backend on a cluster joined (node workers): elastic, or the width num_tasks fixes
+    sizing = {"max_cpus": float(a.max_nodes * NODE_CPUS)} if a.one == "elastic" else {"num_tasks": kept}
+    execution = ExecutionConfig(resources={PREPROCESS: 0.001}, chunk_rows=a.chunk_rows, **sizing)
     augment = TrainAugment(input_size=a.input_size, auto_augment=a.aa or None)
     changes = _Changes()
     elastic_log = logging.getLogger("raypipe.pipeline.elastic")
@@ -300,6 +301,7 @@ def _one(a: argparse.Namespace) -> None:
         idle_timeout_s=a.idle_timeout_s,
     ) as cluster:
         cluster.connect()
+        os.environ["RAY_ADDRESS"] = cluster.address  # a cluster joined, as `ray job submit` tells a job
         roles = _RoleCpu()
         sampler = _Sampler(cluster, roles, a.interval_s)
         sampler.start()
@@ -316,6 +318,9 @@ def _one(a: argparse.Namespace) -> None:
             try:
                 _train(source, steps, a.phase_s, a.batch_size, trace, roles.start)
                 roles.read()
+                pool = NodeWorkers._shared
+                if pool is None or pool.elastic != (a.one == "elastic"):  # the default did not run this sizing
+                    raise RuntimeError(f"{a.one}: the rank ran {pool!r}, not node workers of this sizing")
             finally:
                 source.close()
                 NodeWorkers.shutdown_shared()

@@ -7,7 +7,7 @@
 # Logs and the figures' JSON go to $OUT (default /tmp/raypipe-gpu). STEPS picks the steps (default
 # "cuda_tests gpu_check first_batch gpu_train"; gpu_train_block128 also runs raypipe with 128-row blocks;
 # scaling runs bench/cluster_paths.py --scaling on the machine's cores, 1, 2 and 4 CPU nodes of 3 CPUs, Ray tasks;
-# scaling_nodes the same on node workers, --scaling-path nodes);
+# scaling_nodes the same on the default path there, node workers, --scaling-path nodes);
 # GPU_TRAIN_ARGS passes options to gpu_train. Each step has its own time limit and a failure does not
 # stop the next one; the exit status is the number of failed steps.
 #

@@ -8,6 +8,7 @@ path's."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import numpy as np
@@ -150,9 +151,11 @@ def test_the_cluster_follows_an_elastic_ranks_demand_and_its_epochs_are_exact(ph
     from raypipe.testing.autoscaler import PREPROCESS, FakeAutoscalingCluster
     from raypipe.workers.node import NodeWorkers
 
-    execution = ExecutionConfig(backend="nodes", elastic=True, resources={PREPROCESS: 0.001}, chunk_rows=16, max_cpus=3)
+    # the default backend: on a cluster joined, node workers whose width follows the trainer
+    execution = ExecutionConfig(resources={PREPROCESS: 0.001}, chunk_rows=16, max_cpus=3)
     with FakeAutoscalingCluster(head_cpus=1, worker_cpus=1, max_workers=3, idle_timeout_s=IDLE_S) as cluster:
         cluster.connect()
+        os.environ["RAY_ADDRESS"] = cluster.address  # joined, as `ray job submit` tells a job (a process of its own)
         started = time.monotonic()
         try:
             elastic, seen = _run(
@@ -168,6 +171,7 @@ def test_the_cluster_follows_an_elastic_ranks_demand_and_its_epochs_are_exact(ph
                 ],
                 cluster,
             )
+            assert NodeWorkers._shared is not None and NodeWorkers._shared.elastic
         finally:
             NodeWorkers.shutdown_shared()
         timeline = ", ".join(f"{t - started:.1f}s:{n}" for t, n in cluster.timeline)

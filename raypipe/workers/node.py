@@ -283,17 +283,19 @@ class NodeWorkers:
         """Elastic: ``count`` one-worker launchers wherever Ray places them (holding the lock): more are
         asked for, or the surplus ended, pending ones first, then those on the node where this rank has
         the fewest (so that whole nodes go idle)."""
-        self._remote = [r for r in self._remote if not ray.wait([r[1]], timeout=0)[0]]  # ended: a lost node
+        if self._remote:  # those whose run() ended went with their node
+            runs = [run for _, run, _ in self._remote]
+            ended = set(ray.wait(runs, num_returns=len(runs), timeout=0)[0])
+            self._remote = [r for r in self._remote if r[1] not in ended]
         while len(self._remote) < count:
             options = {"num_cpus": self._task_cpus, "resources": dict(self._resources)}
             actor = Launcher.options(**options).remote(*self.address, self._secret, 1)
             self._remote.append((actor, actor.run.remote(), actor.node.remote()))
         if len(self._remote) <= count:
             return
-        nodes = {}
-        for i, (_, _, node_ref) in enumerate(self._remote):
-            ready, _ = ray.wait([node_ref], timeout=0)
-            nodes[i] = ray.get(node_ref) if ready else None
+        refs = [node_ref for _, _, node_ref in self._remote]
+        placed = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+        nodes = {i: ray.get(ref) if ref in placed else None for i, ref in enumerate(refs)}
         per_node: dict[str, int] = {}
         for node in nodes.values():
             if node is not None:
