@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 IDLE_S = 4.0  # the CPU nodes' idle timeout
 SLACK_S = 30.0  # what the autoscaler may take beyond it (its loop, a node's start or end)
 SHAPE = {"CPU": 1, PREPROCESS: 0.001}  # what one augmentation worker asks for
+BUNDLE = {"CPU": 1, PREPROCESS: 1}  # the same node as a request_resources bundle (Ray 2.52 takes whole amounts)
 
 # A second driver, in a process of its own: holds N actors of SHAPE until its stdin ends (or it is killed).
 HOLDER = textwrap.dedent(f"""
@@ -226,10 +227,10 @@ def test_request_resources_is_one_target_for_the_cluster_that_the_last_caller_se
     with _cluster() as cluster:
         cluster.connect()
         start = time.monotonic()
-        request_resources(bundles=[SHAPE] * 2)
+        request_resources(bundles=[BUNDLE] * 2)
         up = cluster.wait_for_workers(2, timeout_s=90)
         # another driver asks for one: its request replaces ours (the two do not add up) ...
-        other = _driver(cluster, REQUESTER, json.dumps([SHAPE]))
+        other = _driver(cluster, REQUESTER, json.dumps([BUNDLE]))
         assert other.wait(timeout=60) == 0
         one_down = cluster.wait_for_workers(1, timeout_s=IDLE_S + SLACK_S)
         # ... and outlives it: the node it asked for stays, idle, past the idle timeout
