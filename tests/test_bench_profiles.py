@@ -1,5 +1,5 @@
 """bench/profiles.py: every command the docs and comments quote names a script that exists and, for
-profiles.py, one of its measurements; two cheap measurements run end to end (figures not checked)."""
+profiles.py, one of its measurements; a few cheap measurements run end to end (figures not checked)."""
 
 from __future__ import annotations
 
@@ -64,6 +64,26 @@ def test_cheap_measurements_run():
     assert out.returncode == 0 and "reused slab" in out.stdout and "map lazily" in out.stdout, out.stderr
     out = _run("warm-memory", "--gib", "0.01")
     assert out.returncode == 0 and "first touch" in out.stdout, out.stderr
+
+
+@pytest.mark.timeout(120)
+def test_s3_requests_reads_every_object_each_way_and_the_same_files_from_disk(tmp_path):
+    folder = tmp_path / "buckets" / "bench" / "folder"
+    for label in ("a", "b"):
+        (folder / label).mkdir(parents=True)
+        for i in range(3):
+            (folder / label / f"{i}.jpg").write_bytes(bytes([i]) * 1000)
+    out = _run("s3-requests", str(tmp_path / "buckets"), "--threads", "2")
+    assert out.returncode == 0, out.stderr
+    ways = {line.split(":")[0]: line for line in out.stdout.splitlines() if "CPU per object" in line}
+    assert list(ways) == [
+        "HEAD + GET (pyarrow)",
+        "HEAD (pyarrow)",
+        "GET (single_get, obstore)",
+        "local file, 2 threads",
+        "local file, in this thread",
+    ], out.stdout
+    assert all(": 6 objects in " in line for line in ways.values()), out.stdout
 
 
 @pytest.mark.timeout(180)

@@ -83,7 +83,11 @@ def s3_requests(
     of buckets) from ``raypipe.testing.s3server`` in its own process, with ``--threads`` requests in flight
     from one client process, first whole objects through pyarrow's ``S3FileSystem``
     (``open_input_stream``: a HEAD and a GET each), then a HEAD alone, then whole objects with one GET each
-    as raypipe reads a folder (``raypipe.sources.single_get``, obstore)::
+    as raypipe reads a folder (``raypipe.sources.single_get``, obstore); then the same files from the local
+    disk, through the same threads (what handing each object to a thread and back costs, without a
+    request) and in this thread one after another, as a local folder's rows are read. The GET's client
+    CPU over the last is what each image of an ``s3://`` folder costs its reading worker beyond the local
+    folder's::
 
         python bench/cloud_input.py --images 3000 --epochs 1 --workdir /tmp/cloudbench
         python bench/profiles.py s3-requests /tmp/cloudbench/buckets --prefix bench/folder
@@ -118,9 +122,16 @@ def s3_requests(
         def single(path: str) -> int:
             return len(getter.read(path))
 
+        def local(path: str) -> int:
+            with open(os.path.join(buckets, path), "rb") as f:
+                return len(f.read())
+
         contenders = [("HEAD + GET (pyarrow)", whole), ("HEAD (pyarrow)", head)]
         if getter is not None:
             contenders.append(("GET (single_get, obstore)", single))
+        contenders.append((f"local file, {threads} threads", local))
+        in_this_thread = "local file, in this thread"  # read as a local folder's rows are: no hand-offs
+        contenders.append((in_this_thread, local))
         unit, per_unit = "object", lambda n, nbytes: n
         if ranges:
             sizes = {path: fs.get_file_info(path).size for path in paths}
@@ -138,8 +149,11 @@ def s3_requests(
             unit, per_unit = "MB", lambda n, nbytes: nbytes / 2**20
         for name, fn in contenders:
             s0, c0, t0 = sum(served.cpu_times()[:2]), time.process_time(), time.perf_counter()
-            with ThreadPoolExecutor(threads) as pool:
-                got = list(pool.map(fn, paths))
+            if name == in_this_thread:
+                got = [fn(path) for path in paths]
+            else:
+                with ThreadPoolExecutor(threads) as pool:
+                    got = list(pool.map(fn, paths))
             dt = time.perf_counter() - t0
             n, units = len(got), per_unit(len(got), sum(got))
             server_ms = 1e3 * (sum(served.cpu_times()[:2]) - s0) / units
