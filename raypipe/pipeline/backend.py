@@ -66,11 +66,12 @@ def on_joined_cluster(execution: ExecutionConfig, *, source_kind: str) -> Execut
 
     here = ray.get_runtime_context().get_node_id()
     with _REACH_LOCK:
-        if here not in _REACH:
+        if here not in _REACH:  # said once per process: every later stream decides the same
             _REACH[here] = unreachable_reason(here, execution.resources)
+            if _REACH[here] is not None:
+                log.warning("raypipe: Ray tasks make this rank's chunks, not node workers: %s", _REACH[here])
         reason = _REACH[here]
     if reason is not None:
-        log.warning("raypipe: Ray tasks make this rank's chunks, not node workers: %s", reason)
         return dataclasses.replace(execution, backend="ray")
     return dataclasses.replace(execution, backend="nodes", elastic=execution.num_tasks is None)
 
