@@ -84,6 +84,14 @@ def test_s3_requests_reads_every_object_each_way_and_the_same_files_from_disk(tm
         "local file, in this thread",
     ], out.stdout
     assert all(": 6 objects in " in line for line in ways.values()), out.stdout
+    cache = tmp_path / "cache"
+    out = _run("s3-requests", str(tmp_path / "buckets"), "--threads", "2", "--cache-dir", str(cache))
+    assert out.returncode == 0, out.stderr
+    ways = {line.split(":")[0]: line for line in out.stdout.splitlines() if "CPU per object" in line}
+    assert list(ways) == ["blocks, no cache", "blocks, cache filled", "blocks, cache read"], out.stdout
+    assert all(": 6 objects in " in line for line in ways.values()), out.stdout
+    entries = sorted(p.read_bytes() for p in cache.glob("??/*"))
+    assert entries == sorted(p.read_bytes() for p in folder.rglob("*.jpg"))
 
 
 @pytest.mark.timeout(180)

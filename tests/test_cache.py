@@ -2,12 +2,15 @@
 sizes and times), eviction keeps the bound, two processes fill one entry once, a partial file is never
 served, a changed object is not served stale."""
 
+import errno
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -67,14 +70,16 @@ def test_eviction_keeps_the_bound_least_recently_used_first(tmp_path):
 def test_a_partial_file_is_never_served(tmp_path):
     cache = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=10**6))
     key = LocalCache.key("t", "obj", 100, 0)
-    # a writer killed part way leaves a temporary file: not an entry
-    with open(os.path.join(cache.dir, "tmp", f"{key}.999.dead"), "wb") as f:
-        f.write(b"a" * 40)
-    assert cache.open(key, 100) is None
+    # a writer killed part way leaves a temporary file beside the entry: not an entry
+    os.makedirs(os.path.dirname(cache.path(key)))
+    with open(os.path.join(os.path.dirname(cache.path(key)), f".{key}.999.dead"), "wb") as f:
+        f.write(b"a" * 100)
+    assert cache.open(key, 100) is None and cache.usage() == 0
     # a fill that writes fewer bytes than the object has fails, and leaves nothing behind
     with pytest.raises(OSError, match="40 bytes of an object of 100"):
         cache.get(key, 100, _fill(b"a" * 40))
     assert cache.open(key, 100) is None and not os.path.exists(cache.path(key))
+    assert _temporary(cache.dir) == [f".{key}.999.dead"]
     # an entry cut short after the fact (a full disk, a hand edit) is dropped and filled again
     os.close(cache.get(key, 100, _fill(b"b" * 100)))
     with open(cache.path(key), "r+b") as f:
@@ -118,7 +123,36 @@ def test_two_processes_fill_one_entry_once(tmp_path):
             if p.poll() is None:
                 p.kill()
     assert len(log.read_text().split()) == 1, "both processes downloaded the entry"
-    assert os.listdir(tmp_path / "cache" / "tmp") == []
+    assert _temporary(tmp_path / "cache") == []
+
+
+def _temporary(folder) -> list[str]:
+    """The names of the temporary files of a cache folder (dot files beside the entries)."""
+    return sorted(p.name for p in Path(folder).glob("??/.*"))
+
+
+def test_an_eviction_pass_sweeps_temporary_files_whose_writers_are_gone(tmp_path):
+    """Temporary files an hour old go, beside the entries and in the folder ``tmp`` that caches written
+    by earlier releases have; younger ones (a fill in progress) and the entries stay."""
+    cache = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=10**6))
+    key = LocalCache.key("t", "obj", 10, 0)
+    cache.add(key, b"e" * 10)
+    folder = os.path.dirname(cache.path(key))
+    os.makedirs(tmp_path / "tmp")
+    old = [os.path.join(folder, ".old.1.dead"), str(tmp_path / "tmp" / "old.1.dead")]
+    young = os.path.join(folder, ".young.1.busy")
+    for path in [*old, young]:
+        with open(path, "wb") as f:
+            f.write(b"t" * 10)
+    for path in old:
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    assert cache.usage() == 10  # temporary files are no entries
+    cache.evict()
+    assert [os.path.exists(p) for p in old] == [False, False]
+    assert os.path.exists(young)
+    fd = cache.open(key, 10)
+    assert fd is not None
+    os.close(fd)
 
 
 @pytest.fixture
@@ -166,6 +200,26 @@ def test_second_read_hits_the_cache(served, tmp_path):
     (skip,) = again.read_block(batch)
     assert skip.reason == OUTSIDE_ROOT
     again.close()
+
+
+def test_a_cache_that_keeps_nothing_more_loses_no_image(served, tmp_path, monkeypatch, caplog):
+    """A full (or read-only) cache disk: every image is still read, from the store, and the reader says
+    once why the cache stopped filling."""
+    server, bucket = served
+    rows = open_source("s3://bkt/folder", filesystem=server.filesystem())
+
+    def full(self, key, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(LocalCache, "add", full)
+    reader = BlockReader(rows.root, rows.kind, options=_options(tmp_path / "cache"))
+    with caplog.at_level(logging.WARNING, logger="raypipe.sources.reader"):
+        got = reader.read_block(_batch(rows))
+    reader.close()
+    local = open_source(str(bucket / "folder"))
+    assert got == BlockReader(local.root, local.kind).read_block(_batch(local))
+    said = [r.getMessage() for r in caplog.records if "keeps no more objects" in r.getMessage()]
+    assert len(said) == 1 and "No space left" in said[0], said
 
 
 def test_an_object_changed_after_the_listing_is_read_as_it_is_now(served, tmp_path):

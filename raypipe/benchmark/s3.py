@@ -75,7 +75,12 @@ def keep_to(cores: set[int]) -> None:
 
 
 def s3_requests(
-    buckets: str, prefix: str = "bench/folder", threads: int = 32, latency_ms: float = 0.0, ranges: bool = False
+    buckets: str,
+    prefix: str = "bench/folder",
+    threads: int = 32,
+    latency_ms: float = 0.0,
+    ranges: bool = False,
+    cache_dir: str = "",
 ) -> None:
     """CPU that reading objects over S3 costs, per object, on the client and on the test server.
 
@@ -97,6 +102,10 @@ def s3_requests(
     ``--ranges`` reads each object whole as one ranged read instead, as raypipe reads the members of a
     tar shard (``--prefix bench/shards``): through a pyarrow handle opened beforehand (its HEAD not
     counted), then with one ranged GET (``SingleGet.read_range``), and prints the CPU per MB.
+
+    ``--cache-dir DIR`` reads the objects as a worker reads an ``s3://`` folder's blocks of 128 rows
+    (``BlockReader.read_block``): without a cache, then through a cache in ``DIR`` (emptied first) twice,
+    the first pass filling it, the second reading what it holds.
     """
     import psutil
     import pyarrow.fs as pafs
@@ -107,7 +116,8 @@ def s3_requests(
     try:
         fs = server.filesystem()
         selector = pafs.FileSelector(prefix, recursive=True)
-        paths = [i.path for i in fs.get_file_info(selector) if i.type == pafs.FileType.File]
+        listed = {i.path: i for i in fs.get_file_info(selector) if i.type == pafs.FileType.File}
+        paths = list(listed)
         served = psutil.Process(server.proc.pid)
 
         def whole(path: str) -> int:
@@ -132,9 +142,13 @@ def s3_requests(
         contenders.append((f"local file, {threads} threads", local))
         in_this_thread = "local file, in this thread"  # read as a local folder's rows are: no hand-offs
         contenders.append((in_this_thread, local))
+        if cache_dir:
+            contenders = [
+                (name, _block_reads(fs, prefix, listed, threads, cache)) for name, cache in _cache_passes(cache_dir)
+            ]
         unit, per_unit = "object", lambda n, nbytes: n
         if ranges:
-            sizes = {path: fs.get_file_info(path).size for path in paths}
+            sizes = {path: info.size for path, info in listed.items()}
             handles = {path: fs.open_input_file(path) for path in paths}
 
             def pyarrow_range(path: str) -> int:
@@ -149,7 +163,7 @@ def s3_requests(
             unit, per_unit = "MB", lambda n, nbytes: nbytes / 2**20
         for name, fn in contenders:
             s0, c0, t0 = sum(served.cpu_times()[:2]), time.process_time(), time.perf_counter()
-            if name == in_this_thread:
+            if name == in_this_thread or cache_dir:
                 got = [fn(path) for path in paths]
             else:
                 with ThreadPoolExecutor(threads) as pool:
@@ -165,6 +179,51 @@ def s3_requests(
             )
     finally:
         server.stop()
+
+
+def _cache_passes(cache_dir: str):
+    """(name, CacheConfig or None) of the three passes of ``--cache-dir``, the cache emptied first."""
+    import shutil
+
+    from raypipe.sources.cache import CacheConfig
+
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    config = CacheConfig(dir=cache_dir, max_bytes=1 << 40)
+    return [("blocks, no cache", None), ("blocks, cache filled", config), ("blocks, cache read", config)]
+
+
+def _block_reads(fs, prefix: str, listed: dict, threads: int, cache):
+    """A function of one path that reads the block of up to 128 listed objects it starts (0 for the other
+    paths) through a ``BlockReader`` as a worker's, and returns the bytes read. ``listed``: the objects'
+    ``FileInfo`` by path, in order."""
+    import numpy as np
+
+    from raypipe.sources.paths import DatasetRoot
+    from raypipe.sources.reader import BlockReader
+    from raypipe.sources.remote import ReadOptions
+
+    paths = list(listed)
+    reader = BlockReader(
+        DatasetRoot(prefix, fs, f"s3://{prefix}"), "folder", options=ReadOptions(in_flight=threads, cache=cache)
+    )
+    starts = {path: n for n, path in enumerate(paths) if n % 128 == 0}
+
+    def block(path: str) -> int:
+        if path not in starts:
+            return 0
+        chosen = paths[starts[path] : starts[path] + 128]
+        rows = {
+            "path": np.array([p[len(prefix) + 1 :] for p in chosen], dtype=object),
+            "object_size": np.array([listed[p].size for p in chosen]),
+            "object_mtime_ns": np.array([listed[p].mtime_ns for p in chosen]),
+        }
+        out = [r.result() if hasattr(r, "result") else r for r in reader.read_block(rows, wait=False)]
+        bad = [r for r in out if not isinstance(r, bytes | memoryview)]
+        if bad:
+            raise RuntimeError(f"{len(bad)} of {len(out)} objects not read: {bad[0]!r}")
+        return sum(len(r) for r in out)
+
+    return block
 
 
 # The sources of a bench/cloud_input.py work folder, under its buckets/bench/
@@ -348,6 +407,7 @@ def register(add) -> None:
     p.add_argument("--threads", type=int, default=32)
     p.add_argument("--latency-ms", type=float, default=0.0)
     p.add_argument("--ranges", action="store_true", help="ranged reads of whole objects (tar shards), per MB")
+    p.add_argument("--cache-dir", default="", help="read blocks as a worker does, without and through a cache here")
 
     p = add("s3-listing", s3_listing)
     p.add_argument("--shards", type=int, default=10)

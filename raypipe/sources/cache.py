@@ -9,14 +9,16 @@ from the cache. Shards are worth caching whole: each is read in full once per ep
   old one. The reader takes the size and time from the listing when the rows carry them (a hit then
   costs no request, and a change shows at the next listing, or at a miss as a byte count other than
   the listed size), otherwise from a ``HEAD`` request per read (see ``raypipe.sources.reader``).
-- **Atomic entries.** An entry is written to a temporary file inside the cache folder, its size
+- **Atomic entries.** An entry is written to a temporary file (a dot file beside it), its size
   checked against the object's, then renamed into place (``os.replace``, atomic on one filesystem).
   Readers open entries only under their final names and check the size again, so a partial file
   (a killed writer, a full disk) is never served; orphaned temporary files are removed by a later
-  eviction pass once they are an hour old.
-- **Concurrent fillers.** Processes filling the same entry take an advisory lock (``flock``) on a
-  lock file (one per 1/256 of the keys), so one downloads and the others then find it. The lock only saves
-  bandwidth: correctness comes from the atomic rename (two fillers would write identical bytes).
+  eviction pass once they are an hour old. Beside its entry, not in one folder for all: creating
+  and renaming files takes the folder's lock, and a worker fills up to a hundred entries at once.
+- **Concurrent fillers.** Processes that fetch an object into the cache (``get``) take an advisory
+  lock (``flock``) on a lock file (one per 1/256 of the keys), so one downloads and the others then
+  find it. The lock only saves bandwidth: correctness comes from the atomic rename (two fillers would
+  write identical bytes). Bytes a reader already holds are written without it (``add``).
 - **Bound and eviction.** Least recently used first. A hit sets the entry's modification time to
   now (``atime`` is unreliable under ``noatime``/``relatime`` mounts), and an eviction pass removes the
   oldest entries until the folder holds at most 90 % of ``max_bytes``. A pass lists the whole folder, so
@@ -112,10 +114,10 @@ class LocalCache:
     def __init__(self, config: CacheConfig):
         self.config = config
         self.dir = os.path.realpath(config.dir)
-        self._tmp = os.path.join(self.dir, "tmp")
         self._locks = os.path.join(self.dir, "locks")
-        for d in (self.dir, self._tmp, self._locks):
+        for d in (self.dir, self._locks):
             os.makedirs(d, exist_ok=True)
+        self._folders: set[str] = set()  # entry folders this process has made (never removed)
         self._added = 0  # bytes this process filled since its last eviction pass
         self._passes = 0
         self._lock = threading.Lock()
@@ -155,26 +157,37 @@ class LocalCache:
             return fd
         with self._entry_lock(key):
             fd = self.open(key, size)  # another process filled it while we waited
-            if fd is not None:
-                return fd
-            os.makedirs(os.path.dirname(self.path(key)), exist_ok=True)
-            tmp = os.path.join(self._tmp, f"{key}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-            fd = None
-            try:
-                with open(tmp, "wb") as f:
-                    fill(f)
-                    written = f.tell()
-                if written != size:
-                    raise SizeMismatch(errno.EIO, f"read {written} bytes of an object of {size} (changed while read?)")
-                # Opened before the rename: the descriptor reads the entry even if a pass evicts it at once.
+            if fd is None:
+                fd = self._write(key, size, fill, reopen=True)
+        return fd  # type: ignore[return-value]
+
+    def add(self, key: str, data: bytes | memoryview) -> None:
+        """Enter ``data``, the whole object, as entry ``key`` (bytes a reader fetched anyway)."""
+        self._write(key, len(data), lambda f: f.write(data), reopen=False)
+
+    def _write(self, key: str, size: int, fill: Callable[[BinaryIO], None], *, reopen: bool) -> int | None:
+        """Write entry ``key`` through a temporary file; a read-only descriptor of it if ``reopen``."""
+        path = self.path(key)
+        folder = os.path.dirname(path)
+        if folder not in self._folders:
+            os.makedirs(folder, exist_ok=True)
+            self._folders.add(folder)
+        tmp = os.path.join(folder, f".{key}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+        fd = None
+        try:
+            with open(tmp, "xb") as f:
+                fill(f)
+                written = f.tell()
+            if written != size:
+                raise SizeMismatch(errno.EIO, f"read {written} bytes of an object of {size} (changed while read?)")
+            if reopen:  # opened before the rename: the descriptor reads the entry even if a pass evicts it at once
                 fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                os.replace(tmp, self.path(key))
-            except BaseException:
-                if fd is not None:
-                    os.close(fd)
-                raise
-            finally:
-                _unlink(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            _unlink(tmp)
+            raise
         self._filled(size)
         return fd
 
@@ -192,25 +205,29 @@ class LocalCache:
 
     def usage(self) -> int:
         """Bytes the entries hold now."""
-        return sum(size for _, size, _ in self._entries())
+        return sum(size for _, size, _ in self._files()[0])
 
-    def _entries(self) -> list[tuple[float, int, str]]:
-        out = []
+    def _files(self) -> tuple[list[tuple[float, int, str]], list[tuple[float, int, str]]]:
+        """(the entries, the temporary files) as (modification time, size, path) each. Temporary files
+        lie beside the entries; older releases wrote them to the folder ``tmp``, swept too."""
+        entries, temporary = [], []
         for sub in _scandir(self.dir):
-            if len(sub.name) != 2 or not sub.is_dir(follow_symlinks=False):
+            if not ((len(sub.name) == 2 or sub.name == "tmp") and sub.is_dir(follow_symlinks=False)):
                 continue
             for entry in _scandir(sub.path):
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                out.append((st.st_mtime, st.st_size, entry.path))
-        return out
+                kept = temporary if sub.name == "tmp" or entry.name.startswith(".") else entries
+                kept.append((st.st_mtime, st.st_size, entry.path))
+        return entries, temporary
 
     def evict(self) -> None:
         """Remove the least recently used entries until the cache holds at most 90 % of its bound,
         and temporary files whose writers are gone."""
-        entries = sorted(self._entries())
+        entries, temporary = self._files()
+        entries.sort()
         total = sum(size for _, size, _ in entries)
         limit = int(self.config.max_bytes * _LOW_WATER)
         for _, size, path in entries:
@@ -219,12 +236,9 @@ class LocalCache:
             _unlink(path)
             total -= size
         now = time.time()
-        for entry in _scandir(self._tmp):
-            try:
-                if now - entry.stat(follow_symlinks=False).st_mtime > _TMP_MAX_AGE_S:
-                    _unlink(entry.path)
-            except FileNotFoundError:
-                pass
+        for mtime, _, path in temporary:
+            if now - mtime > _TMP_MAX_AGE_S:
+                _unlink(path)
 
 
 class _FileLock:

@@ -29,6 +29,7 @@ How a block is read depends on where it lies:
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +49,8 @@ from raypipe.sources.single_get import SingleGet, single_get_for
 from raypipe.sources.tar_members import BLOCK, MemberHeaders
 
 __all__ = ["BlockReader"]
+
+log = logging.getLogger(__name__)
 
 Result = bytes | SkipImage
 
@@ -88,6 +91,7 @@ class BlockReader:
         # Listed cache keys of objects found changed since the listing: read through the HEAD path
         # directly, rather than fetched in full again only to find the size wrong once more.
         self._changed: set[str] = set()
+        self._enter_failed = False  # a fetched object could not be cached: said once
 
     def __getstate__(self):
         return {"root": self.root, "kind": self.kind, "image_column": self.image_column, "options": self.options}
@@ -194,9 +198,7 @@ class BlockReader:
             except SizeMismatch:
                 # Changed since the listing: keyed below by what the store says now, so the read
                 # returns what it holds now.
-                if len(self._changed) >= _MEMO_MAX:
-                    self._changed.clear()
-                self._changed.add(key)
+                self._forget(key)
 
         def fetch() -> int:
             info = fs.get_file_info(where)
@@ -301,15 +303,41 @@ class BlockReader:
         except SkipImage as e:
             return e
         try:
-            if self.cached:
+            key = self._listed_key(where, listed) if self.cached else None
+            if self.cached and key is None:  # not as listed: the store is asked what it holds now (a HEAD)
                 with self._open_cached(where, listed) as f:
                     return f.read()
             data = self._get_whole(where)
-            if data is not None:
-                return data
-            return with_retries(lambda: _read_stream(self.root, where), self.options)
+            if data is None:
+                data = with_retries(lambda: _read_stream(self.root, where), self.options)
+            if key is not None:
+                if len(data) == listed[0]:
+                    self._enter(key, data)
+                else:  # changed since the listing: read again as the store has it now, and cached so
+                    self._forget(key)
+                    with self._open_cached(where, listed) as f:
+                        return f.read()
+            return data
         except OSError as e:
             return read_skip(e, path)
+
+    def _enter(self, key: str, data: bytes | memoryview) -> None:
+        """A fetched object into the cache, which only saves later requests: where it cannot be
+        written (a full or read-only disk), the read goes on without it."""
+        try:
+            self._local_cache().add(key, data)
+        except OSError as e:
+            if not self._enter_failed:
+                self._enter_failed = True
+                log.warning(
+                    "the cache in %s keeps no more objects (%s): they are read from the store", self._cache.dir, e
+                )
+
+    def _forget(self, key: str) -> None:
+        """Key ``key`` names an object that changed since the listing: its reads ask the store (a HEAD)."""
+        if len(self._changed) >= _MEMO_MAX:
+            self._changed.clear()
+        self._changed.add(key)
 
     def _get_whole(self, where: str) -> bytes | None:
         """The object's bytes with a single GET (``raypipe.sources.single_get``), or None: no such path
