@@ -112,6 +112,8 @@ def s3_requests(
 
     from raypipe.sources.single_get import single_get_for
 
+    if ranges and cache_dir:  # each replaces the contenders: together one would be dropped unsaid
+        raise SystemExit("--ranges and --cache-dir measure different reads: give one of them")
     server = S3Process(Path(buckets), latency_ms)
     try:
         fs = server.filesystem()
