@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from raypipe.sources.cache import CacheConfig, LocalCache
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -45,16 +47,19 @@ def test_cloud_input_smoke(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     figures = json.loads(out.read_text())
     assert len(figures["server_cores"]) == (1 if split else 0)
-    names = ["folder", "parquet", "webdataset", "s3 folder", "s3 shards", "s3 parquet", "s3 folder + cache"]
-    assert list(figures["ratios"]) == names
-    assert [len(figures["ratios"][n]) for n in names] == [2, 2, 2, 2, 2, 2, 1]  # a ratio per round; the cache once
+    names = ["folder", "parquet", "webdataset", "s3 folder", "s3 shards", "s3 parquet"]
+    cached = ["s3 folder + cache", "s3 folder + warm cache"]
+    assert list(figures["ratios"]) == names + cached
+    # a ratio per round; the cache from empty and warm once each
+    assert [len(figures["ratios"][n]) for n in names + cached] == [2, 2, 2, 2, 2, 2, 1, 1]
     assert figures["ratios"]["folder"] == [1.0, 1.0]
-    runs = [r[n] for r in figures["rounds"] for n in names[:-1]] + [figures["cache"]]
-    assert len(runs) == 13 and all(r["images"] == [200, 200] for r in runs)
+    runs = [r[n] for r in figures["rounds"] for n in names] + [figures["cache"], figures["cache"]["warm"]]
+    assert len(runs) == 14 and all(r["images"] == [200, 200] for r in runs)
     assert 0 < figures["entropy"]["ratio"] <= 1.5
-    assert proc.stdout.rstrip().splitlines()[-1].startswith("| s3 (20 ms) folder + cache |")
+    assert proc.stdout.rstrip().splitlines()[-2].startswith("| s3 (20 ms) folder + cache |")
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("| s3 (20 ms) folder + warm cache |")
     cache = tmp_path / "work" / "cache"
-    entries = [f for d in cache.iterdir() if len(d.name) == 2 for f in d.iterdir()]
+    entries = LocalCache(CacheConfig(dir=str(cache), max_bytes=1 << 30)).sizes()
     assert len(entries) == 200  # the cache contender filled it, one entry per image
 
     # --only: those contenders and their baseline, on the data the first run made

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from raypipe.sources.cache import CacheConfig, LocalCache
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "profiles.py"
 
@@ -90,8 +92,9 @@ def test_s3_requests_reads_every_object_each_way_and_the_same_files_from_disk(tm
     ways = {line.split(":")[0]: line for line in out.stdout.splitlines() if "CPU per object" in line}
     assert list(ways) == ["blocks, no cache", "blocks, cache filled", "blocks, cache read"], out.stdout
     assert all(": 6 objects in " in line for line in ways.values()), out.stdout
-    entries = sorted(p.read_bytes() for p in cache.glob("??/*"))
-    assert entries == sorted(p.read_bytes() for p in folder.rglob("*.jpg"))
+    entries = LocalCache(CacheConfig(dir=str(cache), max_bytes=1 << 30))
+    got = sorted(entries.read(key, size) for key, size in entries.sizes().items())
+    assert got == sorted(p.read_bytes() for p in folder.rglob("*.jpg"))
 
 
 @pytest.mark.timeout(180)

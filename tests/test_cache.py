@@ -1,6 +1,7 @@
 """The local cache of remote objects: later reads hit (no request where the listing gave the objects'
-sizes and times), eviction keeps the bound, two processes fill one entry once, a partial file is never
-served, a changed object is not served stale."""
+sizes and times), eviction keeps the bound, two processes fill one entry once, a partial file or
+segment record is never served, another process finds what one appended, a changed object is not
+served stale."""
 
 import errno
 import logging
@@ -136,7 +137,7 @@ def test_an_eviction_pass_sweeps_temporary_files_whose_writers_are_gone(tmp_path
     by earlier releases have; younger ones (a fill in progress) and the entries stay."""
     cache = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=10**6))
     key = LocalCache.key("t", "obj", 10, 0)
-    cache.add(key, b"e" * 10)
+    os.close(cache.get(key, 10, _fill(b"e" * 10)))
     folder = os.path.dirname(cache.path(key))
     os.makedirs(tmp_path / "tmp")
     old = [os.path.join(folder, ".old.1.dead"), str(tmp_path / "tmp" / "old.1.dead")]
@@ -155,6 +156,119 @@ def test_an_eviction_pass_sweeps_temporary_files_whose_writers_are_gone(tmp_path
     os.close(fd)
 
 
+_APPENDER = textwrap.dedent("""
+    import sys
+    from raypipe.sources.cache import CacheConfig, LocalCache
+    cache = LocalCache(CacheConfig(dir=sys.argv[1], max_bytes=10**6))
+    for i in range(3):
+        cache.add(LocalCache.key("t", f"img{i}", 1000, 0), bytes([i]) * 1000)
+""")
+
+
+def test_what_one_process_appended_another_finds(tmp_path):
+    """Images a process added lie in a segment of its own; a process that knew nothing of them finds
+    them on a miss (it reads the index logs' new records) and reads the same bytes."""
+    reader = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=10**6))
+    keys = [LocalCache.key("t", f"img{i}", 1000, 0) for i in range(3)]
+    assert reader.read(keys[0], 1000) is None
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    subprocess.run([sys.executable, "-c", _APPENDER, str(tmp_path)], env=env, check=True, timeout=60)
+    reader._refreshed = float("-inf")  # a second has passed since its last look
+    assert [reader.read(k, 1000) for k in keys] == [bytes([i]) * 1000 for i in range(3)]
+    assert reader.read(keys[0], 999) is None  # another size is another object
+    assert len(list((tmp_path / "segments").glob("*.seg"))) == 1 and not list(tmp_path.glob("??"))
+
+
+def _segment_of(cache: LocalCache, key: str) -> Path:
+    return Path(cache.dir) / "segments" / (cache._index[bytes.fromhex(key)][0] + ".seg")
+
+
+def test_a_torn_record_or_a_cut_segment_is_never_served(tmp_path):
+    cache = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=10**6))
+    keys = [LocalCache.key("t", f"k{i}", 100, 0) for i in range(3)]
+    for i, key in enumerate(keys):
+        cache.add(key, bytes([i]) * 100)
+    seg = _segment_of(cache, keys[0])
+    log = seg.with_suffix(".idx")
+    with open(log, "ab") as f:  # a writer killed in the middle of a record
+        f.write(b"\x07" * 20)
+    fresh = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=10**6))
+    assert [fresh.read(k, 100) for k in keys] == [bytes([i]) * 100 for i in range(3)]
+    # a record whose bytes do not match its checksum is not read, nor are the records after it
+    records = bytearray(log.read_bytes())
+    records[56 + 40] ^= 0xFF  # the second record's size
+    log.write_bytes(bytes(records))
+    fresh = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=10**6))
+    assert [fresh.read(k, 100) for k in keys] == [b"\x00" * 100, None, None]
+    # a segment cut short: what lies beyond its end is not served, by the writer nor by anybody else
+    os.truncate(seg, 150)
+    assert cache.read(keys[0], 100) == b"\x00" * 100
+    assert cache.read(keys[1], 100) is None and cache.read(keys[2], 100) is None
+
+
+def test_segments_are_evicted_whole_least_recently_used_first(tmp_path):
+    """A bound of 1600 bytes: segments of at most 100 bytes (two 50-byte images, and their log of two
+    56-byte records: 212 bytes each); the oldest segment goes first, one read lately stays."""
+    cache = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=1600))
+    keys = [LocalCache.key("t", f"k{i}", 50, 0) for i in range(16)]
+    for i, key in enumerate(keys[:12]):
+        cache.add(key, bytes([i]) * 50)
+    segments = [_segment_of(cache, k) for k in keys[:12:2]]
+    assert len(set(segments)) == 6 and cache.usage() == 6 * 212
+    for i, seg in enumerate(segments):
+        os.utime(seg, (1000 + i, 1000 + i))  # filled in order, one second apart
+    assert cache.read(keys[0], 50) == bytes([0]) * 50  # used again: now the most recent
+    for i, key in enumerate(keys[12:], 12):
+        cache.add(key, bytes([i]) * 50)  # over 90 % of the bound: a pass evicts the oldest
+    cache.evict()  # passes run every 100 bytes added: between them the bound holds to within that
+    assert cache.usage() <= 1440
+    other = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=1600))
+    for reader in (cache, other):
+        got = [reader.read(k, 50) for k in keys]
+        assert got[2:6] == [None] * 4, "the two oldest segments stay"
+        assert got[:2] + got[6:] == [bytes([i]) * 50 for i in (0, 1, *range(6, 16))]
+    assert not segments[1].exists() and not segments[1].with_suffix(".idx").exists()
+
+
+def test_a_failed_append_leaves_nothing_behind(tmp_path, monkeypatch):
+    """A disk that fills up in the middle of an append: the add fails, the segment is cut back to its
+    last whole object, no record names the lost one, and the next add (room again) is kept."""
+    cache = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=10**6))
+    keys = [LocalCache.key("t", f"k{i}", 1000, 0) for i in range(3)]
+    cache.add(keys[0], b"a" * 1000)
+    seg = _segment_of(cache, keys[0])
+    real = os.pwrite
+    calls = []
+
+    def fills_up(fd, data, offset):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real(fd, memoryview(data)[:300], offset)  # a short write, then no more room
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", fills_up)
+    with pytest.raises(OSError, match="No space left"):
+        cache.add(keys[1], b"b" * 1000)
+    monkeypatch.setattr(os, "pwrite", real)
+    assert calls == [1000, 700] and seg.stat().st_size == 1000
+    cache.add(keys[2], b"c" * 1000)
+    fresh = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=10**6))
+    assert [fresh.read(k, 1000) for k in keys] == [b"a" * 1000, None, b"c" * 1000]
+
+
+def test_a_writer_whose_segment_was_evicted_starts_another(tmp_path):
+    cache = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=10**6))
+    keys = [LocalCache.key("t", f"k{i}", 10, 0) for i in range(2)]
+    cache.add(keys[0], b"0" * 10)
+    first = _segment_of(cache, keys[0])
+    first.with_suffix(".idx").unlink()  # as another process's eviction pass removes it
+    first.unlink()
+    cache.add(keys[1], b"1" * 10)
+    assert _segment_of(cache, keys[1]) != first
+    fresh = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=10**6))
+    assert fresh.read(keys[0], 10) is None and fresh.read(keys[1], 10) == b"1" * 10
+
+
 @pytest.fixture
 def served(sample_dir, tmp_path):
     root = tmp_path / "buckets"
@@ -168,8 +282,10 @@ def _options(folder) -> ReadOptions:
 
 
 def _entries(folder) -> list[bytes]:
-    """The bytes of every entry of a cache folder, sorted."""
-    return sorted(p.read_bytes() for p in folder.glob("??/*"))
+    """The bytes of every entry of a cache folder (segments and files), sorted, as a process that did
+    not write them finds them."""
+    cache = LocalCache(CacheConfig(dir=str(folder), max_bytes=10**8))
+    return sorted(cache.read(key, size) for key, size in cache.sizes().items())
 
 
 def test_second_read_hits_the_cache(served, tmp_path):
@@ -257,7 +373,7 @@ def test_an_object_changed_after_the_listing_is_read_as_it_is_now(served, tmp_pa
     for i in range(2):
         size, mtime = int(three["object_size"][i]), int(three["object_mtime_ns"][i])
         listed = LocalCache.key(_store_name(fs), rows.root.resolve(paths[i]), size, mtime)
-        assert not os.path.exists(cache.path(listed))
+        assert listed not in cache.sizes() and cache.read(listed, size) is None
     # read again: this reader knows they changed, so it asks the store (HEAD) and hits; no transfer
     server.reset_counts()
     assert stale.read_block({k: v[:2] for k, v in three.items()}) == new
@@ -349,4 +465,4 @@ def test_a_stage_made_before_the_cache_was_configured_is_made_again(served, tmp_
     assert out["ok"].all()
     after = stage_for(spec)
     assert after is not before and after.reader.options.cache == CacheConfig.from_env()
-    assert len([f for d in (tmp_path / "cache").iterdir() if len(d.name) == 2 for f in d.iterdir()]) == len(rows)
+    assert len(_entries(tmp_path / "cache")) == len(rows)

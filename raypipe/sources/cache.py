@@ -9,23 +9,34 @@ from the cache. Shards are worth caching whole: each is read in full once per ep
   old one. The reader takes the size and time from the listing when the rows carry them (a hit then
   costs no request, and a change shows at the next listing, or at a miss as a byte count other than
   the listed size), otherwise from a ``HEAD`` request per read (see ``raypipe.sources.reader``).
-- **Atomic entries.** An entry is written to a temporary file (a dot file beside it), its size
-  checked against the object's, then renamed into place (``os.replace``, atomic on one filesystem).
-  Readers open entries only under their final names and check the size again, so a partial file
-  (a killed writer, a full disk) is never served; orphaned temporary files are removed by a later
-  eviction pass once they are an hour old. Beside its entry, not in one folder for all: creating
-  and renaming files takes the folder's lock, and a worker fills up to a hundred entries at once.
-- **Concurrent fillers.** Processes that fetch an object into the cache (``get``) take an advisory
+- **Two forms of entry.** An object fetched for the cache (``get``: a whole shard or Parquet file,
+  read through a descriptor) is a file of its own. An object a reader fetched anyway (``add``: an image
+  of a folder) is appended to a *segment*, a large file of the process's own, and found through the
+  segment's index log. A file per image would cost the kernel an inode per object: creating one is
+  several times the cost of the GET that fetched the image, and grows as a full cache evicts and
+  refills (the inode allocator searches past recently freed inodes); an append costs a copy.
+- **Never partial.** A file entry is written to a temporary file (a dot file beside it), its size
+  checked against the object's, then renamed into place (``os.replace``, atomic on one filesystem);
+  readers open entries only under their final names and check the size again. A segment's bytes are
+  written before the index record that names them, and a record carries a checksum: a record cut
+  short (a killed writer) or torn is not read, a failed append is cut off again, and a record whose
+  bytes lie beyond the segment's end (a segment cut short) is not served. Orphaned temporary files are
+  removed by a later eviction pass once they are an hour old.
+- **Concurrent processes.** Processes that fetch an object into the cache (``get``) take an advisory
   lock (``flock``) on a lock file (one per 1/256 of the keys), so one downloads and the others then
-  find it. The lock only saves bandwidth: correctness comes from the atomic rename (two fillers would
-  write identical bytes). Bytes a reader already holds are written without it (``add``).
-- **Bound and eviction.** Least recently used first. A hit sets the entry's modification time to
-  now (``atime`` is unreliable under ``noatime``/``relatime`` mounts), and an eviction pass removes the
-  oldest entries until the folder holds at most 90 % of ``max_bytes``. A pass lists the whole folder, so
-  a process runs one after each ``max_bytes / 16`` bytes it added (and on its first fill): the bound is
-  exceeded by at most that much per filling process in between. Entries that vanish during a pass
-  (another process evicted them) are skipped; a reader that already opened an entry keeps reading it
-  (an unlinked file stays readable while open).
+  find it. The lock only saves bandwidth: correctness comes from the atomic rename. Each process
+  appends to segments of its own (no lock between processes); another process reads the records new
+  to it when it misses (at most once a second), so an image fetched by two processes at once is kept
+  twice until its segments are evicted, never read wrong.
+- **Bound and eviction.** Least recently used first, by file entry and by whole segment. A hit sets
+  the file's (the segment's, at most every 10 s per process) modification time to now (``atime`` is
+  unreliable under ``noatime``/``relatime`` mounts), and an eviction pass removes the oldest until the
+  folder holds at most 90 % of ``max_bytes``. A pass lists the whole folder, so a process runs one after
+  each ``max_bytes / 16`` bytes it added (and on its first fill); a segment takes at most that much
+  (and 1 GiB) before its process starts the next. The bound is exceeded by at most that much per
+  filling process in between. What a pass removes while another process reads it stays readable
+  there (an unlinked file stays readable while open); a process whose segment was removed starts
+  another.
 
 The cache serves only what the reader asked for after the reader checked that the object lies inside
 the dataset's root: entry names are hashes, so nothing in the cache can name a path outside it.
@@ -38,9 +49,11 @@ import fcntl
 import hashlib
 import os
 import re
+import struct
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -65,6 +78,12 @@ _UNITS = {
 }
 _TMP_MAX_AGE_S = 3600.0  # a temporary file older than this has lost its writer
 _LOW_WATER = 0.9  # an eviction pass empties to this fraction of the bound, so the next fill has room
+_SEGMENTS = "segments"  # the sub-folder of the segments and their index logs
+_SEGMENT_MAX = 1 << 30  # a segment's bytes at most (and max_bytes / 16): eviction removes whole segments
+_RECORD_HEAD = struct.Struct("<32sQQ")  # an index record: key digest, offset, size ...
+_RECORD = struct.Struct("<32sQQI4x")  # ... and the crc32 of those 48 bytes
+_REFRESH_EVERY_S = 1.0  # a miss reads other processes' new index records at most this often
+_TOUCH_EVERY_S = 10.0  # a hit marks its segment used at most this often (per process)
 
 
 class SizeMismatch(OSError):
@@ -115,12 +134,23 @@ class LocalCache:
         self.config = config
         self.dir = os.path.realpath(config.dir)
         self._locks = os.path.join(self.dir, "locks")
-        for d in (self.dir, self._locks):
+        self._segments = os.path.join(self.dir, _SEGMENTS)
+        for d in (self.dir, self._locks, self._segments):
             os.makedirs(d, exist_ok=True)
         self._folders: set[str] = set()  # entry folders this process has made (never removed)
         self._added = 0  # bytes this process filled since its last eviction pass
         self._passes = 0
         self._lock = threading.Lock()
+        self._segment_max = max(1, min(_SEGMENT_MAX, config.max_bytes // 16))
+        self._writer: _SegmentWriter | None = None  # this process's segment being appended to
+        self._write_lock = threading.Lock()
+        # what this process knows of the segments: key digest -> (segment name, offset, size)
+        self._index: dict[bytes, tuple[str, int, int]] = {}
+        self._index_read: dict[str, int] = {}  # index log name -> bytes of it read
+        self._index_lock = threading.Lock()
+        self._refreshed = float("-inf")
+        self._readers: dict[str, int] = {}  # segment name -> read-only descriptor
+        self._touched: dict[str, float] = {}  # segment name -> when this process last marked it used
 
     @staticmethod
     def key(store: str, path: str, size: int, mtime_ns: int | None) -> str:
@@ -129,10 +159,99 @@ class LocalCache:
         return hashlib.sha256(raw.encode("utf-8", "surrogateescape")).hexdigest()
 
     def path(self, key: str) -> str:
+        """Where the file entry ``key`` lies (``get``'s entries; ``add``'s lie in segments)."""
         return os.path.join(self.dir, key[:2], key)
 
+    def read(self, key: str, size: int) -> bytes | None:
+        """The bytes of entry ``key`` (of ``size`` bytes), in a segment or a file, or None (a miss)."""
+        digest = bytes.fromhex(key)
+        where = self._index.get(digest)
+        if where is None and time.monotonic() - self._refreshed >= _REFRESH_EVERY_S:
+            self.refresh()
+            where = self._index.get(digest)
+        if where is not None:
+            data = self._read_segment(digest, where, size)
+            if data is not None:
+                return data
+        fd = self.open(key, size)
+        if fd is None:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def _read_segment(self, digest: bytes, where: tuple[str, int, int], size: int) -> bytes | None:
+        name, offset, stored = where
+        # Under the lock that ``refresh`` closes the descriptors of removed segments with: a descriptor
+        # is never read after it was closed (its number may name another file by then).
+        with self._index_lock:
+            fd = self._reader(name)
+            data = os.pread(fd, size, offset) if fd is not None and stored == size else b""
+            if len(data) != size:  # the segment is gone, or cut short: never served
+                if self._index.get(digest) == where:
+                    del self._index[digest]
+                return None
+        now = time.monotonic()
+        if now - self._touched.get(name, float("-inf")) >= _TOUCH_EVERY_S:
+            self._touched[name] = now
+            try:
+                os.utime(os.path.join(self._segments, name + ".seg"))  # most recently used
+            except OSError:
+                pass  # evicted meanwhile: the open descriptor still reads it
+        return data
+
+    def _reader(self, name: str) -> int | None:
+        """A read-only descriptor of segment ``name``, kept open (the caller holds the index lock)."""
+        fd = self._readers.get(name)
+        if fd is None:
+            try:
+                fd = os.open(os.path.join(self._segments, name + ".seg"), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:
+                return None
+            self._readers[name] = fd
+        return fd
+
+    def refresh(self) -> None:
+        """Read the index records written since the last refresh (by any process), and forget the
+        segments an eviction pass removed."""
+        with self._index_lock:
+            self._refreshed = time.monotonic()
+            logs = {e.name[: -len(".idx")] for e in _scandir(self._segments) if e.name.endswith(".idx")}
+            for name in logs:
+                self._read_log(name)
+            gone = [name for name in self._index_read if name not in logs]
+            if gone:
+                self._drop(set(gone))
+
+    def _read_log(self, name: str) -> None:
+        start = self._index_read.get(name, 0)
+        try:
+            with open(os.path.join(self._segments, name + ".idx"), "rb") as f:
+                f.seek(start)
+                tail = f.read()
+        except FileNotFoundError:
+            return
+        read = 0
+        for at in range(0, len(tail) - _RECORD.size + 1, _RECORD.size):
+            digest, offset, size, crc = _RECORD.unpack_from(tail, at)
+            if zlib.crc32(tail[at : at + _RECORD_HEAD.size]) != crc:
+                break  # torn or being written: read again at the next refresh
+            self._index[digest] = (name, offset, size)
+            read = at + _RECORD.size
+        self._index_read[name] = start + read
+
+    def _drop(self, names: set[str]) -> None:
+        """Forget segments that are gone (the caller holds the index lock)."""
+        for digest in [d for d, (name, _, _) in self._index.items() if name in names]:
+            del self._index[digest]
+        for name in names:
+            self._index_read.pop(name, None)
+            self._touched.pop(name, None)
+            fd = self._readers.pop(name, None)
+            if fd is not None:
+                os.close(fd)
+
     def open(self, key: str, size: int) -> int | None:
-        """A read-only descriptor of a complete entry (the caller closes it), or None (a miss)."""
+        """A read-only descriptor of a complete file entry (the caller closes it), or None (a miss)."""
         path = self.path(key)
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -149,24 +268,45 @@ class LocalCache:
         return fd
 
     def get(self, key: str, size: int, fill: Callable[[BinaryIO], None]) -> int:
-        """A descriptor of entry ``key``, filled first by ``fill(file)`` if absent. ``fill`` writes the
-        object's ``size`` bytes; if it fails, or writes another count, nothing enters the cache and the
-        failure (:class:`SizeMismatch` for another count) propagates."""
+        """A descriptor of file entry ``key``, filled first by ``fill(file)`` if absent. ``fill`` writes
+        the object's ``size`` bytes; if it fails, or writes another count, nothing enters the cache and
+        the failure (:class:`SizeMismatch` for another count) propagates."""
         fd = self.open(key, size)
         if fd is not None:
             return fd
         with self._entry_lock(key):
             fd = self.open(key, size)  # another process filled it while we waited
             if fd is None:
-                fd = self._write(key, size, fill, reopen=True)
-        return fd  # type: ignore[return-value]
+                fd = self._write(key, size, fill)
+        return fd
 
     def add(self, key: str, data: bytes | memoryview) -> None:
-        """Enter ``data``, the whole object, as entry ``key`` (bytes a reader fetched anyway)."""
-        self._write(key, len(data), lambda f: f.write(data), reopen=False)
+        """Enter ``data``, the whole object, as entry ``key`` (bytes a reader fetched anyway): appended
+        to this process's segment. An ``OSError`` (a full disk) leaves nothing of it behind."""
+        digest = bytes.fromhex(key)
+        with self._write_lock:
+            writer = self._writer
+            if writer is not None and (writer.end + len(data) > self._segment_max or writer.removed()):
+                writer.close()
+                writer = self._writer = None
+            if writer is None:
+                writer = self._writer = _SegmentWriter(self._segments)
+            offset = writer.append(digest, data)
+            with self._index_lock:
+                self._index[digest] = (writer.name, offset, len(data))
+        self._filled(len(data))
 
-    def _write(self, key: str, size: int, fill: Callable[[BinaryIO], None], *, reopen: bool) -> int | None:
-        """Write entry ``key`` through a temporary file; a read-only descriptor of it if ``reopen``."""
+    def sizes(self) -> dict[str, int]:
+        """The key and size of every entry, as this process sees the folder now."""
+        self.refresh()
+        out = {digest.hex(): size for digest, (_, _, size) in self._index.items()}
+        for _, size, path in self._files()[0]:
+            if not path.endswith(".seg"):
+                out[os.path.basename(path)] = size
+        return out
+
+    def _write(self, key: str, size: int, fill: Callable[[BinaryIO], None]) -> int:
+        """Write file entry ``key`` through a temporary file; a read-only descriptor of it."""
         path = self.path(key)
         folder = os.path.dirname(path)
         if folder not in self._folders:
@@ -180,8 +320,8 @@ class LocalCache:
                 written = f.tell()
             if written != size:
                 raise SizeMismatch(errno.EIO, f"read {written} bytes of an object of {size} (changed while read?)")
-            if reopen:  # opened before the rename: the descriptor reads the entry even if a pass evicts it at once
-                fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            # opened before the rename: the descriptor reads the entry even if a pass evicts it at once
+            fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             os.replace(tmp, path)
         except BaseException:
             if fd is not None:
@@ -208,8 +348,9 @@ class LocalCache:
         return sum(size for _, size, _ in self._files()[0])
 
     def _files(self) -> tuple[list[tuple[float, int, str]], list[tuple[float, int, str]]]:
-        """(the entries, the temporary files) as (modification time, size, path) each. Temporary files
-        lie beside the entries; older releases wrote them to the folder ``tmp``, swept too."""
+        """(the entries, the temporary files) as (modification time, size, path) each; a segment is one
+        entry (its ``.seg`` path, its size and its index log's). Temporary files lie beside the file
+        entries; older releases wrote them to the folder ``tmp``, swept too."""
         entries, temporary = [], []
         for sub in _scandir(self.dir):
             if not ((len(sub.name) == 2 or sub.name == "tmp") and sub.is_dir(follow_symlinks=False)):
@@ -221,6 +362,17 @@ class LocalCache:
                     continue
                 kept = temporary if sub.name == "tmp" or entry.name.startswith(".") else entries
                 kept.append((st.st_mtime, st.st_size, entry.path))
+        logs = {e.name: e for e in _scandir(self._segments)}
+        for name, entry in logs.items():
+            if not name.endswith(".seg"):
+                continue
+            log = logs.get(name[: -len(".seg")] + ".idx")
+            try:
+                st = entry.stat(follow_symlinks=False)
+                size = st.st_size + (log.stat(follow_symlinks=False).st_size if log is not None else 0)
+            except FileNotFoundError:
+                continue
+            entries.append((st.st_mtime, size, entry.path))
         return entries, temporary
 
     def evict(self) -> None:
@@ -233,12 +385,66 @@ class LocalCache:
         for _, size, path in entries:
             if total <= limit:
                 break
+            if path.endswith(".seg"):
+                _unlink(path[: -len(".seg")] + ".idx")  # the log first: no record outlives its bytes
             _unlink(path)
             total -= size
         now = time.time()
         for mtime, _, path in temporary:
             if now - mtime > _TMP_MAX_AGE_S:
                 _unlink(path)
+        self.refresh()  # let go of the segments removed (an open descriptor keeps a file's space)
+
+
+class _SegmentWriter:
+    """A segment of this process's and its index log, appended to under the cache's write lock."""
+
+    def __init__(self, folder: str):
+        self.name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        self._data = os.open(os.path.join(folder, self.name + ".seg"), flags, 0o644)
+        try:
+            self._log = os.open(os.path.join(folder, self.name + ".idx"), flags, 0o644)
+        except BaseException:
+            os.close(self._data)
+            raise
+        self.end = 0  # bytes of the segment
+        self._logged = 0  # bytes of the log
+
+    def append(self, digest: bytes, data: bytes | memoryview) -> int:
+        """Write ``data`` at the segment's end, then its index record; the offset it lies at. On a
+        failure both files are cut back to where they were."""
+        offset, size = self.end, len(data)
+        head = _RECORD_HEAD.pack(digest, offset, size)
+        record = head + struct.pack("<I4x", zlib.crc32(head))
+        try:
+            _write_at(self._data, data, offset)
+            _write_at(self._log, record, self._logged)
+        except BaseException:
+            for fd, length in ((self._log, self._logged), (self._data, offset)):
+                try:
+                    os.ftruncate(fd, length)
+                except OSError:
+                    pass  # the record, if any, is unreadable beyond the log's length or the segment's end
+            raise
+        self.end += size
+        self._logged += len(record)
+        return offset
+
+    def removed(self) -> bool:
+        """Whether an eviction pass removed this segment (appends to it would be lost)."""
+        return os.fstat(self._data).st_nlink == 0
+
+    def close(self) -> None:
+        os.close(self._data)
+        os.close(self._log)
+
+
+def _write_at(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 class _FileLock:

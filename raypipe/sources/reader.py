@@ -164,16 +164,9 @@ class BlockReader:
         if key is None:
             return None
         try:
-            fd = self._local_cache().open(key, listed[0])
+            return self._local_cache().read(key, listed[0])
         except OSError:
             return None
-        if fd is None:
-            return None
-        with os.fdopen(fd, "rb") as f:
-            try:
-                return f.read()
-            except OSError:
-                return None
 
     def _cached_fd(self, where: str, listed: tuple[int, int] = _UNLISTED) -> int:
         """A descriptor of the whole object ``where`` (inside the root) in the local cache, fetched
