@@ -17,7 +17,7 @@ import pytest
 
 from raypipe.kernels.errors import MISSING, OUTSIDE_ROOT
 from raypipe.sources import BlockReader, ReadOptions, open_source
-from raypipe.sources.cache import CacheConfig, LocalCache, parse_bytes
+from raypipe.sources.cache import CacheConfig, LocalCache, local_cache, parse_bytes
 from raypipe.sources.reader import _store_name
 from raypipe.sources.table import column_or_default
 from raypipe.testing import S3Server
@@ -267,6 +267,26 @@ def test_a_writer_whose_segment_was_evicted_starts_another(tmp_path):
     assert _segment_of(cache, keys[1]) != first
     fresh = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=10**6))
     assert fresh.read(keys[0], 10) is None and fresh.read(keys[1], 10) == b"1" * 10
+
+
+def test_a_forked_child_appends_to_a_segment_of_its_own(tmp_path):
+    """A DataLoader's forked worker inherits its parent's cache: it must not append to the parent's
+    segment (each writer keeps its own end)."""
+    config = CacheConfig(dir=str(tmp_path), max_bytes=10**6)
+    keys = [LocalCache.key("t", f"k{i}", 100, 0) for i in range(3)]
+    parent = local_cache(config)
+    parent.add(keys[0], b"p" * 100)
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status only
+        child = local_cache(config)
+        child.add(keys[1], b"c" * 100)
+        os._exit(0 if child is not parent and child._writer.name != parent._writer.name else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    parent.add(keys[2], b"q" * 100)
+    fresh = LocalCache(config)
+    assert [fresh.read(k, 100) for k in keys] == [b"p" * 100, b"c" * 100, b"q" * 100]
+    assert len(list((tmp_path / "segments").glob("*.seg"))) == 2
 
 
 @pytest.fixture

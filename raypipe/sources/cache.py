@@ -476,14 +476,16 @@ def _unlink(path: str) -> None:
         pass
 
 
-_CACHES: dict[CacheConfig, LocalCache] = {}
+_CACHES: dict[tuple[CacheConfig, int], LocalCache] = {}
 _CACHES_LOCK = threading.Lock()
 
 
 def local_cache(config: CacheConfig) -> LocalCache:
-    """This process's ``LocalCache`` for ``config`` (shared by its readers, so its fill count is one)."""
+    """This process's ``LocalCache`` for ``config`` (shared by its readers, so its fill count is one).
+    A forked child (a DataLoader's worker) gets one of its own: two processes appending to one
+    segment would write over each other."""
     with _CACHES_LOCK:
-        cache = _CACHES.get(config)
+        cache = _CACHES.get((config, os.getpid()))
         if cache is None:
-            cache = _CACHES[config] = LocalCache(config)
+            cache = _CACHES[(config, os.getpid())] = LocalCache(config)
         return cache
