@@ -269,6 +269,20 @@ def test_a_writer_whose_segment_was_evicted_starts_another(tmp_path):
     assert fresh.read(keys[0], 10) is None and fresh.read(keys[1], 10) == b"1" * 10
 
 
+def test_a_process_keeps_few_segments_open(tmp_path, monkeypatch):
+    """A large cache has thousands of segments: a reader keeps the last few it read open, not one
+    descriptor each (which would run the process out of descriptors)."""
+    monkeypatch.setattr("raypipe.sources.cache._OPEN_SEGMENTS", 2)
+    writer = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=1600))  # a segment per 100 bytes
+    keys = [LocalCache.key("t", f"k{i}", 100, 0) for i in range(5)]
+    for i, key in enumerate(keys):
+        writer.add(key, bytes([i]) * 100)
+    reader = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=1600))
+    for _ in range(2):
+        assert [reader.read(k, 100) for k in keys] == [bytes([i]) * 100 for i in range(5)]
+        assert len(reader._readers) == 2
+
+
 def test_a_forked_child_appends_to_a_segment_of_its_own(tmp_path):
     """A DataLoader's forked worker inherits its parent's cache: it must not append to the parent's
     segment (each writer keeps its own end)."""

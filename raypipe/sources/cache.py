@@ -54,6 +54,7 @@ import threading
 import time
 import uuid
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -84,6 +85,7 @@ _RECORD_HEAD = struct.Struct("<32sQQ")  # an index record: key digest, offset, s
 _RECORD = struct.Struct("<32sQQI4x")  # ... and the crc32 of those 48 bytes
 _REFRESH_EVERY_S = 1.0  # a miss reads other processes' new index records at most this often
 _TOUCH_EVERY_S = 10.0  # a hit marks its segment used at most this often (per process)
+_OPEN_SEGMENTS = 64  # read descriptors a process keeps open (a 10 TB cache has 10,000 segments)
 
 
 class SizeMismatch(OSError):
@@ -149,7 +151,7 @@ class LocalCache:
         self._index_read: dict[str, int] = {}  # index log name -> bytes of it read
         self._index_lock = threading.Lock()
         self._refreshed = float("-inf")
-        self._readers: dict[str, int] = {}  # segment name -> read-only descriptor
+        self._readers: OrderedDict[str, int] = OrderedDict()  # segment name -> read descriptor, oldest use first
         self._touched: dict[str, float] = {}  # segment name -> when this process last marked it used
 
     @staticmethod
@@ -200,14 +202,19 @@ class LocalCache:
         return data
 
     def _reader(self, name: str) -> int | None:
-        """A read-only descriptor of segment ``name``, kept open (the caller holds the index lock)."""
+        """A read-only descriptor of segment ``name``, kept open while it is among the last 64 read
+        (the caller holds the index lock, under which every read is made)."""
         fd = self._readers.get(name)
-        if fd is None:
-            try:
-                fd = os.open(os.path.join(self._segments, name + ".seg"), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except FileNotFoundError:
-                return None
-            self._readers[name] = fd
+        if fd is not None:
+            self._readers.move_to_end(name)
+            return fd
+        try:
+            fd = os.open(os.path.join(self._segments, name + ".seg"), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            return None
+        self._readers[name] = fd
+        while len(self._readers) > _OPEN_SEGMENTS:
+            os.close(self._readers.popitem(last=False)[1])
         return fd
 
     def refresh(self) -> None:
