@@ -128,6 +128,11 @@ def run_epochs(name: str, source, epochs: int, batch_size: int, backend: str) ->
     }
 
 
+def figures(run: dict) -> dict:
+    """A contender's figures without its batches' labels (kept for the entropy only)."""
+    return {k: v for k, v in run.items() if k != "labels"}
+
+
 def mean_entropy(batches: list[np.ndarray], classes: int) -> float:
     """Mean over batches of the label distribution's entropy (bits), as tests/test_order.py computes it."""
     ent = []
@@ -322,10 +327,10 @@ def main() -> None:
                 warm = run_epochs(
                     WARM, open_source("s3://bench/folder", filesystem=fs), a.epochs, a.batch_size, a.backend
                 )
-                cached_result["warm"] = {k: v for k, v in warm.items() if k != "labels"}
+                cached_result["warm"] = figures(warm)
                 # its reference, next to it in time (this machine's speed drifts by a fifth within minutes)
                 after = run_epochs("folder (after the cache)", str(data["folder"]), a.epochs, a.batch_size, a.backend)
-                cached_result["folder after"] = {k: v for k, v in after.items() if k != "labels"}
+                cached_result["folder after"] = figures(after)
             finally:
                 os.environ.pop("RAYPIPE_CACHE_DIR", None)
                 os.environ.pop("RAYPIPE_CACHE_MAX_BYTES", None)
@@ -347,10 +352,6 @@ def main() -> None:
         )
     report = table(rounds, cached_result, a.latency_ms)
     if a.json:
-
-        def figures(run: dict) -> dict:
-            return {k: v for k, v in run.items() if k != "labels"}
-
         with open(a.json, "w") as fh:
             json.dump(
                 {

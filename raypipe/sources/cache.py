@@ -422,8 +422,7 @@ class _SegmentWriter:
         """Write ``data`` at the segment's end, then its index record; the offset it lies at. On a
         failure both files are cut back to where they were."""
         offset, size = self.end, len(data)
-        head = _RECORD_HEAD.pack(digest, offset, size)
-        record = head + struct.pack("<I4x", zlib.crc32(head))
+        record = _RECORD.pack(digest, offset, size, zlib.crc32(_RECORD_HEAD.pack(digest, offset, size)))
         try:
             _write_at(self._data, data, offset)
             _write_at(self._log, record, self._logged)
