@@ -105,14 +105,39 @@ def ray_local():
     yield ray
 
 
+_SESSION = pytest.StashKey()
+
+
 def pytest_sessionfinish(session, exitstatus):
+    session.config.stash[_SESSION] = session
     try:
         import ray
 
+        from raypipe.runtime import wait_connected
+
+        wait_connected(120)  # a background start under way: its Ray is shut down, not orphaned
         if ray.is_initialized():
             ray.shutdown()
     except Exception:  # noqa: BLE001
         pass
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """End the suite's process with pytest's status once everything is reported, without finalizing
+    the interpreter. After a thousand tests the process holds what they left in native code: threads of
+    deadlines that timed out inside a network client, pyarrow's and obstore's S3 clients kept by
+    per-process caches, Ray's core worker after its shutdown. Finalizing the interpreter under them can
+    crash it (signal 11 after every test passed): a dependency's teardown, not a test's result. How
+    raypipe's own processes end is tested in processes of their own: the command and the training job
+    after a timed-out listing (test_timeouts.py), a script that exits with a loader's pass unfinished
+    (test_device_loader.py), a script that read an object store (test_process_exit.py)."""
+    session = config.stash.get(_SESSION, None)
+    if session is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(session.exitstatus))
 
 
 @pytest.fixture(scope="session")
