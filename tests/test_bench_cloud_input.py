@@ -47,20 +47,25 @@ def test_cloud_input_smoke(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     figures = json.loads(out.read_text())
     assert len(figures["server_cores"]) == (1 if split else 0)
-    names = ["folder", "parquet", "webdataset", "s3 folder", "s3 shards", "s3 parquet"]
-    cached = ["s3 folder + cache", "s3 folder + warm cache"]
-    assert list(figures["ratios"]) == names + cached
-    # a ratio per round; the cache from empty and warm once each
-    assert [len(figures["ratios"][n]) for n in names + cached] == [2, 2, 2, 2, 2, 2, 1, 1]
+    names = ["folder", "parquet", "webdataset", "s3 shards", "s3 parquet", "s3 folder", "s3 folder, no cache"]
+    assert list(figures["ratios"]) == [*names, "s3 folder, warm cache"]
+    # a ratio per round; the warm cache once
+    assert [len(figures["ratios"][n]) for n in names] == [2] * 7 and len(
+        figures["ratios"]["s3 folder, warm cache"]
+    ) == 1
     assert figures["ratios"]["folder"] == [1.0, 1.0]
-    runs = [r[n] for r in figures["rounds"] for n in names] + [figures["cache"], figures["cache"]["warm"]]
-    assert len(runs) == 14 and all(r["images"] == [200, 200] for r in runs)
+    runs = [r[n] for r in figures["rounds"] for n in names] + [
+        figures["warm cache"],
+        figures["warm cache"]["folder after"],
+    ]
+    assert len(runs) == 16 and all(r["images"] == [200, 200] for r in runs)
     assert 0 < figures["entropy"]["ratio"] <= 1.5
-    assert proc.stdout.rstrip().splitlines()[-2].startswith("| s3 (20 ms) folder + cache |")
-    assert proc.stdout.rstrip().splitlines()[-1].startswith("| s3 (20 ms) folder + warm cache |")
-    cache = tmp_path / "work" / "cache"
-    entries = LocalCache(CacheConfig(dir=str(cache), max_bytes=1 << 30)).sizes()
-    assert len(entries) == 200  # the cache contender filled it, one entry per image
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("| s3 (20 ms) folder, warm cache |")
+    # "s3 folder" ran with nothing configured: its images went to the default cache (here under the work
+    # folder), one entry per image; the contenders with the cache off added none
+    for k in (1, 2):  # a new cache for each round
+        cache = tmp_path / "work" / "xdg-cache" / f"round-{k}" / "raypipe"
+        assert len(LocalCache(CacheConfig(dir=str(cache), max_bytes=1 << 30)).sizes()) == 200
 
     # --only: those contenders and their baseline, on the data the first run made
     proc = subprocess.run(
@@ -87,4 +92,4 @@ def test_cloud_input_smoke(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     figures = json.loads(out.read_text())
-    assert list(figures["ratios"]) == ["folder", "s3 parquet"] and figures["cache"] is None
+    assert list(figures["ratios"]) == ["folder", "s3 parquet"] and figures["warm cache"] is None

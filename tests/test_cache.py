@@ -34,11 +34,24 @@ def _fill(data: bytes):
 
 
 def test_config_from_env(monkeypatch, tmp_path):
-    monkeypatch.delenv("RAYPIPE_CACHE_DIR", raising=False)
-    assert CacheConfig.from_env() is None and ReadOptions().cache is None
+    monkeypatch.delenv("RAYPIPE_CACHE_MAX_BYTES", raising=False)
+    for off in ("off", "OFF", "none"):
+        monkeypatch.setenv("RAYPIPE_CACHE_DIR", off)
+        assert CacheConfig.from_env() is None and ReadOptions().cache is None
+    # nothing set: remote folders' images only, in the user's cache folder
+    monkeypatch.delenv("RAYPIPE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    default = CacheConfig(dir=str(tmp_path / "xdg" / "raypipe"), max_bytes=50 << 30, folders_only=True)
+    assert CacheConfig.from_env() == default == ReadOptions().cache
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert CacheConfig.from_env().dir == str(tmp_path / "home" / ".cache" / "raypipe")
+    assert [kind for kind in ("folder", "manifest", "webdataset", "parquet") if default.applies_to(kind)] == ["folder"]
+    # a folder set: every remote object
     monkeypatch.setenv("RAYPIPE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("RAYPIPE_CACHE_MAX_BYTES", "2GB")
     assert ReadOptions().cache == CacheConfig(dir=str(tmp_path), max_bytes=2 << 30)
+    assert all(ReadOptions().cache.applies_to(kind) for kind in ("folder", "manifest", "webdataset", "parquet"))
     assert parse_bytes("512MiB") == 512 << 20 and parse_bytes("1e6") == 10**6
     monkeypatch.setenv("RAYPIPE_CACHE_MAX_BYTES", "lots")
     with pytest.raises(ValueError, match="RAYPIPE_CACHE_MAX_BYTES"):
@@ -269,6 +282,21 @@ def test_a_writer_whose_segment_was_evicted_starts_another(tmp_path):
     assert fresh.read(keys[0], 10) is None and fresh.read(keys[1], 10) == b"1" * 10
 
 
+def test_a_cache_removed_under_a_running_process_fills_again(tmp_path):
+    """A user clears the cache folder while a process uses it: its next images and files are kept in the
+    folder made again, where other processes find them, not appended to files no one can see."""
+    folder = tmp_path / "cache"
+    cache = LocalCache(CacheConfig(dir=str(folder), max_bytes=10**6))
+    keys = [LocalCache.key("t", f"k{i}", 10, 0) for i in range(4)]
+    cache.add(keys[0], b"0" * 10)
+    os.close(cache.get(keys[1], 10, _fill(b"1" * 10)))
+    shutil.rmtree(folder)
+    cache.add(keys[2], b"2" * 10)
+    os.close(cache.get(keys[3], 10, _fill(b"3" * 10)))
+    other = LocalCache(CacheConfig(dir=str(folder), max_bytes=10**6))
+    assert [other.read(key, 10) for key in keys] == [None, None, b"2" * 10, b"3" * 10]
+
+
 def test_a_process_keeps_few_segments_open(tmp_path, monkeypatch):
     """A large cache has thousands of segments: a reader keeps the last few it read open, not one
     descriptor each (which would run the process out of descriptors)."""
@@ -491,7 +519,7 @@ def test_a_stage_made_before_the_cache_was_configured_is_made_again(served, tmp_
     spec = StageSpec(
         kind=rows.kind, root=rows.root, augment=EvalAugment(input_size=16), decode=DecodeConfig(), seed=0, epoch=0
     )
-    monkeypatch.delenv("RAYPIPE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("RAYPIPE_CACHE_DIR", "off")
     before = stage_for(spec)
     assert before.reader.options.cache is None and stage_for(spec) is before  # reused while nothing changed
     monkeypatch.setenv("RAYPIPE_CACHE_DIR", str(tmp_path / "cache"))
@@ -500,3 +528,77 @@ def test_a_stage_made_before_the_cache_was_configured_is_made_again(served, tmp_
     after = stage_for(spec)
     assert after is not before and after.reader.options.cache == CacheConfig.from_env()
     assert len(_entries(tmp_path / "cache")) == len(rows)
+
+
+def test_by_default_a_remote_folder_is_cached_and_shards_are_not(served, tmp_path, monkeypatch):
+    """With nothing configured, a remote folder's second read makes no request (its images were kept in
+    the user's cache folder); a remote tar shard is read in ranges again, never fetched whole; a
+    manifest's objects, which no listing describes, are not cached either."""
+    import io
+    import tarfile
+
+    server, bucket = served
+    monkeypatch.delenv("RAYPIPE_CACHE_DIR", raising=False)
+    monkeypatch.delenv("RAYPIPE_CACHE_MAX_BYTES", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    folder = open_source("s3://bkt/folder", filesystem=server.filesystem())
+    requests = []
+    for _ in range(2):  # a run, then a later epoch (or run) on other readers
+        reader = BlockReader(folder.root, folder.kind, options=ReadOptions(in_flight=8))
+        server.reset_counts()
+        got = reader.read_block(_batch(folder))
+        reader.close()
+        requests.append(server.count())
+    assert requests == [len(folder), 0], dict(server.requests)  # one GET per image, then none
+    assert sorted(bytes(b) for b in got) == _entries(tmp_path / "xdg" / "raypipe")
+    local = open_source(str(bucket / "folder"))
+    assert got == BlockReader(local.root, local.kind).read_block(_batch(local))
+
+    files = sorted((bucket / "folder").rglob("*.jpg"))[:8]
+    (bucket / "wds").mkdir()
+    with tarfile.open(bucket / "wds" / "shard-0.tar", "w") as tar:
+        for i, p in enumerate(files):
+            for name, data in ((f"k{i:02d}.jpg", p.read_bytes()), (f"k{i:02d}.cls", b"1")):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    (bucket / "list.csv").write_text(
+        "path,label\n" + "".join(f"folder/{p.relative_to(bucket / 'folder')},0\n" for p in files)
+    )
+    before = len(_entries(tmp_path / "xdg" / "raypipe"))
+    for where in ("s3://bkt/wds", "s3://bkt/list.csv"):
+        rows = open_source(where, filesystem=server.filesystem())
+        for _ in range(2):
+            reader = BlockReader(rows.root, rows.kind, rows.image_column, options=ReadOptions(in_flight=8))
+            server.reset_counts()
+            assert all(isinstance(r, bytes | memoryview) for r in reader.read_block(_batch(rows))), where
+            reader.close()
+            assert server.count("GetObject") >= 1, where  # read from the store every time
+    assert len(_entries(tmp_path / "xdg" / "raypipe")) == before  # nothing of theirs was kept
+
+
+def test_the_bound_leaves_the_disk_half_its_free_space(tmp_path, monkeypatch):
+    """An eviction pass keeps the cache within half of what it and the disk's free space add up to:
+    another writer that fills the disk makes the cache give up room; its own fills do not."""
+    cache = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=10**6))
+    disk = {"size": 10**9, "other": 0}  # a disk holding the cache and another writer's files
+
+    class Stat:
+        f_frsize = 1
+
+        @property
+        def f_bavail(self):
+            return disk["size"] - disk["other"] - cache.usage()
+
+    real = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda path: Stat() if str(path).startswith(str(tmp_path)) else real(path))
+    keys = [LocalCache.key("t", f"k{i}", 100, 0) for i in range(9)]
+    for i, key in enumerate(keys[:8]):  # file entries: evicted one by one
+        os.close(cache.get(key, 100, _fill(bytes([i]) * 100)))
+    cache.evict()
+    assert cache.bound(cache.usage()) == 10**6 and len(cache.sizes()) == 8  # max_bytes binds
+    disk["other"] = disk["size"] - 1600  # the disk filled by something else: 800 + 800 free, half of it
+    cache.evict()
+    assert cache.bound(cache.usage()) == 800 and set(cache.sizes()) == set(keys[1:8])  # 700 <= 0.9 x 800
+    os.close(cache.get(keys[8], 100, _fill(b"\0" * 100)))  # its own fill: the bound stays, the oldest goes
+    assert cache.bound(cache.usage()) == 800 and set(cache.sizes()) == set(keys[2:])

@@ -258,6 +258,9 @@ def cpu_account(
         python bench/profiles.py cpu-account folder --workdir /tmp/cloudbench
         python bench/profiles.py cpu-account s3-folder --workdir /tmp/cloudbench --latency-ms 20
 
+    The ``s3-`` sources are read without the local cache (``RAYPIPE_CACHE_DIR=off`` unless it is set), so
+    that every epoch's requests are measured.
+
     ``--server-cores N`` gives the server N cores of its own and the pipeline the others, as
     ``bench/cloud_input.py --server-cores`` does (compare with ``taskset -c 0 python bench/profiles.py
     cpu-account folder`` for a local source on the same one core).
@@ -273,6 +276,10 @@ def cpu_account(
     from raypipe.sources import open_source
 
     buckets = Path(workdir) / "buckets"
+    # The requests are what an s3 source's figures are about: by default a remote folder's images would
+    # be read from the local cache after the unmeasured epoch (and kept in ~/.cache). Its workers, which
+    # start below, inherit this; RAYPIPE_CACHE_DIR set to a folder measures that cache instead.
+    os.environ.setdefault("RAYPIPE_CACHE_DIR", "off")
     try:
         mine, server_set = split_cores(server_cores)  # mine: the cores whose busy share is printed
     except ValueError as e:

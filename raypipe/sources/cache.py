@@ -2,7 +2,8 @@
 
 Whole objects are cached: an image file of a folder or manifest, a whole tar shard, a whole Parquet
 file. Later reads (the next epoch, the next run, another worker process on the node) take the bytes
-from the cache. Shards are worth caching whole: each is read in full once per epoch anyway.
+from the cache. Shards are worth caching whole: each is read in full once per epoch anyway. Without
+configuration only the images of remote folders are cached, in ``~/.cache/raypipe`` (``CacheConfig.from_env``).
 
 - **Key.** The store (filesystem type and endpoint), the object's path, its size and modification
   time, hashed: once an object's new size or time is known, it is a new entry, never served from the
@@ -31,8 +32,9 @@ from the cache. Shards are worth caching whole: each is read in full once per ep
 - **Bound and eviction.** Least recently used first, by file entry and by whole segment. A hit sets
   the file's (the segment's, at most every 10 s per process) modification time to now (``atime`` is
   unreliable under ``noatime``/``relatime`` mounts), and an eviction pass removes the oldest until the
-  folder holds at most 90 % of ``max_bytes``. A pass lists the whole folder, so a process runs one after
-  each ``max_bytes / 16`` bytes it added (and on its first fill); a segment takes at most that much
+  folder holds at most 90 % of the bound: ``max_bytes``, and at most half of what the cache and its
+  disk's free space add up to (``LocalCache.bound``). A pass lists the whole folder, so a process runs
+  one after each 1/16 of the bound it added (and on its first fill); a segment takes at most that much
   (and 1 GiB) before its process starts the next. The bound is exceeded by at most that much per
   filling process in between. What a pass removes while another process reads it stays readable
   there (an unlinked file stays readable while open); a process whose segment was removed starts
@@ -59,7 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
-__all__ = ["CacheConfig", "LocalCache", "SizeMismatch", "local_cache", "parse_bytes"]
+__all__ = ["CacheConfig", "LocalCache", "SizeMismatch", "default_cache_dir", "local_cache", "parse_bytes"]
 
 _UNITS = {
     "": 1,
@@ -102,12 +104,26 @@ def parse_bytes(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+_OFF = ("off", "none", "0", "false", "no")  # values of RAYPIPE_CACHE_DIR that turn the cache off
+
+
+def default_cache_dir() -> str:
+    """The cache's folder when ``RAYPIPE_CACHE_DIR`` is not set: ``$XDG_CACHE_HOME/raypipe``, by default
+    ``~/.cache/raypipe``, on the node where the reader runs."""
+    base = os.environ.get("XDG_CACHE_HOME", "") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "raypipe")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
-    """Where remote objects are cached on each node, and how many bytes the cache may hold there."""
+    """Where remote objects are cached on each node, and how many bytes the cache may hold there.
+
+    ``folders_only``: only the images of remote folders use it (the default cache, see ``from_env``);
+    otherwise every remote object a reader reads whole does (tar shards and Parquet files too)."""
 
     dir: str
     max_bytes: int
+    folders_only: bool = False
 
     def __post_init__(self) -> None:
         if not self.dir:
@@ -115,18 +131,29 @@ class CacheConfig:
         if self.max_bytes <= 0:
             raise ValueError(f"max_bytes={self.max_bytes}: must be positive")
 
+    def applies_to(self, kind: str) -> bool:
+        """Whether a reader of a remote dataset of this kind (folder, manifest, webdataset, parquet) uses it."""
+        return kind == "folder" or not self.folders_only
+
     @classmethod
     def from_env(cls) -> CacheConfig | None:
-        """``RAYPIPE_CACHE_DIR`` (and ``RAYPIPE_CACHE_MAX_BYTES``, default 50 GiB) as read where this
-        runs; None when the folder is not set (no cache)."""
-        folder = os.environ.get("RAYPIPE_CACHE_DIR", "")
-        if not folder:
+        """The cache as configured where this runs: ``RAYPIPE_CACHE_DIR`` (a folder: every remote object;
+        ``off``: none) and ``RAYPIPE_CACHE_MAX_BYTES`` (default 50 GiB). Not set: the images of remote
+        folders are cached in ``default_cache_dir()``. A folder's images are objects of one image each,
+        read again every epoch at a request apiece (the request costs the reader more CPU than reading
+        its bytes from a local disk); shards and Parquet files come in large ranged reads already, and a
+        manifest's objects are not listed, so a hit there would cost a request anyway."""
+        folder = os.environ.get("RAYPIPE_CACHE_DIR", "").strip()
+        if folder.lower() in _OFF:
             return None
         size = os.environ.get("RAYPIPE_CACHE_MAX_BYTES", "") or "50GiB"
         try:
-            return cls(dir=folder, max_bytes=parse_bytes(size))
+            max_bytes = parse_bytes(size)
         except ValueError as e:
             raise ValueError(f"RAYPIPE_CACHE_MAX_BYTES={size!r}: {e}") from None
+        if not folder:
+            return cls(dir=default_cache_dir(), max_bytes=max_bytes, folders_only=True)
+        return cls(dir=folder, max_bytes=max_bytes)
 
 
 class LocalCache:
@@ -139,10 +166,10 @@ class LocalCache:
         self._segments = os.path.join(self.dir, _SEGMENTS)
         for d in (self.dir, self._locks, self._segments):
             os.makedirs(d, exist_ok=True)
-        self._folders: set[str] = set()  # entry folders this process has made (never removed)
         self._added = 0  # bytes this process filled since its last eviction pass
         self._passes = 0
         self._lock = threading.Lock()
+        self._bound = config.max_bytes  # see ``bound``; set again by every eviction pass
         self._segment_max = max(1, min(_SEGMENT_MAX, config.max_bytes // 16))
         self._writer: _SegmentWriter | None = None  # this process's segment being appended to
         self._write_lock = threading.Lock()
@@ -297,6 +324,9 @@ class LocalCache:
                 writer.close()
                 writer = self._writer = None
             if writer is None:
+                # a user may clear the cache (rm -r ~/.cache/raypipe) under a running process: the
+                # folders are made again, and what it appends from then on is found by others
+                os.makedirs(self._segments, exist_ok=True)
                 writer = self._writer = _SegmentWriter(self._segments)
             offset = writer.append(digest, data)
             with self._index_lock:
@@ -316,9 +346,7 @@ class LocalCache:
         """Write file entry ``key`` through a temporary file; a read-only descriptor of it."""
         path = self.path(key)
         folder = os.path.dirname(path)
-        if folder not in self._folders:
-            os.makedirs(folder, exist_ok=True)
-            self._folders.add(folder)
+        os.makedirs(folder, exist_ok=True)  # made again if the cache was removed under this process
         tmp = os.path.join(folder, f".{key}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
         fd = None
         try:
@@ -339,12 +367,13 @@ class LocalCache:
         return fd
 
     def _entry_lock(self, key: str):
+        os.makedirs(self._locks, exist_ok=True)
         return _FileLock(os.path.join(self._locks, key[:2]))  # 256 lock files: contention is rare, files few
 
     def _filled(self, size: int) -> None:
         with self._lock:
             self._added += size
-            due = self._passes == 0 or self._added >= self.config.max_bytes // 16
+            due = self._passes == 0 or self._added >= self._bound // 16
             if due:
                 self._added, self._passes = 0, self._passes + 1
         if due:
@@ -382,13 +411,26 @@ class LocalCache:
             entries.append((st.st_mtime, size, entry.path))
         return entries, temporary
 
+    def bound(self, usage: int) -> int:
+        """The bytes the cache may hold now: ``max_bytes``, and at most half of what the cache (``usage``)
+        and its disk's free space add up to. The cache's own fills leave that sum as it is; whatever
+        else fills the disk (checkpoints, logs) makes the cache give up room, so it never takes a
+        disk's last free half."""
+        try:
+            st = os.statvfs(self.dir)
+        except OSError:
+            return self.config.max_bytes
+        return max(1, min(self.config.max_bytes, (usage + st.f_bavail * st.f_frsize) // 2))
+
     def evict(self) -> None:
         """Remove the least recently used entries until the cache holds at most 90 % of its bound,
         and temporary files whose writers are gone."""
         entries, temporary = self._files()
         entries.sort()
         total = sum(size for _, size, _ in entries)
-        limit = int(self.config.max_bytes * _LOW_WATER)
+        self._bound = self.bound(total)
+        self._segment_max = max(1, min(_SEGMENT_MAX, self._bound // 16))
+        limit = int(self._bound * _LOW_WATER)
         for _, size, path in entries:
             if total <= limit:
                 break

@@ -76,9 +76,8 @@ class BlockReader:
             raise ValueError(f"kind={kind!r}: expected folder, manifest, parquet, webdataset or raydata")
         self.root, self.kind, self.image_column = root, kind, image_column
         self.options = options or ReadOptions()
-        cached = self.options.cache is not None and not root.is_local
         self._parquet = (
-            ParquetGroups(root, image_column, opener=self._open_cached if cached else None)
+            ParquetGroups(root, image_column, opener=self._open_cached if self.cached else None)
             if kind == "parquet"
             else None
         )
@@ -134,8 +133,9 @@ class BlockReader:
 
     @property
     def cached(self) -> bool:
-        """Whether remote objects are read through the local cache."""
-        return self.options.cache is not None and not self.root.is_local
+        """Whether remote objects are read through the local cache (one that applies to this kind)."""
+        cache = self.options.cache
+        return cache is not None and not self.root.is_local and cache.applies_to(self.kind)
 
     def _local_cache(self) -> LocalCache:
         if self._cache is None:

@@ -69,7 +69,8 @@ class ReadOptions:
     backoff_s: float = field(default_factory=lambda: _env_float("RAYPIPE_READ_BACKOFF_S", 0.1))
     max_backoff_s: float = 5.0
     # A node-local cache of whole remote objects (``raypipe.sources.cache``); None: every read goes to the
-    # store. By default from ``RAYPIPE_CACHE_DIR`` / ``RAYPIPE_CACHE_MAX_BYTES`` where the reader is made.
+    # store. By default from ``RAYPIPE_CACHE_DIR`` / ``RAYPIPE_CACHE_MAX_BYTES`` where the reader is made
+    # (neither set: remote folders' images, in ~/.cache/raypipe).
     cache: CacheConfig | None = field(default_factory=CacheConfig.from_env)
 
     def __post_init__(self) -> None:
@@ -131,6 +132,10 @@ def read_skip(exc: OSError, what: str) -> SkipImage:
 
 def reads_store_objects(rows) -> bool:
     """Whether the tasks reading ``rows`` (``SourceRows``) send a request per row to an object store: a
-    remote folder or manifest, without the local cache configured where this runs (``RAYPIPE_CACHE_DIR``;
-    local workers inherit it). A sharded source's task reads a whole window of shards in a few requests."""
-    return rows.kind in ("folder", "manifest") and not rows.root.is_local and CacheConfig.from_env() is None
+    remote folder or manifest, without a local cache for it configured where this runs
+    (``RAYPIPE_CACHE_DIR``; local workers inherit it). A sharded source's task reads a whole window of
+    shards in a few requests."""
+    if rows.kind not in ("folder", "manifest") or rows.root.is_local:
+        return False
+    cache = CacheConfig.from_env()
+    return cache is None or not cache.applies_to(rows.kind)
