@@ -47,6 +47,9 @@ def test_config_from_env(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert CacheConfig.from_env().dir == str(tmp_path / "home" / ".cache" / "raypipe")
     assert [kind for kind in ("folder", "manifest", "webdataset", "parquet") if default.applies_to(kind)] == ["folder"]
+    (tmp_path / "a-file").write_bytes(b"")  # a home where no folder can be made: no default cache
+    monkeypatch.setenv("HOME", str(tmp_path / "a-file" / "home"))
+    assert CacheConfig.from_env() is None and not (tmp_path / "a-file").is_dir()
     # a folder set: every remote object
     monkeypatch.setenv("RAYPIPE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("RAYPIPE_CACHE_MAX_BYTES", "2GB")

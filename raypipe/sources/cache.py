@@ -114,6 +114,18 @@ def default_cache_dir() -> str:
     return os.path.join(base, "raypipe")
 
 
+def _can_make(folder: str) -> bool:
+    """Whether ``folder`` is, or can be made as, a folder this process writes in: its nearest existing
+    ancestor (itself included) is a writable folder. Nothing is made."""
+    path = os.path.abspath(folder)
+    while not os.path.lexists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return False
+        path = parent
+    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """Where remote objects are cached on each node, and how many bytes the cache may hold there.
@@ -142,7 +154,8 @@ class CacheConfig:
         folders are cached in ``default_cache_dir()``. A folder's images are objects of one image each,
         read again every epoch at a request apiece (the request costs the reader more CPU than reading
         its bytes from a local disk); shards and Parquet files come in large ranged reads already, and a
-        manifest's objects are not listed, so a hit there would cost a request anyway."""
+        manifest's objects are not listed, so a hit there would cost a request anyway. Where that
+        folder cannot be made (a read-only home), None."""
         folder = os.environ.get("RAYPIPE_CACHE_DIR", "").strip()
         if folder.lower() in _OFF:
             return None
@@ -152,7 +165,10 @@ class CacheConfig:
         except ValueError as e:
             raise ValueError(f"RAYPIPE_CACHE_MAX_BYTES={size!r}: {e}") from None
         if not folder:
-            return cls(dir=default_cache_dir(), max_bytes=max_bytes, folders_only=True)
+            # A home a process cannot write in (a read-only container, a service user's /nonexistent)
+            # leaves it without the default cache rather than failing its reads.
+            default = default_cache_dir()
+            return cls(dir=default, max_bytes=max_bytes, folders_only=True) if _can_make(default) else None
         return cls(dir=folder, max_bytes=max_bytes)
 
 
