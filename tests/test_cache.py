@@ -346,6 +346,19 @@ def _options(folder) -> ReadOptions:
     return ReadOptions(in_flight=8, cache=CacheConfig(dir=str(folder), max_bytes=10**8))
 
 
+def _write_shard(path, images, prefix: str) -> None:
+    """A WebDataset tar shard of ``images`` (files), each a ``.jpg`` member and a ``.cls`` label of 1."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for i, p in enumerate(images):
+            for name, data in ((f"{prefix}{i:02d}.jpg", p.read_bytes()), (f"{prefix}{i:02d}.cls", b"1")):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
 def _entries(folder) -> list[bytes]:
     """The bytes of every entry of a cache folder (segments and files), sorted, as a process that did
     not write them finds them."""
@@ -471,8 +484,6 @@ def test_a_manifest_reads_through_the_cache(served, tmp_path):
 
 
 def test_shards_and_parquet_are_cached_whole(served, tmp_path):
-    import io
-    import tarfile
 
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -487,12 +498,7 @@ def test_shards_and_parquet_are_cached_whole(served, tmp_path):
     )
     (bucket / "wds").mkdir()
     for s in range(3):
-        with tarfile.open(bucket / "wds" / f"shard-{s}.tar", "w") as tar:
-            for i, p in enumerate(files[s * 16 : (s + 1) * 16]):
-                for name, data in ((f"k{s}{i:02d}.jpg", p.read_bytes()), (f"k{s}{i:02d}.cls", b"1")):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
+        _write_shard(bucket / "wds" / f"shard-{s}.tar", files[s * 16 : (s + 1) * 16], f"k{s}")
     options = ReadOptions(in_flight=8, cache=CacheConfig(dir=str(tmp_path / "cache"), max_bytes=10**8))
     for where, objects in (("wds", 3), ("pq", 1)):
         rows = open_source(f"s3://bkt/{where}", filesystem=server.filesystem())
@@ -537,8 +543,6 @@ def test_by_default_a_remote_folder_is_cached_and_shards_are_not(served, tmp_pat
     """With nothing configured, a remote folder's second read makes no request (its images were kept in
     the user's cache folder); a remote tar shard is read in ranges again, never fetched whole; a
     manifest's objects, which no listing describes, are not cached either."""
-    import io
-    import tarfile
 
     server, bucket = served
     monkeypatch.delenv("RAYPIPE_CACHE_DIR", raising=False)
@@ -559,12 +563,7 @@ def test_by_default_a_remote_folder_is_cached_and_shards_are_not(served, tmp_pat
 
     files = sorted((bucket / "folder").rglob("*.jpg"))[:8]
     (bucket / "wds").mkdir()
-    with tarfile.open(bucket / "wds" / "shard-0.tar", "w") as tar:
-        for i, p in enumerate(files):
-            for name, data in ((f"k{i:02d}.jpg", p.read_bytes()), (f"k{i:02d}.cls", b"1")):
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+    _write_shard(bucket / "wds" / "shard-0.tar", files, "k")
     (bucket / "list.csv").write_text(
         "path,label\n" + "".join(f"folder/{p.relative_to(bucket / 'folder')},0\n" for p in files)
     )

@@ -186,7 +186,6 @@ class LocalCache:
         self._passes = 0
         self._lock = threading.Lock()
         self._bound = config.max_bytes  # see ``bound``; set again by every eviction pass
-        self._segment_max = max(1, min(_SEGMENT_MAX, config.max_bytes // 16))
         self._writer: _SegmentWriter | None = None  # this process's segment being appended to
         self._write_lock = threading.Lock()
         # what this process knows of the segments: key digest -> (segment name, offset, size)
@@ -427,6 +426,12 @@ class LocalCache:
             entries.append((st.st_mtime, size, entry.path))
         return entries, temporary
 
+    @property
+    def _segment_max(self) -> int:
+        """The bytes a segment takes before its process starts the next: 1/16 of the bound (an eviction
+        pass removes whole segments), and at most 1 GiB."""
+        return max(1, min(_SEGMENT_MAX, self._bound // 16))
+
     def bound(self, usage: int) -> int:
         """The bytes the cache may hold now: ``max_bytes``, and at most half of what the cache (``usage``)
         and its disk's free space add up to. The cache's own fills leave that sum as it is; whatever
@@ -445,7 +450,6 @@ class LocalCache:
         entries.sort()
         total = sum(size for _, size, _ in entries)
         self._bound = self.bound(total)
-        self._segment_max = max(1, min(_SEGMENT_MAX, self._bound // 16))
         limit = int(self._bound * _LOW_WATER)
         for _, size, path in entries:
             if total <= limit:
