@@ -252,7 +252,8 @@ def cpu_account(
     source of a ``bench/cloud_input.py`` work folder, an unmeasured epoch first, and prints the images/s
     of the measured epochs, how busy its cores were (``/proc/stat``), and the CPU milliseconds per image
     of the driver, of the worker processes (user and system), and of the S3 test server where there is
-    one (``raypipe.testing.s3server`` in its own process, adding ``--latency-ms`` to every response)::
+    one (``raypipe.testing.s3server`` in its own process, adding ``--latency-ms`` to every response),
+    with the worker processes' minor page faults per image (``/proc/PID/stat``)::
 
         python bench/cloud_input.py --images 3000 --epochs 1 --workdir /tmp/cloudbench   # makes the data
         python bench/profiles.py cpu-account folder --workdir /tmp/cloudbench
@@ -304,11 +305,13 @@ def cpu_account(
         me = psutil.Process()
         served = psutil.Process(server.proc.pid) if server is not None else None
 
-        def cpu() -> tuple[float, float, float, float]:
+        def cpu() -> tuple[float, float, float, float, float]:
             own = me.cpu_times()
-            kids = [c.cpu_times() for c in me.children(recursive=True) if served is None or c.pid != served.pid]
+            procs = [c for c in me.children(recursive=True) if served is None or c.pid != served.pid]
+            kids = [c.cpu_times() for c in procs]
             srv = sum(served.cpu_times()[:2]) if served is not None else 0.0
-            return own.user + own.system, sum(k.user for k in kids), sum(k.system for k in kids), srv
+            faults = sum(_minor_faults(c.pid) for c in procs)
+            return own.user + own.system, sum(k.user for k in kids), sum(k.system for k in kids), srv, faults
 
         images = 0
         for epoch in range(epochs + 1):
@@ -327,8 +330,17 @@ def cpu_account(
     print(
         f"{source}: {images / seconds:.0f} img/s over {epochs} epochs, its cores {100 * busy:.0f} % busy; "
         f"CPU ms per image: driver {per[0]:.2f}, workers {per[1] + per[2]:.2f} (user {per[1]:.2f}, system "
-        f"{per[2]:.2f}), S3 server {per[3]:.2f}"
+        f"{per[2]:.2f}), S3 server {per[3]:.2f}; the workers' minor page faults per image {per[4] / 1e3:.1f}"
     )
+
+
+def _minor_faults(pid: int) -> int:
+    """The minor page faults of process ``pid`` so far (``/proc/PID/stat``; 0 where it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[7])  # minflt: the 10th field, the 8th after the name
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def s3_listing(
