@@ -14,6 +14,7 @@ import warnings
 import ray
 
 from raypipe import timeouts
+from raypipe.allocator import pin_mmap_threshold
 from raypipe.ray_logs import quiet_ray_startup
 
 __all__ = [
@@ -395,34 +396,9 @@ def check_worker_priority(timeout_s: float = 30.0) -> int | None:
 
 def tune_consumer_process() -> None:
     """Settings for a process that consumes raypipe's batches for its whole life (a feeder, the
-    `raypipe` command): glibc's mmap threshold pinned (``pin_mmap_threshold``). Called explicitly by
-    such processes; importing raypipe changes nothing."""
+    `raypipe` command): glibc's mmap threshold pinned (``raypipe.allocator.pin_mmap_threshold``).
+    Called explicitly by such processes; importing raypipe changes nothing."""
     pin_mmap_threshold()
-
-
-_MMAP_PINNED = False
-
-
-def pin_mmap_threshold(nbytes: int = 1 << 20) -> bool:
-    """Make glibc serve every allocation >= ``nbytes`` with its own mmap, returned to the OS on free.
-
-    glibc raises its mmap threshold (up to 32 MB) each time a large mmapped block is freed, after
-    which our 10-40 MB batch buffers come from per-thread heap arenas that keep their pages: the
-    driver's RSS then climbs by hundreds of MB over the first epochs before it levels off. Fixing
-    the threshold keeps RSS flat. No-op (False) off glibc.
-    """
-    global _MMAP_PINNED
-    if _MMAP_PINNED:
-        return True
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        m_mmap_threshold = -3
-        _MMAP_PINNED = bool(libc.mallopt(m_mmap_threshold, int(nbytes)))
-    except (OSError, AttributeError):
-        return False
-    return _MMAP_PINNED
 
 
 def process_memory_mb(pid: int | str = "self") -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""A worker process keeps the memory its chunks free (``raypipe.workers.allocator``): a second round of
+"""A worker process keeps the memory its chunks free (``raypipe.allocator``): a second round of
 the same large allocations faults no new pages in, where glibc's defaults give them back and fault
 them in again; a user's malloc settings are left alone; the worker process sets it up as it starts."""
 
@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from raypipe.workers import allocator, worker_process
+from raypipe import allocator
+from raypipe.workers import worker_process
 
 glibc_only = pytest.mark.skipif(not allocator._glibc(), reason="glibc's malloc thresholds")
 
@@ -19,7 +20,7 @@ glibc_only = pytest.mark.skipif(not allocator._glibc(), reason="glibc's malloc t
 # Prints the minor page faults of each round.
 _ROUNDS = """
 import ctypes, resource, sys
-from raypipe.workers.allocator import keep_freed_memory
+from raypipe.allocator import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 libc = ctypes.CDLL(None)

@@ -15,7 +15,7 @@ own, reused from chunk to chunk, then sends them as raw bytes right after the an
 when the launcher does (the read end of ``LIFELINE_FD`` sees the end of the pipe) or when its
 connection does.
 
-It imports the stage and nothing else of raypipe's but ``raypipe.workers.allocator`` (it keeps the memory its
+It imports the stage and nothing else of raypipe's but ``raypipe.allocator`` (it keeps the memory its
 chunks free): no Ray, no torch.
 """
 
@@ -210,7 +210,7 @@ def _connect(host: str, port: int) -> socket.socket:
 
 
 def main(argv: list[str]) -> None:
-    from raypipe.workers.allocator import keep_freed_memory
+    from raypipe.allocator import keep_freed_memory
 
     keep_freed_memory()
     if len(argv) > 1 and argv[1] == "--connect":
