@@ -35,6 +35,10 @@ SITECUSTOMIZE = textwrap.dedent("""
             if fault == "slow":
                 import time
                 time.sleep(120)  # still working when the pool is shut down
+            if fault == "pause":
+                import time
+                time.sleep(0.02)  # each image: a chunk takes longer than its consumer's batches
+                return original(self, data, rng, out)
             marker = os.environ["RAYPIPE_TEST_MARKER"]
             if fault == "die" or not os.path.exists(marker):
                 open(marker, "w").close()
@@ -43,6 +47,16 @@ SITECUSTOMIZE = textwrap.dedent("""
 
         original = transform.TrainTransform.__call__
         transform.TrainTransform.__call__ = broken
+    if fault == "stage":
+        import time
+        import raypipe.stages.augment
+
+        def stage(rows, spec, out=None):
+            time.sleep(float(rows["pause"][0]))
+            out[:] = 1
+            return {"image": out, "sample_id": rows["sample_id"]}
+
+        raypipe.stages.augment.augment_block = stage
 """)
 
 
@@ -159,6 +173,59 @@ def test_batches_the_caller_keeps_keep_their_pixels_while_slabs_are_reused(sampl
     del kept
     gc.collect()
     assert pool.slabs.free_slabs() >= 1
+
+
+def test_a_stream_of_whole_windows_has_one_windows_slab_in_use_besides_the_one_being_written(
+    sample_dir, tmp_path, monkeypatch
+):
+    """A Parquet file's windows (one chunk each) on one worker: while the worker writes window k + 1,
+    the consumer reads window k's batches and then waits, holding its last batch. When window k + 2 is
+    sent out, window k's slab is back (its last batch a copy, nothing else of raypipe's holding it), so
+    the stream cycles two slabs, not three."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raypipe.sources import open_source
+
+    files = sorted(sample_dir.rglob("*.jpg"))
+    assert len(files) == 48
+    table = pa.table({"image": [f.read_bytes() for f in files], "label": [i % 4 for i in range(48)]})
+    pq.write_table(table, tmp_path / "d.parquet", row_group_size=4)
+    _with_faults(tmp_path, monkeypatch, "pause")
+    pool = _pool_started(1)
+    pipe = Pipeline(
+        open_source(str(tmp_path / "d.parquet")),
+        AUG,
+        config=PipelineConfig(batch_size=2, seed=3, shuffle_window=16),  # 3 windows of 16 rows, 8 batches each
+        execution=ExecutionConfig(backend="local", num_tasks=1),
+    )
+    source = EpochSource(pipe, end_epoch=2)
+    try:
+        ids = [[b["sample_id"] for b in source] for _ in range(2)]  # the loop holds each batch as a trainer's does
+    finally:
+        source.close()
+    assert [sorted(np.concatenate(e).tolist()) for e in ids] == [list(range(48))] * 2
+    assert pool.slabs.made == 2
+
+
+def test_a_chunks_slab_is_back_once_its_consumer_drops_it_while_its_worker_works_on(tmp_path, monkeypatch):
+    """Nothing of the pool's holds a chunk the consumer has let go of: its slab is free for the next
+    chunk sent out, not only once the worker that made it answers again."""
+    from types import SimpleNamespace
+
+    _with_faults(tmp_path, monkeypatch, "stage")
+    pool = LocalWorkers(1, str(tmp_path))
+    spec = SimpleNamespace(image_shape=(4, 4, 3))
+    try:
+        first = pool.submit({"sample_id": np.arange(2), "pause": np.array([0.0])}, spec)
+        block = pool.get(first)
+        assert np.all(block["image"] == 1)
+        second = pool.submit({"sample_id": np.arange(2), "pause": np.array([3.0])}, spec)  # the worker's next
+        del block, first
+        assert pool.slabs.free_slabs() == 1 and not second.done.is_set()
+        assert np.all(pool.get(second)["image"] == 1)
+    finally:
+        pool.shutdown()
 
 
 def test_local_bad_images_are_counted_skips(sample_dir, tmp_path):

@@ -66,6 +66,24 @@ def test_whole_batches_of_a_big_block_are_views_and_the_rest_is_packed():
         assert b["label"].dtype == np.int64 and np.array_equal(b["label"], b["sample_id"] % 7)
 
 
+def test_the_last_whole_batch_of_a_window_sized_block_is_a_copy():
+    """A consumer holds its last batch while it waits for the next block: a view would keep the whole
+    block's slab (a window of images) in use that long, so a block of eight batches or more ends in a
+    copy, whether rows are left over for the next batch or not; shorter blocks stay views throughout."""
+    for rows, left in ((34, 2), (32, 0)):
+        p = Packer(BatchSpec(4, (2, 3, 3)))
+        big = block(range(rows))
+        out = run(p, [big, block(range(rows, rows + 4 - left))])
+        assert [b["sample_id"].tolist() for b in out] == [list(range(s, s + 4)) for s in range(0, rows + 4 - left, 4)]
+        views = [np.shares_memory(b["image"], big["image"]) for b in out[:8]]
+        assert views == [True] * 7 + [False]
+        assert np.all(out[7]["image"][:, 0, 0, 0] == out[7]["sample_id"] % 251)
+    p = Packer(BatchSpec(4, (2, 3, 3)))
+    short = block(range(28))  # seven batches
+    out = run(p, [short])
+    assert all(np.shares_memory(b["image"], short["image"]) for b in out)
+
+
 def test_batches_are_the_good_rows_in_order_however_the_blocks_are_cut():
     """A short or partly bad block costs one copied batch; the clean blocks after it are views again (at
     an offset), and every batch is the next good rows of the order whatever the blocks' lengths."""

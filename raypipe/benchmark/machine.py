@@ -43,6 +43,10 @@ def warm_memory(gib: float | None = None) -> None:
 
         python bench/profiles.py warm-memory            # 90 % of the available memory
         python bench/profiles.py warm-memory --gib 8
+
+    Some VMs hand the memory the guest frees back to their host (free page reporting): there a second
+    run, seconds later, is as slow as the first, no warming lasts, and every page a loader makes beyond
+    what it recently freed pays the first-touch cost, in every run and not only a new VM's first.
     """
     import psutil
 

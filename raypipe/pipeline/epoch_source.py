@@ -194,7 +194,12 @@ class EpochSource:
                         cursor.out(chunk.start + packer.last_row + 1)
                         first = first if first is not None else time.perf_counter() - t0
                         yield batch
-                if chunk.last:
+                    # its batches are out: not held here while the next chunk is awaited, so its slab
+                    # goes back as soon as the consumer lets go of them
+                    self.chunk = batch = None
+                last = chunk.last
+                chunk = None
+                if last:
                     break
             end = cursor.segments[-1][1] if cursor.segments else 0
             for batch in packer.flush():

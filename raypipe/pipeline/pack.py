@@ -7,7 +7,9 @@ partial unless ``drop_last``): ``image`` uint8 (N, H, W, C) C-contiguous, ``labe
 work was cut into chunks, so a run resumed at any batch (``raypipe.plan.position``) goes on with
 the batches an uninterrupted one makes. A batch that is consecutive good rows of one block is passed
 on as a view of it, without a copy; one that spans a block's end or a bad row is copied. So a short or
-partly bad block costs one copied batch, and the blocks after it are views again.
+partly bad block costs one copied batch, and the blocks after it are views again. A block of many
+batches (a whole window) ends in a copied batch too, so that the batch a consumer keeps while it waits
+for the next block does not keep the whole block's memory.
 """
 
 from __future__ import annotations
@@ -18,6 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["BatchSpec", "Packer"]
+
+# A block of at least this many batches (a whole window of shards) has its last whole batch copied. The
+# consumer holds its latest batch while it waits for the next block, and a view would keep the block's
+# whole slab from the pool until then, as the next chunk but one is sent out: each stream then has two
+# windows of images in memory instead of one. The copy is at most an eighth of the block's rows.
+_COPY_LAST_FROM = 8
 
 
 @dataclass(frozen=True)
@@ -66,7 +74,14 @@ class Packer:
         b, g = self.spec.batch_size, 0
         while g < len(good):
             first = int(good[g])
-            if self._fill == 0 and views and g + b <= len(good) and int(good[g + b - 1]) - first == b - 1:
+            last_whole = len(good) - g < 2 * b  # no whole batch of this block after this one
+            if (
+                self._fill == 0
+                and views
+                and g + b <= len(good)
+                and int(good[g + b - 1]) - first == b - 1
+                and not (last_whole and len(image) >= _COPY_LAST_FROM * b)
+            ):
                 rows = slice(first, first + b)  # b consecutive good rows: a view
                 self.last_row = first + b - 1
                 yield {

@@ -364,6 +364,9 @@ class LocalWorkers:
                 assert task.id == task_id, (task.id, task_id)  # a worker answers in order
                 self._dispatch()
             self._finish(task, kind, payload)
+            # Not held here while the next answer is awaited: the chunk's slab goes back as soon as its
+            # consumer lets go of its batches, in time for a chunk sent to a worker meanwhile.
+            del task, payload, message
 
     def _finish(self, task: _Task, kind: str, payload) -> None:
         if kind == "error":
