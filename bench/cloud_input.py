@@ -139,7 +139,7 @@ def figures(run: dict) -> dict:
 
 
 def mean_entropy(batches: list[np.ndarray], classes: int) -> float:
-    """Mean over batches of the label distribution's entropy (bits), as tests/test_order.py computes it."""
+    """Mean over batches of the label distribution's entropy (bits), as tests/plan/test_order.py computes it."""
     ent = []
     for labels in batches:
         p = np.bincount(labels, minlength=classes) / len(labels)

@@ -62,8 +62,8 @@ from raypipe.kernels import decode; print('partial-decode extension:', decode._l
 
 wants() { [[ " ${STEPS:-cuda_tests gpu_check first_batch gpu_train} " == *" $1 "* ]]; }
 # every test file that has a needs_cuda test (conftest skips those without a GPU), and the device loader's
-wants cuda_tests && step cuda_tests 180 python3 -m pytest -q -p no:cacheprovider tests/test_device_loader.py \
-    $(grep -l needs_cuda tests/test_*.py)
+wants cuda_tests && step cuda_tests 180 python3 -m pytest -q -p no:cacheprovider tests/device/test_device_loader.py \
+    $(grep -rl --include="test_*.py" needs_cuda tests)
 wants gpu_check && step gpu_check 120 python3 bench/gpu_check.py
 DATA=/tmp/raypipe-gpu-data
 if wants first_batch || wants gpu_train || wants gpu_train_block128 || wants scaling || wants scaling_nodes; then

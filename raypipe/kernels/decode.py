@@ -55,7 +55,7 @@ _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 # remaining shrink (up to 2.7x) is antialiased by ``geometry.crop_resize`` instead.
 _FAST_SCALES = (1, 2, 3, 4, 8)
 # Pixels decoded around a crop: crop_resize reads 2 beyond the box, and libjpeg's fancy upsampling makes
-# the outermost 1-2 columns of a partial decode differ from a full decode (tests/test_kernels_region.py
+# the outermost 1-2 columns of a partial decode differ from a full decode (tests/kernels/test_kernels_region.py
 # compares partial and full decodes with this margin).
 _REGION_MARGIN = 12
 

@@ -6,7 +6,7 @@ that double from ``chunk_rows`` (``order.RankPlan.chunks(ramp=True)``), so its f
 wait for a whole window on one core. Each piece's rows are spread over all of the window's shards: a
 piece that read its own would read every row group again (a Parquet row group is read whole), from an
 object store requests and bytes over the network again: 2.5 times the file's bytes over a small
-file's first epoch (``tests/test_window_read.py``). So the stream reads the window once, here,
+file's first epoch (``tests/pipeline/test_window_read.py``). So the stream reads the window once, here,
 with a remote store's requests sent in the order of the rows that need them, and a piece goes out with
 its rows' bytes (a ``bytes`` column, which ``BlockReader.read_block`` takes instead of reading) as soon
 as they have come. A row whose read failed goes out with its skip in the ``error`` column, as a row the

@@ -23,7 +23,7 @@ sample counts where an index gives them (``ShardRuns.from_sizes``):
   shard, one ``pread``), the window is cut into ordinary chunks, so its first batch does not wait for
   the whole window. A larger window mixes more shards into each batch (closer to a global shuffle). On
   a file sorted by class (4 classes, 100-row groups, 2000-4000 rows), 2048-row windows give batches
-  about the label entropy of a global shuffle (tests/test_order.py checks the 2048 default).
+  about the label entropy of a global shuffle (tests/plan/test_order.py checks the 2048 default).
 
 Positions: the epoch's order is a sequence of ``n`` positions; a rank's part is a list of position
 ranges (``segments``): its contiguous, equal (±1 row) slice of the order for a fresh epoch

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(240)
 
 AUG = TrainAugment(input_size=32, color_jitter=None)
 # Ray tasks whatever cluster an earlier test left (on raypipe's private one, "auto" is local workers:
-# tests/test_feeder_local.py)
+# tests/pipeline/test_feeder_local.py)
 RAY = ExecutionConfig(backend="ray")
 
 

@@ -1,7 +1,8 @@
-"""Run by tests/test_timm_torchrun.py under ``torchrun --nproc_per_node=2``: timm's loop (tests/timm_loop.py)
-on CPU with gloo, the drop-in loaders, DDP; each rank writes what it saw to OUT/rank{r}.json.
+"""Run by tests/integrations/test_timm_torchrun.py under ``torchrun --nproc_per_node=2``: timm's loop
+(tests/integrations/timm_loop.py) on CPU with gloo, the drop-in loaders, DDP; each rank writes what it saw
+to OUT/rank{r}.json.
 
-Usage: torchrun ... tests/torchrun_timm.py DATA_DIR OUT_DIR
+Usage: torchrun ... tests/integrations/torchrun_timm.py DATA_DIR OUT_DIR
 """
 
 from __future__ import annotations

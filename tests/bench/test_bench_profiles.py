@@ -13,7 +13,7 @@ import pytest
 
 from raypipe.sources.cache import CacheConfig, LocalCache
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "profiles.py"
 
 

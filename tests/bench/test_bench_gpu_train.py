@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "bench" / "gpu_train.py"
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu_train.py"
 
 
 @pytest.mark.timeout(240)

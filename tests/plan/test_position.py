@@ -15,7 +15,7 @@ from raypipe.plan.position import PlanIdentity, Position, StateMismatchError, re
 PLAN = PlanIdentity(
     listing="ab" * 32, rows=100, shards="", seed=0, shuffle=True, shuffle_window=2048, batch_size=5, drop_last=False
 )
-OLD = json.loads((Path(__file__).parent / "fixtures" / "rank_loader_positions_v0.1.0.json").read_text())
+OLD = json.loads((Path(__file__).parents[1] / "fixtures" / "rank_loader_positions_v0.1.0.json").read_text())
 
 
 def position(rank=0, world=2, batches=3, remaining=((15, 50),), epoch=1, plan=PLAN) -> Position:

@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "raypipe"
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "raypipe"
 ROOMS = ("plan", "workers", "pipeline")
 # What the plan may import: the standard library, NumPy, torch (the listing check's process group), itself
 # and the standard-library-only helpers of option values.

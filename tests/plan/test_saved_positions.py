@@ -21,7 +21,7 @@ from raypipe.train.resume import resume_point
 
 pytestmark = pytest.mark.timeout(300)
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 JOB = json.loads((FIXTURES / "train_job_checkpoint_v0.1.0.json").read_text())
 RANK = json.loads((FIXTURES / "rank_loader_positions_v0.1.0.json").read_text())
 

@@ -96,7 +96,7 @@ def test_bad_values_name_the_field(tmp_path, capsys):
 def test_shipped_configs_load(name):
     from pathlib import Path
 
-    path = Path(__file__).parent.parent / "jobs" / "configs" / name
+    path = Path(__file__).parents[2] / "jobs" / "configs" / name
     job = parse_job(["-c", str(path)])
     assert job.epochs >= 1
 
@@ -216,7 +216,7 @@ def test_train_script_reports_a_bad_dataset_in_one_line(ray_local, tmp_path, mon
     import raypipe.runtime
 
     monkeypatch.setattr(raypipe.runtime, "connect", lambda **kw: None)  # the test's Ray is already up
-    path = pathlib.Path(__file__).resolve().parents[1] / "jobs" / "train.py"
+    path = pathlib.Path(__file__).resolve().parents[2] / "jobs" / "train.py"
     spec = importlib.util.spec_from_file_location("train_script", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -257,7 +257,7 @@ def test_shipped_configs_load_in_raypipe_run_too(name):
     from raypipe.cli.main import build_parser
     from raypipe.flags import build_configs
 
-    path = str(Path(__file__).parent.parent / "jobs" / "configs" / name)
+    path = str(Path(__file__).parents[2] / "jobs" / "configs" / name)
     run = build_configs(build_parser().parse_args(["run", "data", "-c", path]))
     job = parse_job(["-c", path])
     assert run["augment"] == job.augment and run["pipeline"] == job.pipeline

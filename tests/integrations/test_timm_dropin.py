@@ -171,7 +171,7 @@ def test_no_aug_training_is_timms_bytes(input_size):
 
 @pytest.mark.timeout(600)
 def test_timm_train_loop_runs_an_epoch(ray_local, folder33):
-    """The loop of timm's train.py (tests/timm_loop.py), fed by the drop-in as train.py would build it."""
+    """The loop of timm's train.py (tests/integrations/timm_loop.py), fed by the drop-in as train.py would build it."""
     import timm
     from timm.loss import SoftTargetCrossEntropy
 

@@ -10,7 +10,7 @@ import pytest
 
 from raypipe.sources.cache import CacheConfig, LocalCache
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import pytest
 
 pytestmark = pytest.mark.timeout(600)
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _python_example() -> str:

@@ -21,7 +21,7 @@ from raypipe.sources.paths import open_root
 
 pytestmark = pytest.mark.timeout(240)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RUN = "from raypipe.cli.main import console_main; console_main()"
 
 

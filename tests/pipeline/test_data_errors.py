@@ -28,7 +28,8 @@ from raypipe.stages.augment import AugmentStage, StageSpec
 
 pytestmark = pytest.mark.timeout(300)
 
-TESTS = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent  # this module and fault_hooks, which Ray's workers import
+TESTS = HERE.parent  # the helpers this module imports (image_factory)
 REPO = TESTS.parent
 AUG = TrainAugment(input_size=32, color_jitter=None)
 
@@ -123,7 +124,7 @@ def _hooked_ray():
         logging_level="WARNING",
         runtime_env={
             "worker_process_setup_hook": "fault_hooks.break_transforms",
-            "env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])},
+            "env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS), str(HERE)])},
         },
     )
     return ray
@@ -145,14 +146,14 @@ def test_raypipe_run_exits_nonzero_naming_the_type_error(sample_dir, tmp_path):
     driver.write_text(
         textwrap.dedent(f"""
         import sys
-        sys.path[:0] = [{str(REPO)!r}, {str(TESTS)!r}]
+        sys.path[:0] = [{str(REPO)!r}, {str(TESTS)!r}, {str(HERE)!r}]
         import test_data_errors
         test_data_errors._hooked_ray()
         from raypipe.cli.main import main
         sys.exit(main(["run", {str(sample_dir)!r}, "--img-size", "32", "-b", "8"]))
     """)
     )
-    env = dict(os.environ, RAYPIPE_NO_PROGRESS="1", PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]))
+    env = dict(os.environ, RAYPIPE_NO_PROGRESS="1", PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS), str(HERE)]))
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, timeout=240, env=env)
     out = proc.stdout + proc.stderr

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "bench" / "elastic.py"
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "elastic.py"
 
 
 def _bench():

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "bench" / "first_batch.py"
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "first_batch.py"
 
 
 @pytest.fixture(scope="module")

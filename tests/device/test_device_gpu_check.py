@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
 
 
 def test_help_runs():

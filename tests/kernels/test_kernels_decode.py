@@ -210,7 +210,7 @@ def test_decode_buffer_reuse_gives_the_same_pixels():
 
 def test_region_decoder_is_built_where_a_compiler_and_libjpeg_headers_exist():
     """The partial-decode extension is optional, so a failed build installs silently; where it could
-    have been built, its absence is a lost speed-up this test reports (tests/test_kernels_region.py
+    have been built, its absence is a lost speed-up this test reports (tests/kernels/test_kernels_region.py
     skips itself without the extension)."""
     import shutil
 

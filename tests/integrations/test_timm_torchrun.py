@@ -15,7 +15,7 @@ import pytest
 
 from raypipe.sample_data import write_sample_data
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
@@ -45,7 +45,7 @@ def test_torchrun_two_ranks_train_and_eval_exactly_once(tmp_path):
         "--nnodes=1",
         "--master_addr=127.0.0.1",
         f"--master_port={_free_port()}",
-        str(REPO / "tests" / "torchrun_timm.py"),
+        str(REPO / "tests" / "integrations" / "torchrun_timm.py"),
         str(data),
         str(out),
     ]

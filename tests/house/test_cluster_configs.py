@@ -14,7 +14,7 @@ import yaml
 from raypipe.cluster_config import check_kuberay_manifest, ray_schema_path, validate_cluster_config
 from raypipe.config import ExecutionConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_YAML = ROOT / "cluster.yaml"
 RAYCLUSTER = ROOT / "deploy" / "kuberay" / "raycluster.yaml"
 RAYJOB = ROOT / "deploy" / "kuberay" / "rayjob.yaml"

@@ -22,7 +22,7 @@ from raypipe.cli.main import main as cli
 
 pytestmark = pytest.mark.timeout(240)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Shard indexes: raypipe's own (written by `raypipe index` and by convert), DALI's wds2idx files and wids
 shard lists; a listing from an index equals the listing from the tar headers, shards of another size
 are listed again from their headers, and an indexed listing over S3 reads a small part of the dataset's
-bytes (copies and uploads: tests/test_shard_copies.py)."""
+bytes (copies and uploads: tests/sources/test_shard_copies.py)."""
 
 import dataclasses
 import json
@@ -99,7 +99,7 @@ def test_a_changed_shard_is_listed_again_from_its_headers(tmp_path, caplog, monk
     _same(rows, _scan_only(str(d)))
     assert "new/a.jpg" in rows.table.column("member").to_pylist()
     # the same size, another time (a copy's): taken from the index, whose rows each read checks
-    # (tests/test_shard_copies.py)
+    # (tests/sources/test_shard_copies.py)
     index_shards(str(d), use_ray=False)
     st = os.stat(d / "shard-0002.tar")
     os.utime(d / "shard-0002.tar", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))

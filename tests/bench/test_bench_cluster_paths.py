@@ -11,7 +11,7 @@ import sys
 import psutil
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "bench" / "cluster_paths.py"
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "cluster_paths.py"
 IMAGES = 24
 
 
