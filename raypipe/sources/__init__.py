@@ -112,6 +112,9 @@ def open_source(data, *, options: ListingOptions | None = None, **keywords) -> S
         if options.changed("kind", "index"):
             raise ValueError("kind= and index= are for datasets named by a path; a Ray Dataset's kind is its rows'")
         return list_ray_dataset(data, options=options)
+    if not isinstance(data, str | os.PathLike):
+        raise TypeError(f"expected a path or URI, a listing or a ray.data.Dataset as data, not {type(data).__name__}")
+    data = os.fspath(data)  # a pathlib.Path names the dataset its string names
     if ray_only := options.changed("block_rows", "max_bytes"):
         raise ValueError(f"{'= and '.join(ray_only)}= are for a Ray Dataset's listing; {data!r} is named by a path")
     filesystem = options.filesystem

@@ -30,6 +30,14 @@ def test_folder_listing_matches_torchvision_imagefolder(sample_dir, tmp_path):
     assert rows.table.column("sample_id").to_pylist() == list(range(len(tv.samples)))
 
 
+def test_a_pathlib_path_lists_what_its_string_lists_and_other_types_are_refused(sample_dir, tmp_path):
+    pq.write_table(pa.table({"image": [b"x"], "label": [0]}), tmp_path / "t.parquet")
+    for data in (sample_dir, tmp_path / "t.parquet"):
+        assert open_source(data).digest() == open_source(str(data)).digest()
+    with pytest.raises(TypeError, match="expected a path or URI.*not int"):
+        open_source(3)
+
+
 def test_folder_extensions_case_insensitive_and_nested(tmp_path):
     for name in ["b/x.JPG", "b/sub/y.png", "b/z.txt", "a/w.WebP", "a/notes.md", "a/q.TIFF"]:
         _touch(tmp_path / name)
