@@ -17,7 +17,8 @@ import pytest
 
 from raypipe.kernels.errors import MISSING, OUTSIDE_ROOT
 from raypipe.sources import BlockReader, ReadOptions, open_source
-from raypipe.sources.cache import CacheConfig, LocalCache, local_cache, parse_bytes
+from raypipe.sources.cache import LocalCache, local_cache
+from raypipe.sources.cache_config import CacheConfig, parse_bytes
 from raypipe.sources.reader import _store_name
 from raypipe.sources.table import column_or_default
 from raypipe.testing import S3Server
@@ -109,7 +110,8 @@ def test_a_partial_file_is_never_served(tmp_path):
 
 _FILLER = textwrap.dedent("""
     import os, sys, time
-    from raypipe.sources.cache import CacheConfig, LocalCache
+    from raypipe.sources.cache import LocalCache
+    from raypipe.sources.cache_config import CacheConfig
     cache = LocalCache(CacheConfig(dir=sys.argv[1], max_bytes=10**6))
     key = LocalCache.key("t", "shared", 300_000, 0)
     while time.time() < float(sys.argv[3]):  # start together
@@ -174,7 +176,8 @@ def test_an_eviction_pass_sweeps_temporary_files_whose_writers_are_gone(tmp_path
 
 _APPENDER = textwrap.dedent("""
     import sys
-    from raypipe.sources.cache import CacheConfig, LocalCache
+    from raypipe.sources.cache import LocalCache
+    from raypipe.sources.cache_config import CacheConfig
     cache = LocalCache(CacheConfig(dir=sys.argv[1], max_bytes=10**6))
     for i in range(3):
         cache.add(LocalCache.key("t", f"img{i}", 1000, 0), bytes([i]) * 1000)

@@ -8,7 +8,7 @@ import os
 import pyarrow.fs as pafs
 
 from raypipe import timeouts
-from raypipe.sources.cache import CacheConfig
+from raypipe.sources.cache_config import CacheConfig
 from raypipe.sources.folder import IMG_EXTENSIONS, list_image_folder
 from raypipe.sources.manifest import list_manifest
 from raypipe.sources.options import KINDS, ListingOptions
