@@ -19,7 +19,7 @@ from raypipe.kernels.errors import MISSING, OUTSIDE_ROOT
 from raypipe.sources import BlockReader, ReadOptions, open_source
 from raypipe.sources.cache import LocalCache, local_cache
 from raypipe.sources.cache_config import CacheConfig, parse_bytes
-from raypipe.sources.reader import _store_name
+from raypipe.sources.cached_objects import store_name
 from raypipe.sources.table import column_or_default
 from raypipe.testing import S3Server
 
@@ -387,7 +387,7 @@ def test_second_read_hits_the_cache(served, tmp_path):
     server.reset_counts()
     assert again.read_block(_batch(rows)) == got
     assert server.count() == 0, dict(server.requests)  # no HeadObject, no GetObject
-    assert again._pool is None  # hits are local reads, made in the caller's thread: no request threads
+    assert not again._requests.started  # hits are local reads, made in the caller's thread: no request threads
     local = open_source(str(bucket / "folder"))
     assert got == BlockReader(local.root, local.kind).read_block(_batch(local))
     # the cache is no way out of the root
@@ -453,7 +453,7 @@ def test_an_object_changed_after_the_listing_is_read_as_it_is_now(served, tmp_pa
     cache = LocalCache(CacheConfig(dir=str(tmp_path / "fresh"), max_bytes=10**8))
     for i in range(2):
         size, mtime = int(three["object_size"][i]), int(three["object_mtime_ns"][i])
-        listed = LocalCache.key(_store_name(fs), rows.root.resolve(paths[i]), size, mtime)
+        listed = LocalCache.key(store_name(fs), rows.root.resolve(paths[i]), size, mtime)
         assert listed not in cache.sizes() and cache.read(listed, size) is None
     # read again: this reader knows they changed, so it asks the store (HEAD) and hits; no transfer
     server.reset_counts()
