@@ -19,9 +19,10 @@ from raypipe.sources.reader import BlockReader
 from raypipe.sources.remote import ReadOptions
 from raypipe.sources.shard_index import INDEX_NAME
 from raypipe.sources.shard_listing import ShardListing
+from raypipe.sources.shard_paths import has_braces
 from raypipe.sources.table import ROW_SCHEMA, SourceRows
 from raypipe.sources.tar_members import ShardChangedError
-from raypipe.sources.webdataset import has_braces, list_webdataset
+from raypipe.sources.webdataset import list_webdataset
 
 __all__ = [
     "IMG_EXTENSIONS",
