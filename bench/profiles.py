@@ -1,6 +1,6 @@
 """One measurement each, behind a figure in the docs or a constant in raypipe (the text that quotes it
-names the command); the measuring code is in ``raypipe.benchmark`` (``machine``, ``stage_costs``, ``s3``,
-``remote_folder``, ``listing``)::
+names the command); the measuring code is in ``raypipe.benchmark`` (``machine``, ``ray_costs``,
+``stage_costs``, ``s3``, ``remote_folder``, ``listing``)::
 
     python bench/profiles.py --help               # every measurement, one line each
     python bench/profiles.py slab-cost --help     # what one measures, and its options
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import inspect
 
-from raypipe.benchmark import listing, machine, remote_folder, s3, stage_costs
+from raypipe.benchmark import listing, machine, ray_costs, remote_folder, s3, stage_costs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
         sp.set_defaults(fn=fn)
         return sp
 
-    for module in (machine, stage_costs, s3, remote_folder, listing):
+    for module in (machine, ray_costs, stage_costs, s3, remote_folder, listing):
         module.register(add)
     args = vars(p.parse_args(argv))
     fn = args.pop("fn")

@@ -13,7 +13,7 @@ import pytest
 os.environ.setdefault("RAYPIPE_NO_PROGRESS", "1")
 # Remote folders' images are cached in ~/.cache/raypipe unless this says otherwise: the suite's tests
 # count the requests each epoch makes and must not share a cache through the home folder; the tests of
-# the cache (tests/test_cache.py) set its folder, or unset it, themselves. Ray's and local workers
+# the cache (tests/sources/test_cache.py) set its folder, or unset it, themselves. Ray's and local workers
 # inherit it.
 os.environ.setdefault("RAYPIPE_CACHE_DIR", "off")
 

@@ -187,7 +187,7 @@ def _cache_passes(cache_dir: str):
     """(name, CacheConfig or None) of the three passes of ``--cache-dir``, the cache emptied first."""
     import shutil
 
-    from raypipe.sources.cache import CacheConfig
+    from raypipe.sources.cache_config import CacheConfig
 
     shutil.rmtree(cache_dir, ignore_errors=True)
     config = CacheConfig(dir=cache_dir, max_bytes=1 << 40)

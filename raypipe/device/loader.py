@@ -6,7 +6,8 @@ The loader composes three small objects, each usable alone: :class:`Normalize` (
 names; it sits above the class it builds, as timm's ``create_*`` functions do, so this module imports
 nothing from it.
 
-A producer thread runs steps 1-5 for batches ahead of the consumer; the consumer thread runs 6-8.
+A producer thread runs steps 1-5 for batches ahead of the consumer (``raypipe.device.producer``); the
+consumer thread runs 6-8.
 With ``prefetch=2`` (a ring of 3 host slots), these are the batches in flight while the trainer is
 on batch 0::
 
@@ -58,21 +59,18 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from raypipe._handoff import put_unless_stopped
 from raypipe.device._checks import check_int, fail
-from raypipe.device.batch import LAYOUTS, BatchSpec, Parts, check_parts, join_batch, make_spec, split_batch
+from raypipe.device.batch import LAYOUTS
 from raypipe.device.erasing import RandomErasing
 from raypipe.device.mixup import Mixup
-from raypipe.device.normalize import Normalize, nchw_shape, reads_host_directly
+from raypipe.device.normalize import Normalize
+from raypipe.device.producer import END, BatchProducer, Failure, ProducerPass
 from raypipe.device.staging import Staging
 from raypipe.plan.position import Position, read_positions
 
 __all__ = ["DeviceLoader", "LoaderStats"]
-
-_END = object()
 
 # Loaders whose producer thread may still run. A process that ends with a pass unfinished (a script
 # that takes a few batches and exits without close()) would leave the daemon producer inside torch's
@@ -100,24 +98,6 @@ class LoaderStats:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-@dataclass
-class _Failure:
-    exc: BaseException
-
-
-class _Epoch:
-    """The producer thread of one pass over the source and its hand-over queue."""
-
-    def __init__(self, prefetch: int) -> None:
-        self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
-        self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
-
-    def put(self, item: Any) -> bool:
-        """Blocking put that gives up (False) once the epoch is being stopped."""
-        return put_unless_stopped(self.queue, item, self.stop)
 
 
 @dataclasses.dataclass
@@ -203,7 +183,7 @@ class DeviceLoader:
         self._pass: _Pass | None = None  # the pass under way, or the last one
         self._staging = Staging(self.device, self.prefetch + 1, pin_memory=pin_memory)
         self._noise = torch.Generator(device=self.device)  # pixel-mode erasing noise, on the device
-        self._active: _Epoch | None = None
+        self._active: ProducerPass | None = None
         self._closed = False
         _LIVE.add(self)
 
@@ -309,10 +289,25 @@ class DeviceLoader:
     def _consume(self, epoch: int, first: int) -> Iterator[Any]:
         # The thread starts with the first next(): an iterator never advanced holds no thread.
         self._stop(self._active)
-        ep = self._active = _Epoch(self.prefetch)
+        ep = self._active = ProducerPass(self.prefetch)
         this_pass = self._pass
+        producer = BatchProducer(
+            normalize=self.normalize,
+            erasing=self.erasing,
+            mixup=self.mixup,
+            layout=self.layout,
+            img_dtype=self.img_dtype,
+            seed=self.seed,
+            rank=self.rank,
+            staging=self._staging,
+            noise=self._noise,
+            mixup_on=lambda: self._mixup_enabled,  # read per batch: a switch from the trainer lands mid-pass
+        )
         ep.thread = threading.Thread(
-            target=self._produce, args=(ep, epoch, first), name=f"raypipe-device-loader-{id(self):x}", daemon=True
+            target=producer.run,
+            args=(self.source, ep, epoch, first),
+            name=f"raypipe-device-loader-{id(self):x}",
+            daemon=True,
         )
         ep.thread.start()
         try:
@@ -322,10 +317,10 @@ class DeviceLoader:
                 item = self._take(ep)
                 self.last_wait_s = time.perf_counter() - start
                 self.stats.wait_s += self.last_wait_s
-                if item is _END:
+                if item is END:
                     this_pass.finished = True
                     return
-                if isinstance(item, _Failure):
+                if isinstance(item, Failure):
                     raise item.exc  # carries the producer-side traceback (source frames included)
                 out, event, tensors, n = item
                 # 7. the consumer's stream waits for the batch; its memory is protected until used
@@ -338,7 +333,7 @@ class DeviceLoader:
         finally:
             self._stop(ep)
 
-    def _take(self, ep: _Epoch) -> Any:
+    def _take(self, ep: ProducerPass) -> Any:
         """The pass's next item; a pass ended from outside (a new pass, ``close()``) raises instead of
         waiting forever for a producer that has gone."""
         while True:
@@ -350,7 +345,7 @@ class DeviceLoader:
             except queue.Empty:
                 continue
 
-    def _stop(self, ep: _Epoch | None, timeout_s: float | None = None) -> None:
+    def _stop(self, ep: ProducerPass | None, timeout_s: float | None = None) -> None:
         if ep is None or ep.thread is None:
             return
         ep.stop.set()
@@ -371,93 +366,6 @@ class DeviceLoader:
                 )
         if self._active is ep:
             self._active = None
-
-    # -- producer side ----------------------------------------------------------------------------
-
-    def _produce(self, ep: _Epoch, epoch: int, first: int) -> None:
-        source_iter = None
-        try:
-            source_iter = iter(self.source)
-            with self._staging.context():
-                steps = self._transform(self._transfer(self._stage(self._fetch(source_iter, ep))), epoch, first)
-                for item in steps:
-                    if not ep.put(item):
-                        return
-            ep.put(_END)
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
-            ep.put(_Failure(exc))
-        finally:
-            close = getattr(source_iter, "close", None)
-            if callable(close):
-                close()
-
-    def _fetch(self, source_iter: Iterator, ep: _Epoch) -> Iterator[tuple[Parts, BatchSpec]]:
-        # 1. next packed batch from the source; split it, fix the epoch's spec on the first one
-        spec = None
-        for batch in source_iter:
-            if ep.stop.is_set():
-                return
-            parts = split_batch(batch)
-            spec = spec or make_spec(parts, len(self.normalize.mean), self.layout)
-            check_parts(parts, spec)
-            if self.mixup is not None:
-                _check_labels(parts.label, self.mixup.num_classes)
-            yield parts, spec
-
-    def _stage(self, batches: Iterator) -> Iterator:
-        # 2. copy into the next ring slot (waits until that slot's previous copy has finished)
-        for parts, spec in batches:
-            slot = self._staging.acquire()
-            values = {"image": parts.image, "label": parts.label, "sample_id": parts.sample_id}
-            # On a CPU device normalise can read the source batch where it lies (read-only object-store
-            # memory included) and writes its own output: the ring copy would be pure cost (~20 µs/img).
-            direct = not self._staging.cuda and reads_host_directly(
-                self.img_dtype, spec.layout, self.normalize.channels_last
-            )
-            host = {
-                k: v if direct and k == "image" else self._staging.stage(slot, k, v)
-                for k, v in values.items()
-                if v is not None
-            }
-            yield parts, spec, slot, host
-
-    def _transfer(self, staged: Iterator) -> Iterator:
-        # 3. host -> device, non_blocking on the side stream; the slot's event marks the copies' end
-        for parts, spec, slot, host in staged:
-            dev = {key: self._staging.to_device(t, owned=key != "image") for key, t in host.items()}
-            self._staging.copies_issued(slot)
-            yield parts, spec, dev
-
-    def _transform(self, moved: Iterator, epoch: int, first: int) -> Iterator:
-        # 4. normalise, erase, mix on the side stream; 5. record the batch's ready event
-        channels_last = self.normalize.channels_last
-        for number, (parts, spec, dev) in enumerate(moved, start=first):
-            words = [self.seed, self.rank, epoch, number]
-            rng = np.random.default_rng(words)
-            if self.erasing is not None:
-                self._noise.manual_seed(int(np.random.SeedSequence([*words, 1]).generate_state(1)[0]))
-            img = dev["image"]
-            out = self._staging.output(nchw_shape(img.shape, spec.layout), self.img_dtype, channels_last)
-            x = self.normalize(img, layout=spec.layout, out=out)
-            n, c, h, w = x.shape
-            if self.erasing is not None:
-                self.erasing.apply_(x, self.erasing.draw(rng, n, c, h, w), self._noise)
-            label = dev.get("label")
-            if label is not None:
-                label = label.long()
-                if self.mixup is not None:
-                    plan = None
-                    if self._mixup_enabled:  # read per batch: a switch from the trainer lands mid-pass
-                        plan = self.mixup.draw(rng, n, h, w)
-                        self.mixup.apply_(x, plan)
-                    label = self.mixup.target(label, plan)
-            sid = dev.get("sample_id")
-            sid = sid.long() if sid is not None else None
-            fmt = torch.channels_last if channels_last else torch.contiguous_format
-            if not x.is_contiguous(memory_format=fmt):
-                x = x.contiguous(memory_format=fmt)
-            tensors = [t for t in (x, label, sid) if t is not None]
-            yield join_batch(parts, x, label, sid), self._staging.ready(), tensors, n
 
 
 def _source_state(source: Any, batches: int | None) -> dict | None:
@@ -493,13 +401,3 @@ def _device(device: str | torch.device) -> torch.device:
 def _default_rank() -> int:
     dist = torch.distributed
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _check_labels(label: Any, num_classes: int) -> None:
-    if label is None:
-        raise ValueError("mixup/cutmix needs a 'label' in every batch")
-    arr = label.numpy() if isinstance(label, torch.Tensor) else np.asarray(label)
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise ValueError(f"'label' must be a 1-D integer array for mixup/cutmix, got {arr.dtype} {arr.shape}")
-    if arr.size and (arr.min() < 0 or arr.max() >= num_classes):
-        raise ValueError(f"'label' values must be in [0, num_classes={num_classes}), got {arr.min()}..{arr.max()}")

@@ -10,19 +10,39 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 
+from raypipe.config import PipelineConfig
 from raypipe.pipeline.accounting import EpochLedger, EpochReport
-from raypipe.pipeline.pack import Packer
-from raypipe.pipeline.pipeline import Pipeline
+from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.pipeline.stream import Chunk, ChunkStream
-from raypipe.plan.position import Position, read_positions, remaining_after
+from raypipe.plan.order import RankPlan
+from raypipe.plan.position import PlanIdentity, Position, read_positions, remaining_after
 from raypipe.plan.span import RankSpan
 
-__all__ = ["EpochSource", "EpochRun"]
+__all__ = ["ChunkSource", "EpochSource", "EpochRun"]
 
 log = logging.getLogger(__name__)
+
+
+class ChunkSource(Protocol):
+    """What an ``EpochSource`` reads from: a rank's plan and its chunk stream, with the batches' shape and
+    the checks they get. ``raypipe.pipeline.pipeline.Pipeline`` is one; declared here so that this module
+    needs nothing of the class that makes the stream (``Pipeline.epoch`` makes an ``EpochRun``)."""
+
+    config: PipelineConfig
+    content_digest: bool
+    batch_spec: BatchSpec
+
+    def plan(self, rank: int = 0, world_size: int = 1) -> RankPlan: ...
+
+    def num_batches(self, world_size: int = 1, rank: int = 0) -> int: ...
+
+    def identity(self) -> PlanIdentity: ...
+
+    def stream(self, span: RankSpan | None = None, *, segments=None) -> ChunkStream: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +93,7 @@ class EpochSource:
     saved and resumed the same way.
     """
 
-    def __init__(self, pipeline: Pipeline, *, span: RankSpan | None = None, **keywords):
+    def __init__(self, pipeline: ChunkSource, *, span: RankSpan | None = None, **keywords):
         self.pipeline = pipeline
         self.span = span = RankSpan.of(span, **keywords)
         self.rank = span.rank
@@ -223,7 +243,7 @@ class EpochSource:
 class EpochRun:
     """One epoch of a pipeline (iterate once); ``report`` holds its accounting once it has ended."""
 
-    def __init__(self, pipeline: Pipeline, epoch: int, *, rank: int = 0, world_size: int = 1):
+    def __init__(self, pipeline: ChunkSource, epoch: int, *, rank: int = 0, world_size: int = 1):
         self.epoch = epoch
         self._source = EpochSource(pipeline, rank=rank, world_size=world_size, start_epoch=epoch, end_epoch=epoch + 1)
         self._started = False

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import TYPE_CHECKING
 
 from raypipe import runtime
 from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineConfig, TrainAugment
@@ -26,6 +25,7 @@ from raypipe.pipeline.budget import (
     tasks_for_share,
 )
 from raypipe.pipeline.elastic import ElasticWidth, bounds_for, start_width
+from raypipe.pipeline.epoch_source import EpochRun
 from raypipe.pipeline.pack import BatchSpec
 from raypipe.pipeline.stream import ChunkStream
 from raypipe.plan.order import RankPlan
@@ -38,9 +38,6 @@ from raypipe.stages.augment import StageSpec
 from raypipe.workers.local import LocalWorkers, local_cpus, shared_memory_dir
 from raypipe.workers.ray_tasks import RayTasks
 from raypipe.workers.slabs import slab_room
-
-if TYPE_CHECKING:
-    from raypipe.pipeline.epoch_source import EpochRun
 
 __all__ = ["Pipeline"]
 
@@ -328,6 +325,4 @@ class Pipeline:
 
     def epoch(self, epoch: int, *, rank: int = 0, world_size: int = 1) -> EpochRun:
         """One epoch on its own (``report`` once iterated)."""
-        from raypipe.pipeline.epoch_source import EpochRun
-
         return EpochRun(self, epoch, rank=rank, world_size=world_size)

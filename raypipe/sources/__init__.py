@@ -8,7 +8,7 @@ import os
 import pyarrow.fs as pafs
 
 from raypipe import timeouts
-from raypipe.sources.cache import CacheConfig
+from raypipe.sources.cache_config import CacheConfig
 from raypipe.sources.folder import IMG_EXTENSIONS, list_image_folder
 from raypipe.sources.manifest import list_manifest
 from raypipe.sources.options import KINDS, ListingOptions
@@ -19,9 +19,10 @@ from raypipe.sources.reader import BlockReader
 from raypipe.sources.remote import ReadOptions
 from raypipe.sources.shard_index import INDEX_NAME
 from raypipe.sources.shard_listing import ShardListing
+from raypipe.sources.shard_paths import has_braces
 from raypipe.sources.table import ROW_SCHEMA, SourceRows
 from raypipe.sources.tar_members import ShardChangedError
-from raypipe.sources.webdataset import has_braces, list_webdataset
+from raypipe.sources.webdataset import list_webdataset
 
 __all__ = [
     "IMG_EXTENSIONS",

@@ -3,7 +3,8 @@
 Whole objects are cached: an image file of a folder or manifest, a whole tar shard, a whole Parquet
 file. Later reads (the next epoch, the next run, another worker process on the node) take the bytes
 from the cache. Shards are worth caching whole: each is read in full once per epoch anyway. Without
-configuration only the images of remote folders are cached, in ``~/.cache/raypipe`` (``CacheConfig.from_env``).
+configuration only the images of remote folders are cached, in ``~/.cache/raypipe``
+(``raypipe.sources.cache_config.CacheConfig.from_env``).
 
 - **Key.** The store (filesystem type and endpoint), the object's path, its size and modification
   time, hashed: once an object's new size or time is known, it is a new entry, never served from the
@@ -50,41 +51,22 @@ import errno
 import fcntl
 import hashlib
 import os
-import re
-import struct
 import threading
 import time
 import uuid
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import BinaryIO
 
-__all__ = ["CacheConfig", "LocalCache", "SizeMismatch", "default_cache_dir", "local_cache", "parse_bytes"]
+from raypipe.sources.cache_config import CacheConfig
+from raypipe.sources.cache_segments import SegmentWriter, parse_records
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kb": 1 << 10,
-    "kib": 1 << 10,
-    "m": 1 << 20,
-    "mb": 1 << 20,
-    "mib": 1 << 20,
-    "g": 1 << 30,
-    "gb": 1 << 30,
-    "gib": 1 << 30,
-    "t": 1 << 40,
-    "tb": 1 << 40,
-    "tib": 1 << 40,
-}
+__all__ = ["LocalCache", "SizeMismatch", "local_cache"]
+
 _TMP_MAX_AGE_S = 3600.0  # a temporary file older than this has lost its writer
 _LOW_WATER = 0.9  # an eviction pass empties to this fraction of the bound, so the next fill has room
 _SEGMENTS = "segments"  # the sub-folder of the segments and their index logs
 _SEGMENT_MAX = 1 << 30  # a segment's bytes at most (and max_bytes / 16): eviction removes whole segments
-_RECORD_HEAD = struct.Struct("<32sQQ")  # an index record: key digest, offset, size ...
-_RECORD = struct.Struct("<32sQQI4x")  # ... and the crc32 of those 48 bytes
 _REFRESH_EVERY_S = 1.0  # a miss reads other processes' new index records at most this often
 _TOUCH_EVERY_S = 10.0  # a hit marks its segment used at most this often (per process)
 _OPEN_SEGMENTS = 64  # read descriptors a process keeps open (a 10 TB cache has 10,000 segments)
@@ -92,84 +74,6 @@ _OPEN_SEGMENTS = 64  # read descriptors a process keeps open (a 10 TB cache has 
 
 class SizeMismatch(OSError):
     """A fill wrote another byte count than the entry's size: the object is not the one the key names."""
-
-
-def parse_bytes(text: str | int) -> int:
-    """``"50GB"``, ``"512MiB"``, ``"1e9"`` or an int as a byte count (binary units: 1 GB = 2**30)."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"{text!r}: expected a size such as 50GB, 512MiB or 1000000")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-_OFF = ("off", "none", "0", "false", "no")  # values of RAYPIPE_CACHE_DIR that turn the cache off
-
-
-def default_cache_dir() -> str:
-    """The cache's folder when ``RAYPIPE_CACHE_DIR`` is not set: ``$XDG_CACHE_HOME/raypipe``, by default
-    ``~/.cache/raypipe``, on the node where the reader runs."""
-    base = os.environ.get("XDG_CACHE_HOME", "") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "raypipe")
-
-
-def _can_make(folder: str) -> bool:
-    """Whether ``folder`` is, or can be made as, a folder this process writes in: its nearest existing
-    ancestor (itself included) is a writable folder. Nothing is made."""
-    path = os.path.abspath(folder)
-    while not os.path.lexists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            return False
-        path = parent
-    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
-
-
-@dataclass(frozen=True)
-class CacheConfig:
-    """Where remote objects are cached on each node, and how many bytes the cache may hold there.
-
-    ``folders_only``: only the images of remote folders use it (the default cache, see ``from_env``);
-    otherwise every remote object a reader reads whole does (tar shards and Parquet files too)."""
-
-    dir: str
-    max_bytes: int
-    folders_only: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.dir:
-            raise ValueError("dir: the cache needs a folder")
-        if self.max_bytes <= 0:
-            raise ValueError(f"max_bytes={self.max_bytes}: must be positive")
-
-    def applies_to(self, kind: str) -> bool:
-        """Whether a reader of a remote dataset of this kind (folder, manifest, webdataset, parquet) uses it."""
-        return kind == "folder" or not self.folders_only
-
-    @classmethod
-    def from_env(cls) -> CacheConfig | None:
-        """The cache as configured where this runs: ``RAYPIPE_CACHE_DIR`` (a folder: every remote object;
-        ``off``: none) and ``RAYPIPE_CACHE_MAX_BYTES`` (default 50 GiB). Not set: the images of remote
-        folders are cached in ``default_cache_dir()``. A folder's images are objects of one image each,
-        read again every epoch at a request apiece (the request costs the reader more CPU than reading
-        its bytes from a local disk); shards and Parquet files come in large ranged reads already, and a
-        manifest's objects are not listed, so a hit there would cost a request anyway. Where that
-        folder cannot be made (a read-only home), None."""
-        folder = os.environ.get("RAYPIPE_CACHE_DIR", "").strip()
-        if folder.lower() in _OFF:
-            return None
-        size = os.environ.get("RAYPIPE_CACHE_MAX_BYTES", "") or "50GiB"
-        try:
-            max_bytes = parse_bytes(size)
-        except ValueError as e:
-            raise ValueError(f"RAYPIPE_CACHE_MAX_BYTES={size!r}: {e}") from None
-        if not folder:
-            # A home a process cannot write in (a read-only container, a service user's /nonexistent)
-            # leaves it without the default cache rather than failing its reads.
-            default = default_cache_dir()
-            return cls(dir=default, max_bytes=max_bytes, folders_only=True) if _can_make(default) else None
-        return cls(dir=folder, max_bytes=max_bytes)
 
 
 class LocalCache:
@@ -186,7 +90,7 @@ class LocalCache:
         self._passes = 0
         self._lock = threading.Lock()
         self._bound = config.max_bytes  # see ``bound``; set again by every eviction pass
-        self._writer: _SegmentWriter | None = None  # this process's segment being appended to
+        self._writer: SegmentWriter | None = None  # this process's segment being appended to
         self._write_lock = threading.Lock()
         # what this process knows of the segments: key digest -> (segment name, offset, size)
         self._index: dict[bytes, tuple[str, int, int]] = {}
@@ -279,13 +183,9 @@ class LocalCache:
                 tail = f.read()
         except FileNotFoundError:
             return
-        read = 0
-        for at in range(0, len(tail) - _RECORD.size + 1, _RECORD.size):
-            digest, offset, size, crc = _RECORD.unpack_from(tail, at)
-            if zlib.crc32(tail[at : at + _RECORD_HEAD.size]) != crc:
-                break  # torn or being written: read again at the next refresh
+        records, read = parse_records(tail)
+        for digest, offset, size in records:
             self._index[digest] = (name, offset, size)
-            read = at + _RECORD.size
         self._index_read[name] = start + read
 
     def _drop(self, names: set[str]) -> None:
@@ -342,7 +242,7 @@ class LocalCache:
                 # a user may clear the cache (rm -r ~/.cache/raypipe) under a running process: the
                 # folders are made again, and what it appends from then on is found by others
                 os.makedirs(self._segments, exist_ok=True)
-                writer = self._writer = _SegmentWriter(self._segments)
+                writer = self._writer = SegmentWriter(self._segments)
             offset = writer.append(digest, data)
             with self._index_lock:
                 self._index[digest] = (writer.name, offset, len(data))
@@ -463,56 +363,6 @@ class LocalCache:
             if now - mtime > _TMP_MAX_AGE_S:
                 _unlink(path)
         self.refresh()  # let go of the segments removed (an open descriptor keeps a file's space)
-
-
-class _SegmentWriter:
-    """A segment of this process's and its index log, appended to under the cache's write lock."""
-
-    def __init__(self, folder: str):
-        self.name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-        self._data = os.open(os.path.join(folder, self.name + ".seg"), flags, 0o644)
-        try:
-            self._log = os.open(os.path.join(folder, self.name + ".idx"), flags, 0o644)
-        except BaseException:
-            os.close(self._data)
-            raise
-        self.end = 0  # bytes of the segment
-        self._logged = 0  # bytes of the log
-
-    def append(self, digest: bytes, data: bytes | memoryview) -> int:
-        """Write ``data`` at the segment's end, then its index record; the offset it lies at. On a
-        failure both files are cut back to where they were."""
-        offset, size = self.end, len(data)
-        record = _RECORD.pack(digest, offset, size, zlib.crc32(_RECORD_HEAD.pack(digest, offset, size)))
-        try:
-            _write_at(self._data, data, offset)
-            _write_at(self._log, record, self._logged)
-        except BaseException:
-            for fd, length in ((self._log, self._logged), (self._data, offset)):
-                try:
-                    os.ftruncate(fd, length)
-                except OSError:
-                    pass  # the record, if any, is unreadable beyond the log's length or the segment's end
-            raise
-        self.end += size
-        self._logged += len(record)
-        return offset
-
-    def removed(self) -> bool:
-        """Whether an eviction pass removed this segment (appends to it would be lost)."""
-        return os.fstat(self._data).st_nlink == 0
-
-    def close(self) -> None:
-        os.close(self._data)
-        os.close(self._log)
-
-
-def _write_at(fd: int, data: bytes | memoryview, offset: int) -> None:
-    view = memoryview(data).cast("B")
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
 
 
 class _FileLock:

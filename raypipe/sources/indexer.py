@@ -18,8 +18,9 @@ import pyarrow.fs as pafs
 from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.remote import ReadOptions
 from raypipe.sources.shard_index import INDEX_NAME, ShardRecord, index_location, local_stamp, stamp_matches, write_index
+from raypipe.sources.shard_paths import find_shards
 from raypipe.sources.table import listed_stamp
-from raypipe.sources.webdataset import find_shards, scan_shards
+from raypipe.sources.webdataset import scan_shards
 
 __all__ = ["IndexReport", "index_shards"]
 

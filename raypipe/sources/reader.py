@@ -28,23 +28,21 @@ How a block is read depends on where it lies:
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import shutil
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from raypipe.kernels.errors import NULL_IMAGE, TRUNCATED, UNREADABLE, SkipImage
 from raypipe.sources import ray_blocks
-from raypipe.sources.cache import LocalCache, SizeMismatch, local_cache
+from raypipe.sources.cached_objects import UNLISTED, CachedObjects
 from raypipe.sources.parquet import ParquetGroups
 from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.remote import ReadOptions, read_skip, with_retries
+from raypipe.sources.request_pool import RequestPool
 from raypipe.sources.single_get import SingleGet, single_get_for
 from raypipe.sources.tar_members import BLOCK, MemberHeaders
 
@@ -63,9 +61,6 @@ Result = bytes | SkipImage
 # cost the workers fresh pages (kernel time) for every window (docs/performance.md).
 _MAX_GAP = 256 * 1024
 _MAX_RANGE = 1024 * 1024
-_FETCH_READ = 16 * 1024 * 1024  # bytes per request when a whole object is fetched into the cache
-_UNLISTED = (-1, -1)  # (object_size, object_mtime_ns) of an object the listing did not describe
-_MEMO_MAX = 65536  # entries of a reader's per-object memos before they are cleared
 
 
 class BlockReader:
@@ -76,20 +71,17 @@ class BlockReader:
             raise ValueError(f"kind={kind!r}: expected folder, manifest, parquet, webdataset or raydata")
         self.root, self.kind, self.image_column = root, kind, image_column
         self.options = options or ReadOptions()
+        self._objects = CachedObjects(root, self.options, self._get_whole)
         self._parquet = (
-            ParquetGroups(root, image_column, opener=self._open_cached if self.cached else None)
+            ParquetGroups(root, image_column, opener=self._objects.open if self.cached else None)
             if kind == "parquet"
             else None
         )
-        self._cache: LocalCache | None = None  # made on first use: the folder is the reading node's
-        self._store = ""  # the store's name in cache keys, set with _cache
-        self._pool: ThreadPoolExecutor | None = None
+        # a local root's reads run one after another; a remote root's, on threads
+        self._requests = RequestPool(self.options.in_flight, concurrent=not root.is_local)
         self._handles: dict[str, object] = {}
         # Whole image objects of an s3:// root with one GET each instead of pyarrow's HEAD + GET
         self._single_get = single_get_for(root.filesystem) if kind not in ("parquet", "raydata") else None
-        # Listed cache keys of objects found changed since the listing: read through the HEAD path
-        # directly, rather than fetched in full again only to find the size wrong once more.
-        self._changed: set[str] = set()
         self._enter_failed = False  # a fetched object could not be cached: said once
 
     def __getstate__(self):
@@ -100,112 +92,13 @@ class BlockReader:
 
     def close(self) -> None:
         """Stop this reader's threads (a reader is usable again afterwards: they restart on demand)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
-    def _threads(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.options.in_flight, thread_name_prefix="raypipe-read")
-        return self._pool
-
-    def _map(self, fn: Callable, items: Sequence) -> list:
-        """``[fn(x) for x in items]``, concurrently for a remote root."""
-        if self.root.is_local or len(items) <= 1:
-            return [fn(x) for x in items]
-        return list(self._threads().map(fn, items))
-
-    def _map_rows(self, fn: Callable, items: list[tuple[object, list[int]]], out: list, wait: bool) -> None:
-        """``out[i]`` for every row ``i`` of each ``(key, rows)`` item from ``fn(item)``, which returns one
-        result per row. ``wait=False`` on a remote root: ``out[i]`` is a Future of it, the items' requests
-        sent at once, those of the earliest rows first."""
-        if wait or self.root.is_local or not items:
-            for (_, idx), results in zip(items, self._map(fn, items), strict=True):
-                for i, result in zip(idx, results, strict=True):
-                    out[i] = result
-            return
-        pool = self._threads()
-        for item in sorted(items, key=lambda item: min(item[1])):
-            rows = [Future() for _ in item[1]]
-            for i, row in zip(item[1], rows, strict=True):
-                out[i] = row
-            pool.submit(fn, item).add_done_callback(lambda done, rows=rows: _fan_out(done, rows))
+        self._requests.close()
 
     @property
     def cached(self) -> bool:
         """Whether remote objects are read through the local cache (one that applies to this kind)."""
         cache = self.options.cache
         return cache is not None and not self.root.is_local and cache.applies_to(self.kind)
-
-    def _local_cache(self) -> LocalCache:
-        if self._cache is None:
-            self._store = _store_name(self.root.filesystem)
-            self._cache = local_cache(self.options.cache)  # type: ignore[arg-type]
-        return self._cache
-
-    def _listed_key(self, where: str, listed: tuple[int, int]) -> str | None:
-        """The cache key of object ``where`` as the listing saw it, or None: the listing did not describe
-        it (-1s), or it was found changed since."""
-        size, mtime_ns = listed
-        if size < 0 or mtime_ns < 0:
-            return None
-        self._local_cache()  # sets the store's name
-        key = LocalCache.key(self._store, where, size, mtime_ns)
-        return None if key in self._changed else key
-
-    def _cache_hit(self, path: str, listed: tuple[int, int]) -> Result | None:
-        """The bytes of ``path`` when the cache holds the object as listed (or the skip of a path outside
-        the root); None when the store must be asked (a miss, an unlisted object, a changed one)."""
-        try:
-            where = self.root.resolve(path)
-        except SkipImage as e:
-            return e
-        key = self._listed_key(where, listed)
-        if key is None:
-            return None
-        try:
-            return self._local_cache().read(key, listed[0])
-        except OSError:
-            return None
-
-    def _cached_fd(self, where: str, listed: tuple[int, int] = _UNLISTED) -> int:
-        """A descriptor of the whole object ``where`` (inside the root) in the local cache, fetched
-        first if it is not there or changed (its size or time); retried as any remote read. ``listed``:
-        the object's (size, mtime_ns) as the listing saw them, which key the entry without asking the
-        store; -1s: the store is asked (a ``HEAD``)."""
-        fs, cache, store = self.root.filesystem, self._local_cache(), self._store
-
-        def fill(f) -> None:
-            data = self._get_whole(where)
-            if data is not None:
-                f.write(data)
-            else:
-                _copy_object(fs, where, f)
-
-        key = self._listed_key(where, listed)
-        if key is not None:
-            try:
-                # A hit opens the local entry: no request. A miss fetches the object and keeps it
-                # only if it brought the listed size.
-                return with_retries(lambda: cache.get(key, listed[0], fill), self.options)
-            except SizeMismatch:
-                # Changed since the listing: keyed below by what the store says now, so the read
-                # returns what it holds now.
-                self._forget(key)
-
-        def fetch() -> int:
-            info = fs.get_file_info(where)
-            if info.type == pafs.FileType.NotFound:
-                raise FileNotFoundError(errno.ENOENT, f"{where}: not found")
-            if info.type != pafs.FileType.File:
-                raise IsADirectoryError(errno.EISDIR, f"{where}: not a file")
-            key = LocalCache.key(store, where, info.size, info.mtime_ns)
-            return cache.get(key, info.size, fill)
-
-        return with_retries(fetch, self.options)
-
-    def _open_cached(self, where: str, listed: tuple[int, int] = _UNLISTED):
-        return os.fdopen(self._cached_fd(where, listed), "rb")
 
     def read_block(self, rows: Mapping[str, np.ndarray], *, wait: bool = True) -> list[Result | Future]:
         """Bytes (or the skip) of each row of a block: ``rows`` has the block's ``path`` column, and
@@ -235,7 +128,7 @@ class BlockReader:
         sizes, mtimes = (rows.get("object_size"), rows.get("object_mtime_ns")) if self.cached else (None, None)
 
         def listed(i: int) -> tuple[int, int]:
-            return _UNLISTED if sizes is None or mtimes is None else (int(sizes[i]), int(mtimes[i]))
+            return UNLISTED if sizes is None or mtimes is None else (int(sizes[i]), int(mtimes[i]))
 
         cells = rows.get("bytes")
         if cells is not None:  # rows that come with their bytes: a Ray Data batch's, a window's pieces
@@ -254,7 +147,7 @@ class BlockReader:
                 # the misses go to the store, with requests in flight.
                 misses = []
                 for i in todo:
-                    out[i] = self._cache_hit(str(paths[i]), listed(i))
+                    out[i] = self._objects.hit(str(paths[i]), listed(i))
                     if out[i] is None:
                         misses.append(i)
                 todo = misses
@@ -263,11 +156,11 @@ class BlockReader:
                 return self._read_file(str(paths[i]), listed(i))
 
             if not wait and not self.root.is_local and len(todo) > 1:
-                pool = self._threads()
+                pool = self._requests.executor()
                 for i in todo:
                     out[i] = pool.submit(one, i)
             else:
-                for i, data in zip(todo, self._map(one, todo), strict=True):
+                for i, data in zip(todo, self._requests.map(one, todo), strict=True):
                     out[i] = data
         return out  # type: ignore[return-value]
 
@@ -285,7 +178,7 @@ class BlockReader:
 
     # -- one file per row -------------------------------------------------------------------------
 
-    def _read_file(self, path: str, listed: tuple[int, int] = _UNLISTED) -> Result:
+    def _read_file(self, path: str, listed: tuple[int, int] = UNLISTED) -> Result:
         if self.root.is_local:
             try:
                 return self.root.read_bytes(path)
@@ -296,9 +189,9 @@ class BlockReader:
         except SkipImage as e:
             return e
         try:
-            key = self._listed_key(where, listed) if self.cached else None
+            key = self._objects.listed_key(where, listed) if self.cached else None
             if self.cached and key is None:  # not as listed: the store is asked what it holds now (a HEAD)
-                with self._open_cached(where, listed) as f:
+                with self._objects.open(where, listed) as f:
                     return f.read()
             data = self._get_whole(where)
             if data is None:
@@ -307,8 +200,8 @@ class BlockReader:
                 if len(data) == listed[0]:
                     self._enter(key, data)
                 else:  # changed since the listing: read again as the store has it now, and cached so
-                    self._forget(key)
-                    with self._open_cached(where, listed) as f:
+                    self._objects.forget(key)
+                    with self._objects.open(where, listed) as f:
                         return f.read()
             return data
         except OSError as e:
@@ -318,19 +211,15 @@ class BlockReader:
         """A fetched object into the cache, which only saves later requests: where it cannot be
         written (a full or read-only disk), the read goes on without it."""
         try:
-            self._local_cache().add(key, data)
+            self._objects.local_cache().add(key, data)
         except OSError as e:
             if not self._enter_failed:
                 self._enter_failed = True
                 log.warning(
-                    "the cache in %s keeps no more objects (%s): they are read from the store", self._cache.dir, e
+                    "the cache in %s keeps no more objects (%s): they are read from the store",
+                    self._objects.local_cache().dir,
+                    e,
                 )
-
-    def _forget(self, key: str) -> None:
-        """Key ``key`` names an object that changed since the listing: its reads ask the store (a HEAD)."""
-        if len(self._changed) >= _MEMO_MAX:
-            self._changed.clear()
-        self._changed.add(key)
 
     def _get_whole(self, where: str) -> bytes | None:
         """The object's bytes with a single GET (``raypipe.sources.single_get``), or None: no such path
@@ -391,7 +280,7 @@ class BlockReader:
                 skip = read_skip(e, what) if isinstance(e, OSError) else SkipImage(UNREADABLE, f"{what}: {e}")
                 return [skip] * len(idx)
 
-        self._map_rows(one, list(groups.items()), out, wait)
+        self._requests.map_rows(one, list(groups.items()), out, wait)
 
     # -- tar members: ranged reads ----------------------------------------------------------------
 
@@ -411,7 +300,9 @@ class BlockReader:
         if self.root.is_local or self.cached:
             # a local shard, or a remote one cached whole: one descriptor per shard, members by pread
             items = list(by_shard)
-            read = self._map(lambda rel: self._pread(rel, by_shard[rel], members, listed(by_shard[rel][0])), items)
+            read = self._requests.map(
+                lambda rel: self._pread(rel, by_shard[rel], members, listed(by_shard[rel][0])), items
+            )
             for rel, results in zip(items, read, strict=True):
                 for i, data in zip(by_shard[rel], results, strict=True):
                     out[i] = data
@@ -445,15 +336,15 @@ class BlockReader:
                 members.check(self.root, rel, i, data[max(0, at - BLOCK) : at])
             return [_cut(data, int(offsets[i]) - start, int(sizes[i]), rel) for i in run]
 
-        self._map_rows(one, ranges, out, wait)
+        self._requests.map_rows(one, ranges, out, wait)
 
     def _pread(
-        self, rel: str, idx: list[int], members: MemberHeaders, listed: tuple[int, int] = _UNLISTED
+        self, rel: str, idx: list[int], members: MemberHeaders, listed: tuple[int, int] = UNLISTED
     ) -> list[Result]:
         try:
             where = self.root.resolve(rel)
             if self.cached:
-                fd = self._cached_fd(where, listed)
+                fd = self._objects.fd(where, listed)
             else:
                 fd = os.open(where, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except SkipImage as e:
@@ -488,42 +379,9 @@ class BlockReader:
         return handle.read_at(length, start)
 
 
-def _store_name(fs: pafs.FileSystem) -> str:
-    """The store a filesystem reads (its type and endpoint), for cache keys: the same bucket and key on
-    two endpoints are two objects."""
-    try:
-        opts = fs.__reduce__()[1][0]
-    except Exception:  # noqa: BLE001 - a filesystem without picklable options: its type alone
-        opts = {}
-    opts = opts if isinstance(opts, dict) else {}
-    return f"{fs.type_name}|{opts.get('endpoint_override', '')}|{opts.get('scheme', '')}"
-
-
-def _copy_object(fs: pafs.FileSystem, where: str, out) -> None:
-    # Each read of a remote stream is one request: large reads keep the requests per object few (a
-    # 256 MB shard in 16), while the memory a fetch holds stays bounded.
-    with fs.open_input_stream(where) as f:
-        shutil.copyfileobj(f, out, _FETCH_READ)
-
-
 def _read_stream(root: DatasetRoot, where: str) -> bytes:
     with root.filesystem.open_input_stream(where) as f:
         return f.read()
-
-
-def _fan_out(done: Future, rows: list[Future]) -> None:
-    """Each row's Future from its request's (a list of results, one per row), or the request's error.
-    Runs as a done-callback, where an exception would be logged and lost: every row gets an outcome."""
-    error = done.exception()
-    if error is None:
-        results = done.result()
-        if len(results) == len(rows):
-            for row, result in zip(rows, results, strict=True):
-                row.set_result(result)
-            return
-        error = AssertionError(f"a request answered {len(results)} rows of {len(rows)}")  # a bug of ours
-    for row in rows:
-        row.set_exception(error)
 
 
 def _cut(data: bytes, start: int, size: int, rel: str) -> Result:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from raypipe.kernels.errors import MISSING, UNREADABLE, SkipImage
-from raypipe.sources.cache import CacheConfig
+from raypipe.sources.cache_config import CacheConfig
 
 __all__ = ["ReadOptions", "is_missing", "is_transient", "read_skip", "reads_store_objects", "with_retries"]
 

@@ -5,7 +5,8 @@ Ray's autoscaler with the ``fake_multinode`` provider: a node it launches is a s
 this machine (raylet and agents), started by the autoscaler's monitor, ended when idle. The head is
 the trainer's node; one CPU-only node type offers the ``preprocess`` resource. Everything runs on free
 ports of its own, in a temporary directory of its own, with token auth; ending it ends exactly the
-process tree its ``ray start`` began (and anything that carries its mark), never another Ray
+process tree its ``ray start`` began (and anything that carries its mark,
+``raypipe.testing.process_tree``), never another Ray
 (``ray stop`` and ``AutoscalingCluster.start()``/``shutdown()`` end every Ray of the machine).
 
     with FakeAutoscalingCluster(max_workers=3, idle_timeout_s=6) as cluster:
@@ -19,30 +20,26 @@ import logging
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Mapping
-from contextlib import ExitStack
 from pathlib import Path
 
 import yaml
 
 from raypipe.cluster_config import DEFAULT_PREPROCESS_RESOURCE
+from raypipe.testing.free_ports import free_ports, free_range
+from raypipe.testing.process_tree import MARK_ENV, end_process_tree
 
 __all__ = [
     "FakeAutoscalingCluster",
     "autoscaling_config",
-    "end_process_tree",
-    "marked_processes",
     "PREPROCESS",
     "WORKER_TYPE",
     "HEAD_TYPE",
-    "MARK_ENV",
 ]
 
 log = logging.getLogger(__name__)
@@ -50,9 +47,6 @@ log = logging.getLogger(__name__)
 PREPROCESS = DEFAULT_PREPROCESS_RESOURCE  # the resource that steers augmentation to the CPU nodes (cluster.yaml's)
 WORKER_TYPE = "cpu"  # the CPU node type's name in the config
 HEAD_TYPE = "ray.head.default"  # the head's type: the name the fake provider gives its head
-# Every process of one cluster carries this variable (Ray passes its environment on), with the
-# cluster's own value: what finds a process that left the tree (its parent ended first).
-MARK_ENV = "RAYPIPE_FAKE_CLUSTER"
 WORKER_PORTS = 60  # the head's range of worker ports (its own processes and the driver's)
 
 
@@ -200,8 +194,8 @@ class FakeAutoscalingCluster:
         return self
 
     def _start_head(self) -> None:
-        ports = _free_ports(9)
-        workers = _free_range(WORKER_PORTS, avoid=ports)
+        ports = free_ports(9)
+        workers = free_range(WORKER_PORTS, avoid=ports)
         gcs, client, nm, om, agent_listen, agent_grpc, metrics, runtime_env, dash = ports
         self.address = f"127.0.0.1:{gcs}"
         config = autoscaling_config(
@@ -382,91 +376,6 @@ class FakeAutoscalingCluster:
         return counts
 
 
-def end_process_tree(root_pid: int, mark: str | None = None, *, grace_s: float = 3.0) -> list[str]:
-    """End ``root_pid`` and every process under it. The tree is first stopped (``SIGSTOP``, again
-    until no new process appears: a stopped process starts none), then sent ``SIGTERM`` and let go
-    on; what is left after ``grace_s`` is killed (a GCS sent ``SIGTERM`` can wait far longer, flushing
-    its events). With ``mark``, processes whose environment has
-    ``MARK_ENV=mark`` are ended too (one whose parent ended first is no longer under the root).
-    Returns those (pid and name): a tree that held everything returns none."""
-    import psutil
-
-    try:
-        root = psutil.Process(root_pid)
-    except psutil.NoSuchProcess:
-        root = None
-    seen: dict[int, psutil.Process] = {}
-    frontier = [root] if root is not None else []
-    while frontier:
-        for proc in frontier:
-            seen[proc.pid] = proc
-            _signal(proc, signal.SIGSTOP)
-        found = []
-        for proc in list(seen.values()):
-            try:
-                found += [c for c in proc.children(recursive=True) if c.pid not in seen]
-            except psutil.NoSuchProcess:
-                continue
-        frontier = list({p.pid: p for p in found}.values())
-    _end(list(seen.values()), grace_s)
-    strays: list[str] = []
-    if mark is not None:
-        for _ in range(3):
-            left = marked_processes(mark)
-            if not left:
-                break
-            strays += [f"{p.pid} {_name(p)}" for p in left]
-            for proc in left:
-                _signal(proc, signal.SIGSTOP)
-            _end(left, grace_s)
-    return strays
-
-
-def _end(procs: list, grace_s: float) -> None:
-    import psutil
-
-    for proc in procs:
-        _signal(proc, signal.SIGTERM)
-    for proc in procs:
-        _signal(proc, signal.SIGCONT)
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for proc in alive:
-        _signal(proc, signal.SIGKILL)
-    _, alive = psutil.wait_procs(alive, timeout=10)
-    if alive:
-        raise RuntimeError(f"processes that did not end on SIGKILL: {[p.pid for p in alive]}")
-
-
-def marked_processes(mark: str) -> list:
-    """The processes of this machine whose environment has ``MARK_ENV=mark`` (``psutil.Process``)."""
-    import psutil
-
-    out = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid != os.getpid() and proc.environ().get(MARK_ENV) == mark:
-                out.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return out
-
-
-def _signal(proc, sig: int) -> None:
-    import psutil
-
-    try:
-        proc.send_signal(sig)
-    except (psutil.NoSuchProcess, ProcessLookupError):
-        pass
-
-
-def _name(proc) -> str:
-    try:
-        return proc.name()
-    except Exception:  # noqa: BLE001 - it ended meanwhile
-        return "?"
-
-
 def _ray_command() -> str:
     """The ``ray`` command of this interpreter's Ray (a virtual environment's, where it runs in one)."""
     here = Path(sys.executable).parent / "ray"
@@ -475,27 +384,3 @@ def _ray_command() -> str:
 
 def _tail(path: Path, size: int = 4000) -> str:
     return path.read_bytes()[-size:].decode(errors="replace")
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free on 127.0.0.1 now."""
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-
-
-def _free_range(size: int, *, avoid: list[int]) -> int:
-    """A base port with ``size`` consecutive ports free after it, none of them in ``avoid``."""
-    for base in range(30000 + os.getpid() % 200 * 100, 60000, 137):
-        if any(base <= p < base + size for p in avoid):
-            continue
-        try:
-            with ExitStack() as stack:
-                for port in range(base, base + size):
-                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError(f"no range of {size} free ports on 127.0.0.1")

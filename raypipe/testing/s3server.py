@@ -14,8 +14,9 @@ Each top-level folder of ``root`` is a bucket; ``root/bucket/a/b.jpg`` is object
 pyarrow's ``S3FileSystem`` sends to list, stat, read and write is implemented: ListBuckets,
 HeadBucket, ListObjectsV2 (prefix, delimiter, max-keys, continuation), HeadObject, GetObject
 (with ``Range``), PutObject (and CopyObject), DeleteObject, and multipart uploads (which pyarrow uses
-for objects past its part size). Requests are not authenticated (use anonymous or any credentials).
-A key that would leave the bucket's folder (``..``, a symlink out of ``root``) is answered as missing.
+for objects past its part size; ``raypipe.testing.s3_actions``). Requests are not authenticated (use
+anonymous or any credentials). A key that would leave the bucket's folder (``..``, a symlink out of
+``root``) is answered as missing.
 
 Each ListObjectsV2 page walks (and stats) the folder under its prefix afresh, so that files changed
 behind the server's back are seen; a flat listing of ``n`` objects then costs the server ``n²/1000``
@@ -34,27 +35,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
-import hashlib
-import io
 import os
-import shutil
 import signal
 import socket
 import threading
-import time
-import urllib.parse
-import uuid
 from collections import Counter
-from email.utils import formatdate
-from http.server import BaseHTTPRequestHandler
-from typing import NamedTuple
-from xml.sax.saxutils import escape
+
+from raypipe.testing.bucket_folders import walk
+from raypipe.testing.s3_actions import make_handler
 
 __all__ = ["S3Server"]
-
-_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
-_UPLOADS = ".s3server-uploads"  # per-bucket folder of multipart uploads in progress; never listed
 
 
 class S3Server:
@@ -88,7 +78,7 @@ class S3Server:
         self._listings: dict[tuple[str, str, str], tuple[list[str], list]] = {}
         self._log_size = log_size
         self._lock = threading.Lock()
-        self._handler = _make_handler(self)
+        self._handler = make_handler(self)
         self._sock = socket.create_server(("127.0.0.1", port), backlog=256)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -149,12 +139,12 @@ class S3Server:
                 body = await _read_body(reader, headers)
                 handler = self._handler.for_request(method, path, version, headers, body)
                 try:
-                    handler.answer()  # counts the request as active (``_enter``) until it is sent
+                    handler.answer()  # counts the request as active (``record_request``) until it is sent
                 except Exception as e:  # noqa: BLE001 - a bug here: the client gets a 500, the server goes on
                     handler = self._handler.for_request(method, path, version, headers, b"")
                     handler.close_connection = True
-                    self._enter(method, "InternalError", path, "", "")
-                    handler._error(500, "InternalError", f"{type(e).__name__}: {e}")
+                    self.record_request(method, "InternalError", path, "", "")
+                    handler.reply_error(500, "InternalError", f"{type(e).__name__}: {e}")
                 try:
                     if self.latency_ms > 0:
                         await asyncio.sleep(self.latency_ms / 1000.0)
@@ -202,7 +192,8 @@ class S3Server:
 
     # -- called by the handler -------------------------------------------------------------------
 
-    def _enter(self, method: str, action: str, path: str, query: str, rng: str) -> None:
+    def record_request(self, method: str, action: str, path: str, query: str, rng: str) -> None:
+        """Count a request being answered (active until it is sent); a write forgets cached listings."""
         with self._lock:
             self.requests[(method, action)] += 1
             self.log.append((method, path, query, rng))
@@ -213,403 +204,27 @@ class S3Server:
             if method in ("PUT", "POST", "DELETE"):
                 self._listings.clear()
 
-    def _listing(self, base: str, prefix: str, delimiter: str) -> tuple[list[str], list]:
-        """(keys, entries) of ``_walk``, walked once per (base, prefix, delimiter) when listings are cached."""
+    def listing(self, base: str, prefix: str, delimiter: str) -> tuple[list[str], list]:
+        """(keys, entries) of ``bucket_folders.walk``, walked once per (base, prefix, delimiter) when listings
+        are cached."""
         if not self.cache_listings:
-            entries = _walk(base, prefix, delimiter)
+            entries = walk(base, prefix, delimiter)
             return [n for n, _ in entries], entries
         key = (base, prefix, delimiter)
         found = self._listings.get(key)
         if found is None:
-            entries = _walk(base, prefix, delimiter)
+            entries = walk(base, prefix, delimiter)
             found = self._listings[key] = ([n for n, _ in entries], entries)
         return found
+
+    def count_sent(self, n: int) -> None:
+        """Count ``n`` object bytes a GetObject reply carried."""
+        with self._lock:
+            self.bytes_sent += n
 
     def _leave(self) -> None:
         with self._lock:
             self.active -= 1
-
-    def _locate(self, bucket: str, key: str = "") -> str | None:
-        """The local path of ``bucket``/``key``, or None when it would lie outside the bucket's folder."""
-        if not bucket or bucket in (".", "..") or "/" in bucket or bucket.startswith("."):
-            return None
-        base = os.path.join(self.root, bucket)
-        parts = [p for p in key.split("/") if p]
-        if any(p in (".", "..") or p == _UPLOADS for p in parts):
-            return None
-        path = os.path.join(base, *parts)
-        real = os.path.realpath(path)
-        if real != self.root and not real.startswith(self.root + os.sep):
-            return None
-        return path
-
-
-def _etag(st: os.stat_result) -> str:
-    # Cheap and changes with the content's size or time: hashing every object would cost the CPU this
-    # server exists to save.
-    return '"' + hashlib.md5(f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}".encode()).hexdigest() + '"'
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(ts))
-
-
-def _make_handler(server: S3Server):
-    class Handler(BaseHTTPRequestHandler):
-        """The S3 actions, answering one parsed request into ``wfile`` (the server's loop sends it: one
-        write, after the latency; the TCP_NODELAY it sets keeps a reply from waiting for the client's
-        delayed ACK of an earlier one, ~40 ms on Linux). ``BaseHTTPRequestHandler`` lends the status
-        line and header formatting; its socket handling is not used."""
-
-        protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections, as with a real store
-        server_version = "raypipe-s3server"
-
-        @classmethod
-        def for_request(cls, method: str, path: str, version: str, headers, body: bytes) -> Handler:
-            self = cls.__new__(cls)
-            self.command, self.path, self.request_version = method, path, version or "HTTP/1.1"
-            self.requestline = f"{method} {path} {version}"
-            self.headers, self.rfile, self.wfile = headers, io.BytesIO(body), io.BytesIO()
-            self.client_address = ("127.0.0.1", 0)
-            self.close_connection = headers.get("Connection", "").lower() == "close" or version == "HTTP/1.0"
-            return self
-
-        def log_message(self, format, *args):  # noqa: A002 - the base class's name
-            pass
-
-        # -- plumbing ---------------------------------------------------------------------------
-
-        def _parse(self):
-            url = urllib.parse.urlsplit(self.path)
-            path = urllib.parse.unquote(url.path)
-            bucket, _, key = path.lstrip("/").partition("/")
-            query = urllib.parse.parse_qs(url.query, keep_blank_values=True)
-            return bucket, key, {k: v[0] for k, v in query.items()}, url.query
-
-        def _body(self) -> bytes:
-            data = self.rfile.read()  # the body as the loop read it (``_read_body``: chunking undone)
-            if "aws-chunked" in self.headers.get("Content-Encoding", ""):
-                data = _decode_aws_chunked(data)
-            return data
-
-        def _send(self, status: int, body: bytes = b"", headers: dict | None = None, *, head: bool = False) -> None:
-            self.send_response(status)
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            if body and "Content-Type" not in (headers or {}):
-                self.send_header("Content-Type", "application/xml")
-            if "Content-Length" not in (headers or {}):
-                self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if not head and body:
-                self.wfile.write(body)
-
-        def _error(self, status: int, code: str, message: str, *, head: bool = False) -> None:
-            body = (
-                f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{escape(message)}'
-                f"</Message><RequestId>0</RequestId></Error>"
-            ).encode()
-            self._send(status, body, head=head)
-
-        def answer(self) -> None:
-            bucket, key, query, raw_query = self._parse()
-            action = _action(self.command, bucket, key, query, self.headers)
-            server._enter(self.command, action, f"/{bucket}/{key}", raw_query, self.headers.get("Range", ""))
-            getattr(self, "_" + action)(bucket, key, query)
-
-        # -- buckets ----------------------------------------------------------------------------
-
-        def _ListBuckets(self, bucket, key, query):
-            names = sorted(
-                n
-                for n in os.listdir(server.root)
-                if not n.startswith(".") and os.path.isdir(os.path.join(server.root, n))
-            )
-            items = "".join(
-                f"<Bucket><Name>{escape(n)}</Name><CreationDate>{_iso(0)}</CreationDate></Bucket>" for n in names
-            )
-            self._send(
-                200,
-                f'<?xml version="1.0" encoding="UTF-8"?><ListAllMyBucketsResult xmlns="{_NS}">'
-                f"<Owner><ID>raypipe</ID></Owner><Buckets>{items}</Buckets></ListAllMyBucketsResult>".encode(),
-            )
-
-        def _HeadBucket(self, bucket, key, query):
-            base = server._locate(bucket)
-            if base is None or not os.path.isdir(base):
-                return self._error(404, "NoSuchBucket", bucket, head=True)
-            self._send(200, headers={"x-amz-bucket-region": "us-east-1"}, head=True)
-
-        def _ListObjectsV2(self, bucket, key, query):
-            base = server._locate(bucket)
-            if base is None or not os.path.isdir(base):
-                return self._error(404, "NoSuchBucket", bucket)
-            prefix, delimiter = query.get("prefix", ""), query.get("delimiter", "")
-            max_keys = max(1, min(1000, int(query.get("max-keys") or 1000)))
-            after = query.get("continuation-token") or query.get("start-after") or ""
-            names, entries = server._listing(base, prefix, delimiter)  # (key or common prefix, stat or None)
-            first = bisect.bisect_right(names, after)  # strictly after `after`
-            page = entries[first : first + max_keys]
-            truncated = len(entries) - first > max_keys
-            contents = "".join(
-                f"<Contents><Key>{escape(n)}</Key><LastModified>{_iso(st.st_mtime)}</LastModified><ETag>"
-                f"{escape(_etag(st))}</ETag><Size>{st.st_size}</Size><StorageClass>STANDARD</StorageClass></Contents>"
-                for n, st in page
-                if st is not None
-            )
-            prefixes = "".join(
-                f"<CommonPrefixes><Prefix>{escape(n)}</Prefix></CommonPrefixes>" for n, st in page if st is None
-            )
-            token = f"<NextContinuationToken>{escape(page[-1][0])}</NextContinuationToken>" if truncated else ""
-            body = (
-                f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="{_NS}"><Name>{escape(bucket)}'
-                f"</Name><Prefix>{escape(prefix)}</Prefix><Delimiter>{escape(delimiter)}</Delimiter>"
-                f"<MaxKeys>{max_keys}</MaxKeys><KeyCount>{len(page)}</KeyCount>"
-                f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>{token}{contents}{prefixes}"
-                "</ListBucketResult>"
-            )
-            self._send(200, body.encode())
-
-        # -- objects ----------------------------------------------------------------------------
-
-        def _stat(self, bucket, key):
-            path = server._locate(bucket, key)
-            if path is None or key.endswith("/") or not key:
-                return None, None
-            try:
-                st = os.stat(path)
-            except OSError:
-                return None, None
-            return (path, st) if os.path.isfile(path) else (None, None)
-
-        def _object_headers(self, st) -> dict:
-            return {
-                "Last-Modified": formatdate(st.st_mtime, usegmt=True),
-                "ETag": _etag(st),
-                "Accept-Ranges": "bytes",
-                "Content-Type": "application/octet-stream",
-            }
-
-        def _HeadObject(self, bucket, key, query):
-            path, st = self._stat(bucket, key)
-            if path is None:
-                return self._error(404, "NoSuchKey", key, head=True)
-            self._send(200, headers={**self._object_headers(st), "Content-Length": str(st.st_size)}, head=True)
-
-        def _GetObject(self, bucket, key, query):
-            path, st = self._stat(bucket, key)
-            if path is None:
-                return self._error(404, "NoSuchKey", key)
-            size = st.st_size
-            start, end, status = 0, size - 1, 200
-            headers = self._object_headers(st)
-            rng = self.headers.get("Range")
-            if rng:
-                parsed = _range(rng, size)
-                if parsed is None:
-                    return self._error(416, "InvalidRange", f"{rng} of {size} bytes")
-                start, end = parsed
-                status = 206
-                headers["Content-Range"] = f"bytes {start}-{end}/{size}"
-            length = end - start + 1
-            headers["Content-Length"] = str(length)
-            try:
-                with open(path, "rb") as f:
-                    data = os.pread(f.fileno(), length, start) if length > 0 else b""
-            except OSError:
-                return self._error(404, "NoSuchKey", key)
-            self._send(status, headers=headers)
-            self.wfile.write(data)
-            with server._lock:
-                server.bytes_sent += len(data)
-
-        def _PutObject(self, bucket, key, query):
-            base = server._locate(bucket)
-            path = server._locate(bucket, key)
-            if base is None or not os.path.isdir(base) or path is None:
-                return self._error(404, "NoSuchBucket", bucket)
-            data = self._body()
-            if key.endswith("/"):  # a "directory" marker
-                os.makedirs(path, exist_ok=True)
-                return self._send(200, headers={"ETag": '"d41d8cd98f00b204e9800998ecf8427e"'})
-            source = self.headers.get("x-amz-copy-source")
-            if source:
-                src_bucket, _, src_key = urllib.parse.unquote(source).lstrip("/").partition("/")
-                src, _ = self._stat(src_bucket, src_key)
-                if src is None:
-                    return self._error(404, "NoSuchKey", src_key)
-                _atomic_write(path, lambda f: shutil.copyfileobj(open(src, "rb"), f))
-                st = os.stat(path)
-                body = (
-                    f'<?xml version="1.0" encoding="UTF-8"?><CopyObjectResult><LastModified>{_iso(st.st_mtime)}'
-                    f"</LastModified><ETag>{escape(_etag(st))}</ETag></CopyObjectResult>"
-                )
-                return self._send(200, body.encode())
-            _atomic_write(path, lambda f: f.write(data))
-            self._send(200, headers={"ETag": _etag(os.stat(path))})
-
-        def _DeleteObject(self, bucket, key, query):
-            path = server._locate(bucket, key)
-            if path is not None:
-                try:
-                    if key.endswith("/"):
-                        os.rmdir(path)
-                    else:
-                        os.unlink(path)
-                except OSError:
-                    pass  # S3 answers 204 whether or not the key existed
-            self._send(204)
-
-        # -- multipart uploads ------------------------------------------------------------------
-
-        def _uploads(self, bucket, upload_id=""):
-            base = server._locate(bucket)
-            if base is None or not os.path.isdir(base) or "/" in upload_id or upload_id.startswith("."):
-                return None
-            return os.path.join(base, _UPLOADS, upload_id)
-
-        def _CreateMultipartUpload(self, bucket, key, query):
-            self._body()
-            upload_id = uuid.uuid4().hex
-            folder = self._uploads(bucket, upload_id)
-            if folder is None or server._locate(bucket, key) is None:
-                return self._error(404, "NoSuchBucket", bucket)
-            os.makedirs(folder)
-            body = (
-                f'<?xml version="1.0" encoding="UTF-8"?><InitiateMultipartUploadResult xmlns="{_NS}"><Bucket>'
-                f"{escape(bucket)}</Bucket><Key>{escape(key)}</Key><UploadId>{upload_id}</UploadId>"
-                "</InitiateMultipartUploadResult>"
-            )
-            self._send(200, body.encode())
-
-        def _UploadPart(self, bucket, key, query):
-            folder = self._uploads(bucket, query.get("uploadId", ""))
-            data = self._body()
-            if folder is None or not os.path.isdir(folder):
-                return self._error(404, "NoSuchUpload", query.get("uploadId", ""))
-            number = int(query["partNumber"])
-            with open(os.path.join(folder, f"{number:05d}"), "wb") as f:
-                f.write(data)
-            self._send(200, headers={"ETag": '"' + hashlib.md5(data).hexdigest() + '"'})
-
-        def _CompleteMultipartUpload(self, bucket, key, query):
-            self._body()  # the part list: every uploaded part is used, in number order
-            folder = self._uploads(bucket, query.get("uploadId", ""))
-            path = server._locate(bucket, key)
-            if folder is None or path is None or not os.path.isdir(folder):
-                return self._error(404, "NoSuchUpload", query.get("uploadId", ""))
-
-            def join(f):
-                for part in sorted(os.listdir(folder)):
-                    with open(os.path.join(folder, part), "rb") as p:
-                        shutil.copyfileobj(p, f)
-
-            _atomic_write(path, join)
-            shutil.rmtree(folder, ignore_errors=True)
-            st = os.stat(path)
-            body = (
-                f'<?xml version="1.0" encoding="UTF-8"?><CompleteMultipartUploadResult xmlns="{_NS}"><Bucket>'
-                f"{escape(bucket)}</Bucket><Key>{escape(key)}</Key><ETag>{escape(_etag(st))}</ETag>"
-                "</CompleteMultipartUploadResult>"
-            )
-            self._send(200, body.encode())
-
-        def _AbortMultipartUpload(self, bucket, key, query):
-            folder = self._uploads(bucket, query.get("uploadId", ""))
-            if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
-            self._send(204)
-
-        def _Unsupported(self, bucket, key, query):
-            if self.command in ("PUT", "POST"):
-                self._body()
-            self._error(501, "NotImplemented", f"{self.command} {self.path}", head=self.command == "HEAD")
-
-    return Handler
-
-
-def _action(method: str, bucket: str, key: str, query: dict, headers) -> str:
-    if not bucket:
-        return "ListBuckets" if method == "GET" else "Unsupported"
-    if not key:
-        if method == "HEAD":
-            return "HeadBucket"
-        if method == "GET" and query.get("list-type") == "2":
-            return "ListObjectsV2"
-        return "Unsupported"
-    if method == "POST":
-        return (
-            "CreateMultipartUpload"
-            if "uploads" in query
-            else "CompleteMultipartUpload"
-            if "uploadId" in query
-            else "Unsupported"
-        )
-    if method == "PUT":
-        return "UploadPart" if "uploadId" in query else "PutObject"
-    if method == "DELETE":
-        return "AbortMultipartUpload" if "uploadId" in query else "DeleteObject"
-    return {"HEAD": "HeadObject", "GET": "GetObject"}.get(method, "Unsupported")
-
-
-def _walk(base: str, prefix: str, delimiter: str):
-    """``(key, stat)`` of the objects under ``base`` whose keys start with ``prefix``, and ``(common
-    prefix, None)`` for each folder the delimiter rolls up, in key order (as S3 sorts them). An empty
-    folder is what a PutObject of ``folder/`` leaves: the empty marker object ``folder/``, as on S3."""
-    folder = prefix.rpartition("/")[0] if "/" in prefix else ""
-    if any(p in (".", "..") for p in folder.split("/")):
-        return []
-    start = os.path.join(base, *folder.split("/")) if folder else base
-    found: dict[str, os.stat_result | None] = {}
-
-    def visit(dirpath: str, keybase: str) -> None:
-        try:
-            it = list(os.scandir(dirpath))
-        except OSError:
-            return
-        if not it and keybase.startswith(prefix) and keybase:
-            st = os.stat(dirpath)
-            found[keybase] = _Marker(0, st.st_mtime, st.st_mtime_ns, st.st_ino)
-        for entry in it:
-            name = keybase + entry.name
-            if entry.name == _UPLOADS and not keybase:
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                sub = name + "/"
-                if not (sub.startswith(prefix) or prefix.startswith(sub)):
-                    continue
-                if delimiter == "/" and sub.startswith(prefix) and len(sub) > len(prefix):
-                    found[sub] = None  # rolled up: S3 does not descend
-                else:
-                    visit(entry.path, sub)
-            elif entry.is_file(follow_symlinks=False) and name.startswith(prefix):
-                found[name] = entry.stat()
-
-    visit(start, folder + "/" if folder else "")
-    return sorted(found.items())
-
-
-class _Marker(NamedTuple):
-    """The stat of a folder marker object (an empty folder): no bytes."""
-
-    st_size: int
-    st_mtime: float
-    st_mtime_ns: int
-    st_ino: int
-
-
-def _range(header: str, size: int) -> tuple[int, int] | None:
-    """``bytes=a-b``, ``bytes=a-`` or ``bytes=-n`` as inclusive ``(start, end)``; None if unsatisfiable."""
-    unit, _, spec = header.partition("=")
-    if unit.strip() != "bytes" or "," in spec:
-        return None
-    first, _, last = spec.strip().partition("-")
-    if first == "":
-        n = int(last)
-        return (max(0, size - n), size - 1) if n > 0 and size > 0 else None
-    start = int(first)
-    end = min(int(last), size - 1) if last else size - 1
-    return (start, end) if start < size and start <= end else None
 
 
 class _Headers(dict):
@@ -637,32 +252,6 @@ async def _read_body(reader: asyncio.StreamReader, headers: _Headers) -> bytes:
             await reader.readline()  # the CRLF after the chunk
     length = int(headers.get("Content-Length") or 0)
     return await reader.readexactly(length) if length > 0 else b""
-
-
-def _atomic_write(path: str, write) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.s3server-{uuid.uuid4().hex}"
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _decode_aws_chunked(data: bytes) -> bytes:
-    """The payload of an ``aws-chunked`` body (``<hex size>[;ext]\\r\\n<data>\\r\\n`` …, trailers last)."""
-    out, pos = bytearray(), 0
-    while pos < len(data):
-        eol = data.index(b"\r\n", pos)
-        size = int(data[pos:eol].split(b";")[0], 16)
-        if size == 0:
-            break
-        out += data[eol + 2 : eol + 2 + size]
-        pos = eol + 2 + size + 2
-    return bytes(out)
 
 
 def main() -> None:

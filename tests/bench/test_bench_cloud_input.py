@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from raypipe.sources.cache import CacheConfig, LocalCache
+from raypipe.sources.cache import LocalCache
+from raypipe.sources.cache_config import CacheConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

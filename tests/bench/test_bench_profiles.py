@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from raypipe.sources.cache import CacheConfig, LocalCache
+from raypipe.sources.cache import LocalCache
+from raypipe.sources.cache_config import CacheConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "profiles.py"

@@ -17,8 +17,9 @@ import pytest
 
 from raypipe.kernels.errors import MISSING, OUTSIDE_ROOT
 from raypipe.sources import BlockReader, ReadOptions, open_source
-from raypipe.sources.cache import CacheConfig, LocalCache, local_cache, parse_bytes
-from raypipe.sources.reader import _store_name
+from raypipe.sources.cache import LocalCache, local_cache
+from raypipe.sources.cache_config import CacheConfig, parse_bytes
+from raypipe.sources.cached_objects import store_name
 from raypipe.sources.table import column_or_default
 from raypipe.testing import S3Server
 
@@ -109,7 +110,8 @@ def test_a_partial_file_is_never_served(tmp_path):
 
 _FILLER = textwrap.dedent("""
     import os, sys, time
-    from raypipe.sources.cache import CacheConfig, LocalCache
+    from raypipe.sources.cache import LocalCache
+    from raypipe.sources.cache_config import CacheConfig
     cache = LocalCache(CacheConfig(dir=sys.argv[1], max_bytes=10**6))
     key = LocalCache.key("t", "shared", 300_000, 0)
     while time.time() < float(sys.argv[3]):  # start together
@@ -174,7 +176,8 @@ def test_an_eviction_pass_sweeps_temporary_files_whose_writers_are_gone(tmp_path
 
 _APPENDER = textwrap.dedent("""
     import sys
-    from raypipe.sources.cache import CacheConfig, LocalCache
+    from raypipe.sources.cache import LocalCache
+    from raypipe.sources.cache_config import CacheConfig
     cache = LocalCache(CacheConfig(dir=sys.argv[1], max_bytes=10**6))
     for i in range(3):
         cache.add(LocalCache.key("t", f"img{i}", 1000, 0), bytes([i]) * 1000)
@@ -384,7 +387,7 @@ def test_second_read_hits_the_cache(served, tmp_path):
     server.reset_counts()
     assert again.read_block(_batch(rows)) == got
     assert server.count() == 0, dict(server.requests)  # no HeadObject, no GetObject
-    assert again._pool is None  # hits are local reads, made in the caller's thread: no request threads
+    assert not again._requests.started  # hits are local reads, made in the caller's thread: no request threads
     local = open_source(str(bucket / "folder"))
     assert got == BlockReader(local.root, local.kind).read_block(_batch(local))
     # the cache is no way out of the root
@@ -450,7 +453,7 @@ def test_an_object_changed_after_the_listing_is_read_as_it_is_now(served, tmp_pa
     cache = LocalCache(CacheConfig(dir=str(tmp_path / "fresh"), max_bytes=10**8))
     for i in range(2):
         size, mtime = int(three["object_size"][i]), int(three["object_mtime_ns"][i])
-        listed = LocalCache.key(_store_name(fs), rows.root.resolve(paths[i]), size, mtime)
+        listed = LocalCache.key(store_name(fs), rows.root.resolve(paths[i]), size, mtime)
         assert listed not in cache.sizes() and cache.read(listed, size) is None
     # read again: this reader knows they changed, so it asks the store (HEAD) and hits; no transfer
     server.reset_counts()

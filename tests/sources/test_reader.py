@@ -274,11 +274,11 @@ def test_reader_pickles_without_its_threads(tmp_path):
 def test_a_requests_outcome_reaches_each_of_its_rows():
     from concurrent.futures import Future
 
-    from raypipe.sources.reader import _fan_out
+    from raypipe.sources.request_pool import fan_out
 
     def fanned(outcome) -> list[Future]:
         request, rows = Future(), [Future() for _ in range(3)]
-        request.add_done_callback(lambda done: _fan_out(done, rows))
+        request.add_done_callback(lambda done: fan_out(done, rows))
         if isinstance(outcome, BaseException):
             request.set_exception(outcome)
         else:

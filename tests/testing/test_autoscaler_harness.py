@@ -22,15 +22,8 @@ import ray
 from ray.autoscaler.sdk import request_resources
 
 from raypipe.cluster_config import ray_schema_path
-from raypipe.testing.autoscaler import (
-    MARK_ENV,
-    PREPROCESS,
-    WORKER_TYPE,
-    FakeAutoscalingCluster,
-    autoscaling_config,
-    end_process_tree,
-    marked_processes,
-)
+from raypipe.testing.autoscaler import PREPROCESS, WORKER_TYPE, FakeAutoscalingCluster, autoscaling_config
+from raypipe.testing.process_tree import MARK_ENV, end_process_tree, marked_processes
 
 log = logging.getLogger(__name__)
 
