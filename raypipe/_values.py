@@ -1,18 +1,57 @@
-"""Small helpers of raypipe's frozen option values (``ListingOptions``, ``RankSpan``): standard library
-only, so that every layer, the plan included, may use them."""
+"""Small helpers of raypipe's frozen option values (configs, ``ListingOptions``, ``RankSpan``, the device
+modules' keywords, ``Settings``): one way to refuse a value, and one rule for what an int or a number is.
+Standard library only, so that every layer, the plan included, may use them.
+
+The rule: an int is any integral number but a bool (NumPy's integers are ints: a size computed with
+NumPy, or read from an array, is one); a number is any real number but a bool or NaN. Checks return
+the value as a Python ``int`` or ``float``, so that what a config keeps writes to JSON and YAML as it is.
+"""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import numbers
+from typing import Any, NoReturn, TypeVar
 
-__all__ = ["fail", "one_value"]
+__all__ = ["fail", "is_int", "is_number", "check_int", "check_prob", "check_nonneg", "one_value"]
 
 T = TypeVar("T")
 
 
-def fail(name: str, value: Any, why: str) -> None:
-    """The error a value's check raises: it names the field first."""
+def fail(name: str, value: Any, why: str) -> NoReturn:
+    """The error a value's check raises: it names the field first (``name=value: why``)."""
     raise ValueError(f"{name}={value!r}: {why}")
+
+
+def is_int(value: Any) -> bool:
+    """An integral number that is not a bool: ``int`` or a NumPy integer (``numbers.Integral``, which
+    NumPy's integer types register with; its ``bool_`` does not)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """A real number that is neither a bool nor NaN (NumPy's integers and floats included)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
+
+
+def check_int(name: str, value: Any, lo: int) -> int:
+    """``value`` as an ``int`` if it is an int >= ``lo``, else ``fail``."""
+    if not is_int(value) or value < lo:
+        fail(name, value, f"expected an int >= {lo}")
+    return int(value)
+
+
+def check_prob(name: str, value: Any) -> float:
+    """``value`` as a ``float`` if it is a number in [0, 1], else ``fail``."""
+    if not is_number(value) or not 0.0 <= value <= 1.0:
+        fail(name, value, "expected a probability in [0, 1]")
+    return float(value)
+
+
+def check_nonneg(name: str, value: Any) -> float:
+    """``value`` as a ``float`` if it is a finite number >= 0, else ``fail``."""
+    if not is_number(value) or value < 0 or value == float("inf"):
+        fail(name, value, "expected a finite number >= 0")
+    return float(value)
 
 
 def one_value(cls: type[T], value: T | None, keywords: dict[str, Any], *, name: str, what: str) -> T:
