@@ -104,9 +104,6 @@ def parse_bytes(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-_OFF = ("off", "none", "0", "false", "no")  # values of RAYPIPE_CACHE_DIR that turn the cache off
-
-
 def default_cache_dir() -> str:
     """The cache's folder when ``RAYPIPE_CACHE_DIR`` is not set: ``$XDG_CACHE_HOME/raypipe``, by default
     ``~/.cache/raypipe``, on the node where the reader runs."""
@@ -149,21 +146,23 @@ class CacheConfig:
 
     @classmethod
     def from_env(cls) -> CacheConfig | None:
-        """The cache as configured where this runs: ``RAYPIPE_CACHE_DIR`` (a folder: every remote object;
-        ``off``: none) and ``RAYPIPE_CACHE_MAX_BYTES`` (default 50 GiB). Not set: the images of remote
-        folders are cached in ``default_cache_dir()``. A folder's images are objects of one image each,
+        """The cache of the settings in force here (``raypipe.settings.current()``)."""
+        from raypipe import settings
+
+        return cls.from_settings(settings.current())
+
+    @classmethod
+    def from_settings(cls, s) -> CacheConfig | None:
+        """The cache of settings ``s`` where this runs: ``cache_dir`` (``RAYPIPE_CACHE_DIR``; a folder:
+        every remote object; ``off``: none) and ``cache_max_bytes`` (default 50 GiB). Not set: the
+        images of remote folders are cached in ``default_cache_dir()``. A folder's images are objects of one image each,
         read again every epoch at a request apiece (the request costs the reader more CPU than reading
         its bytes from a local disk); shards and Parquet files come in large ranged reads already, and a
         manifest's objects are not listed, so a hit there would cost a request anyway. Where that
         folder cannot be made (a read-only home), None."""
-        folder = os.environ.get("RAYPIPE_CACHE_DIR", "").strip()
-        if folder.lower() in _OFF:
+        if s.cache_off:
             return None
-        size = os.environ.get("RAYPIPE_CACHE_MAX_BYTES", "") or "50GiB"
-        try:
-            max_bytes = parse_bytes(size)
-        except ValueError as e:
-            raise ValueError(f"RAYPIPE_CACHE_MAX_BYTES={size!r}: {e}") from None
+        folder, max_bytes = s.cache_dir, s.cache_max_bytes
         if not folder:
             # A home a process cannot write in (a read-only container, a service user's /nonexistent)
             # leaves it without the default cache rather than failing its reads.
