@@ -11,12 +11,14 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from raypipe._values import check_prob, fail, is_int, is_number
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -45,42 +47,32 @@ CROP_MODES = ("center", "squash", "border")
 DEFAULT_MAX_PIXELS = 89_478_485
 
 
-def _fail(name: str, value: Any, why: str) -> None:
-    raise ValueError(f"{name}={value!r}: {why}")
-
-
 def _size2(name: str, value: Any) -> tuple[int, int]:
     """Accept an int (square), a (H, W) pair or timm's (C, H, W) input_size."""
-    if isinstance(value, bool):
-        _fail(name, value, "expected an int or (H, W)")
-    if isinstance(value, int):
+    if is_int(value):
         value = (value, value)
+    elif isinstance(value, str) or not isinstance(value, Iterable):
+        fail(name, value, "expected an int or (H, W)")
     value = tuple(value)
     if len(value) == 3:
         if value[0] != 3:
-            _fail(name, value, "only 3-channel input is supported")
+            fail(name, value, "only 3-channel input is supported")
         value = value[1:]
-    if len(value) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        _fail(name, value, "expected an int, (H, W) or (3, H, W)")
+    if len(value) != 2 or not all(is_int(v) for v in value):
+        fail(name, value, "expected an int, (H, W) or (3, H, W)")
     if min(value) < 1 or max(value) > 8192:
-        _fail(name, value, "sizes must be in 1..8192")
-    return value  # type: ignore[return-value]
+        fail(name, value, "sizes must be in 1..8192")
+    return (int(value[0]), int(value[1]))
 
 
 def _range2(name: str, value: Any, lo: float, hi: float) -> tuple[float, float]:
     try:
         a, b = (float(v) for v in value)
     except (TypeError, ValueError):
-        _fail(name, value, "expected a (min, max) pair of numbers")
+        fail(name, value, "expected a (min, max) pair of numbers")
     if not (lo <= a <= b <= hi) or math.isnan(a) or math.isnan(b):
-        _fail(name, value, f"expected {lo} <= min <= max <= {hi}")
+        fail(name, value, f"expected {lo} <= min <= max <= {hi}")
     return (a, b)
-
-
-def _prob(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        _fail(name, value, "expected a probability in [0, 1]")
-    return float(value)
 
 
 def _set(obj: Any, name: str, value: Any) -> None:
@@ -97,10 +89,11 @@ class DecodeConfig:
     dct_scaling: bool | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, int) or self.max_pixels < 1:
-            _fail("max_pixels", self.max_pixels, "expected a positive int")
+        if not is_int(self.max_pixels) or self.max_pixels < 1:
+            fail("max_pixels", self.max_pixels, "expected a positive int")
+        _set(self, "max_pixels", int(self.max_pixels))
         if self.dct_scaling is not None and not isinstance(self.dct_scaling, bool):
-            _fail("dct_scaling", self.dct_scaling, "expected true, false or null (on for train, off for eval)")
+            fail("dct_scaling", self.dct_scaling, "expected true, false or null (on for train, off for eval)")
 
     def dct_for(self, training: bool) -> bool:
         """Whether a transform decodes JPEGs DCT-scaled: ``dct_scaling``, or by default only in training."""
@@ -131,31 +124,31 @@ class TrainAugment:
         _set(self, "input_size", _size2("input_size", self.input_size))
         _set(self, "scale", _range2("scale", self.scale, 0.0, 1.0))
         if self.scale[1] <= 0:
-            _fail("scale", self.scale, "max must be > 0")
+            fail("scale", self.scale, "max must be > 0")
         _set(self, "ratio", _range2("ratio", self.ratio, 1e-3, 1e3))
         if self.interpolation not in INTERPOLATIONS:
-            _fail("interpolation", self.interpolation, f"expected one of {INTERPOLATIONS}")
+            fail("interpolation", self.interpolation, f"expected one of {INTERPOLATIONS}")
         for name in ("hflip", "vflip", "grayscale_prob", "gaussian_blur_prob"):
-            _set(self, name, _prob(name, getattr(self, name)))
+            _set(self, name, check_prob(name, getattr(self, name)))
         if self.color_jitter_prob is not None:
-            _set(self, "color_jitter_prob", _prob("color_jitter_prob", self.color_jitter_prob))
+            _set(self, "color_jitter_prob", check_prob("color_jitter_prob", self.color_jitter_prob))
         cj = self.color_jitter
         if cj is not None:
-            if isinstance(cj, (int, float)) and not isinstance(cj, bool):
+            if is_number(cj):
                 cj = (float(cj),) * 3
             try:
                 cj = tuple(float(v) for v in cj)
             except (TypeError, ValueError):
-                _fail("color_jitter", self.color_jitter, "expected a number or a 3/4-tuple")
+                fail("color_jitter", self.color_jitter, "expected a number or a 3/4-tuple")
             if len(cj) not in (3, 4) or any(v < 0 for v in cj) or (len(cj) == 4 and cj[3] > 0.5):
-                _fail("color_jitter", self.color_jitter, "expected 3 or 4 values >= 0 (hue <= 0.5)")
+                fail("color_jitter", self.color_jitter, "expected 3 or 4 values >= 0 (hue <= 0.5)")
             _set(self, "color_jitter", cj)
         if self.auto_augment is not None:
             if not isinstance(self.auto_augment, str) or not self.auto_augment:
-                _fail("auto_augment", self.auto_augment, "expected a timm policy string")
+                fail("auto_augment", self.auto_augment, "expected a timm policy string")
             head = self.auto_augment.split("-")[0]
             if head not in ("rand", "augmix", "original", "originalr", "v0", "v0r", "3a"):
-                _fail("auto_augment", self.auto_augment, "unknown policy (rand-, augmix-, original, v0, 3a)")
+                fail("auto_augment", self.auto_augment, "unknown policy (rand-, augmix-, original, v0, 3a)")
         _set(self, "mean", _range_mean("mean", self.mean))
 
 
@@ -163,9 +156,9 @@ def _range_mean(name: str, value: Any) -> tuple[float, float, float]:
     try:
         v = tuple(float(x) for x in value)
     except (TypeError, ValueError):
-        _fail(name, value, "expected 3 numbers")
+        fail(name, value, "expected 3 numbers")
     if len(v) != 3 or not all(0.0 <= x <= 1.0 for x in v):
-        _fail(name, value, "expected 3 numbers in [0, 1]")
+        fail(name, value, "expected 3 numbers in [0, 1]")
     return v  # type: ignore[return-value]
 
 
@@ -180,16 +173,12 @@ class EvalAugment:
 
     def __post_init__(self) -> None:
         _set(self, "input_size", _size2("input_size", self.input_size))
-        if (
-            isinstance(self.crop_pct, bool)
-            or not isinstance(self.crop_pct, (int, float))
-            or not (0.0 < self.crop_pct <= 1.0)
-        ):
-            _fail("crop_pct", self.crop_pct, "expected 0 < crop_pct <= 1")
+        if not is_number(self.crop_pct) or not (0.0 < self.crop_pct <= 1.0):
+            fail("crop_pct", self.crop_pct, "expected 0 < crop_pct <= 1")
         if self.crop_mode not in CROP_MODES:
-            _fail("crop_mode", self.crop_mode, f"expected one of {CROP_MODES}")
+            fail("crop_mode", self.crop_mode, f"expected one of {CROP_MODES}")
         if self.interpolation not in ("bilinear", "bicubic"):
-            _fail("interpolation", self.interpolation, "expected bilinear or bicubic")
+            fail("interpolation", self.interpolation, "expected bilinear or bicubic")
 
 
 def auto_chunk_rows(batch_size: int) -> int:
@@ -225,16 +214,18 @@ class PipelineConfig:
     def __post_init__(self) -> None:
         for name in ("batch_size", "shuffle_window"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                _fail(name, v, "expected a positive int")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            _fail("seed", self.seed, "expected an int >= 0")
+            if not is_int(v) or v < 1:
+                fail(name, v, "expected a positive int")
+            _set(self, name, int(v))
+        if not is_int(self.seed) or self.seed < 0:
+            fail("seed", self.seed, "expected an int >= 0")
+        _set(self, "seed", int(self.seed))
         if self.max_skip_ratio is not None:
-            _set(self, "max_skip_ratio", _prob("max_skip_ratio", self.max_skip_ratio))
-        if self.max_skips is not None and (
-            isinstance(self.max_skips, bool) or not isinstance(self.max_skips, int) or self.max_skips < 0
-        ):
-            _fail("max_skips", self.max_skips, "expected an int >= 0 or None")
+            _set(self, "max_skip_ratio", check_prob("max_skip_ratio", self.max_skip_ratio))
+        if self.max_skips is not None:
+            if not is_int(self.max_skips) or self.max_skips < 0:
+                fail("max_skips", self.max_skips, "expected an int >= 0 or None")
+            _set(self, "max_skips", int(self.max_skips))
 
 
 BACKENDS = ("auto", "ray", "local", "nodes")
@@ -291,44 +282,44 @@ class ExecutionConfig:
     max_cpus: float | None = None
 
     def __post_init__(self) -> None:
-        if self.num_tasks is not None and (
-            isinstance(self.num_tasks, bool) or not isinstance(self.num_tasks, int) or self.num_tasks < 1
-        ):
-            _fail("num_tasks", self.num_tasks, "expected a positive int or None")
+        for name in ("num_tasks", "chunk_rows"):
+            v = getattr(self, name)
+            if v is not None:
+                if not is_int(v) or v < 1:
+                    fail(name, v, "expected a positive int or None")
+                _set(self, name, int(v))
         c = self.cpus_per_task
-        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c <= 64):
-            _fail("cpus_per_task", c, "expected 0 < cpus_per_task <= 64, or null (auto)")
-        if self.chunk_rows is not None and (
-            isinstance(self.chunk_rows, bool) or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1
-        ):
-            _fail("chunk_rows", self.chunk_rows, "expected a positive int or None")
+        if c is not None and (not is_number(c) or not 0 < c <= 64):
+            fail("cpus_per_task", c, "expected 0 < cpus_per_task <= 64, or null (auto)")
         p = self.prefetch_chunks
-        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
-            _fail("prefetch_chunks", p, "expected an int >= 0")
+        if not is_int(p) or p < 0:
+            fail("prefetch_chunks", p, "expected an int >= 0")
+        _set(self, "prefetch_chunks", int(p))
         if self.worker_sched_idle is not None and not isinstance(self.worker_sched_idle, bool):
-            _fail("worker_sched_idle", self.worker_sched_idle, "expected true, false or null (auto)")
+            fail("worker_sched_idle", self.worker_sched_idle, "expected true, false or null (auto)")
         nice = self.worker_nice
-        if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
-            _fail("worker_nice", self.worker_nice, "expected an int in 0..19")
+        if not is_int(nice) or not 0 <= nice <= 19:
+            fail("worker_nice", self.worker_nice, "expected an int in 0..19")
+        _set(self, "worker_nice", int(nice))
         if not isinstance(self.resources, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and v >= 0 for k, v in self.resources.items()
+            isinstance(k, str) and is_number(v) and v >= 0 for k, v in self.resources.items()
         ):
-            _fail("resources", self.resources, "expected a mapping of resource name -> amount >= 0")
+            fail("resources", self.resources, "expected a mapping of resource name -> amount >= 0")
         _set(self, "resources", types.MappingProxyType(dict(self.resources)))
         if self.backend not in BACKENDS:
-            _fail("backend", self.backend, f"expected one of {', '.join(BACKENDS)}")
+            fail("backend", self.backend, f"expected one of {', '.join(BACKENDS)}")
         if not isinstance(self.elastic, bool):
-            _fail("elastic", self.elastic, "expected true or false")
+            fail("elastic", self.elastic, "expected true or false")
         if self.elastic and self.backend != "nodes":
-            _fail("elastic", self.elastic, f"an elastic width needs backend='nodes', not {self.backend!r}")
+            fail("elastic", self.elastic, f"an elastic width needs backend='nodes', not {self.backend!r}")
         if self.elastic and self.num_tasks is not None:
-            _fail("elastic", self.elastic, f"num_tasks={self.num_tasks} fixes the width: set one of the two")
+            fail("elastic", self.elastic, f"num_tasks={self.num_tasks} fixes the width: set one of the two")
         for name in ("min_cpus", "max_cpus"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
-                _fail(name, v, "expected a number > 0, or null")
+            if v is not None and (not is_number(v) or not v > 0):
+                fail(name, v, "expected a number > 0, or null")
         if self.min_cpus is not None and self.max_cpus is not None and self.min_cpus > self.max_cpus:
-            _fail("min_cpus", self.min_cpus, f"expected <= max_cpus ({self.max_cpus})")
+            fail("min_cpus", self.min_cpus, f"expected <= max_cpus ({self.max_cpus})")
 
     def chunk_rows_for(self, batch_size: int) -> int:
         return self.chunk_rows or auto_chunk_rows(batch_size)

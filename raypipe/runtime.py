@@ -13,7 +13,7 @@ import warnings
 
 import ray
 
-from raypipe import timeouts
+from raypipe import settings
 from raypipe.allocator import pin_mmap_threshold
 from raypipe.ray_logs import quiet_ray_startup
 
@@ -238,7 +238,7 @@ _DEFAULT_PORTS = {"": 6379, "ray": 10001, "http": 80, "https": 443}
 def check_ray_address(address: str, timeout_s: float | None = None) -> None:
     """Raise a one-line ``ConnectionError`` when nothing accepts a TCP connection at ``address`` (a
     ``RAY_ADDRESS``: ``host:port``, ``ray://host:port`` or a dashboard's ``http(s)://host:port``) within
-    ``timeout_s`` (``timeouts.RAY_CONNECT_S``), or, for ``host:port`` and ``ray://``, when what accepts
+    ``timeout_s`` (``Settings.ray_connect_s``), or, for ``host:port`` and ``ray://``, when what accepts
     does not answer as a gRPC server within the same time (``_not_grpc``: a dashboard's port, a proxy).
     ``ray.init`` would retry either for ~20 s or more, printing a page of gRPC warnings. ``auto``,
     ``local`` and unknown schemes are left to Ray."""
@@ -260,7 +260,7 @@ def check_ray_address(address: str, timeout_s: float | None = None) -> None:
         name, _, number = hostport.partition(":")
         if number.isdigit():
             host, port = name, int(number)
-    timeout_s = timeouts.RAY_CONNECT_S if timeout_s is None else timeout_s
+    timeout_s = settings.current().ray_connect_s if timeout_s is None else timeout_s
     deadline = time.monotonic() + timeout_s
     try:
         conn = socket.create_connection((host, port), timeout=timeout_s)

@@ -1,9 +1,11 @@
 """Every wait on something outside this process that raypipe bounds, in one place, with why.
 
 A missing credential, a wrong endpoint or a cluster that is not there must end in seconds with a
-one-line error that says what to fix, not in minutes of retries. The values are generous for a working
-setup (each is many times what a healthy answer takes) and short for a broken one.
-``RAYPIPE_<NAME>`` in the environment overrides each (seconds), e.g. ``RAYPIPE_LISTING_S=1800``.
+one-line error that says what to fix, not in minutes of retries. The bounds are settings
+(``raypipe.settings.Settings``: ``ray_connect_s``, ``store_connect_s``, ``store_request_s``,
+``store_attempts``, ``gcs_retry_s``, ``first_answer_s``, ``listing_s``, each with why), generous for a
+working setup (each many times what a healthy answer takes) and short for a broken one; the
+environment overrides each, e.g. ``RAYPIPE_LISTING_S=1800``. Here: how a wait is bounded.
 """
 
 from __future__ import annotations
@@ -15,13 +17,6 @@ from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
 __all__ = [
-    "RAY_CONNECT_S",
-    "STORE_CONNECT_S",
-    "STORE_REQUEST_S",
-    "STORE_ATTEMPTS",
-    "GCS_RETRY_S",
-    "FIRST_ANSWER_S",
-    "LISTING_S",
     "call_with_deadline",
     "exit_process",
     "threads_left_behind",
@@ -29,42 +24,6 @@ __all__ = [
 
 T = TypeVar("T")
 _LEFT_BEHIND: list[threading.Thread] = []  # threads of calls that timed out (see call_with_deadline)
-
-
-def _seconds(name: str, default: float) -> float:
-    value = os.environ.get(f"RAYPIPE_{name}")
-    if value is None:
-        return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"RAYPIPE_{name}={value!r}: expected a number of seconds") from None
-    if not seconds > 0:
-        raise ValueError(f"RAYPIPE_{name}={value!r}: expected a number of seconds > 0")
-    return seconds
-
-
-# TCP connect to RAY_ADDRESS before ray.init, and its first gRPC answer: a live Ray head accepts and
-# answers in milliseconds, even across regions; without the probe an address with nothing behind it,
-# or with something else behind it (a dashboard's port), costs ray.init 20 s or more of gRPC retries.
-RAY_CONNECT_S = _seconds("RAY_CONNECT_S", 5.0)
-# S3: opening a connection; an endpoint that does not accept in this long is not there.
-STORE_CONNECT_S = _seconds("STORE_CONNECT_S", 5.0)
-# S3: the longest silence within one request (a read that stalls, an endpoint that accepts and never
-# answers); a healthy store starts answering in well under a second.
-STORE_REQUEST_S = _seconds("STORE_REQUEST_S", 10.0)
-# S3: attempts per request (the SDK's default is 3 with backoff), so a request fails within about
-# STORE_ATTEMPTS x STORE_REQUEST_S.
-STORE_ATTEMPTS = int(_seconds("STORE_ATTEMPTS", 3))
-# GCS: how long the client keeps retrying one operation (pyarrow's default is 15 minutes): a missing
-# credential is retried like a transient error until then.
-GCS_RETRY_S = _seconds("GCS_RETRY_S", 10.0)
-# A remote dataset's root must answer its first request within this: a missing credential, a wrong
-# endpoint or a bucket without access ends here, with a message naming them.
-FIRST_ANSWER_S = _seconds("FIRST_ANSWER_S", 20.0)
-# The whole listing of a remote dataset: a store lists ~1000 keys per request, so a million objects
-# take a few minutes; past this the listing is treated as hung.
-LISTING_S = _seconds("LISTING_S", 900.0)
 
 
 def call_with_deadline(fn: Callable[[], T], seconds: float, on_timeout: Callable[[], str]) -> T:

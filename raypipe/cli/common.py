@@ -6,11 +6,11 @@ Nothing heavy is imported at module level: ``raypipe --help`` must not pay for R
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
+from raypipe import settings
 from raypipe.ray_logs import quiet_ray_startup
 
 __all__ = [
@@ -76,7 +76,7 @@ def progress(total: int | None, desc: str, unit: str = "img"):
     """A progress bar on stderr: tqdm on a terminal; plain lines every ``PROGRESS_INTERVAL_S`` seconds
     when stderr is not one (a job log or CI, where ``\\r`` updates show as nothing). Off with
     ``RAYPIPE_NO_PROGRESS=1``."""
-    disabled = os.environ.get("RAYPIPE_NO_PROGRESS") == "1"
+    disabled = settings.current().no_progress
     if not sys.stderr.isatty():
         return _LineProgress(total, desc, unit, PROGRESS_INTERVAL_S, sys.stderr, disabled)
     from tqdm import tqdm

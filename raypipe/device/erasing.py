@@ -64,11 +64,10 @@ class RandomErasing:
         if mode not in ERASE_MODES:
             fail("mode", self.mode, f"expected one of {ERASE_MODES}")
         object.__setattr__(self, "mode", mode)
-        check_int("min_count", self.min_count, 1)
+        object.__setattr__(self, "min_count", check_int("min_count", self.min_count, 1))
         max_count = self.min_count if self.max_count is None else self.max_count
-        check_int("max_count", max_count, self.min_count)
-        object.__setattr__(self, "max_count", max_count)
-        check_int("num_splits", self.num_splits, 0)
+        object.__setattr__(self, "max_count", check_int("max_count", max_count, self.min_count))
+        object.__setattr__(self, "num_splits", check_int("num_splits", self.num_splits, 0))
         if not 0.0 < check_prob("min_area", self.min_area) <= check_prob("max_area", self.max_area):
             fail("min_area", self.min_area, "expected 0 < min_area <= max_area <= 1")
         if not is_number(self.min_aspect) or not self.min_aspect > 0:

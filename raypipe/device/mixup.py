@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from raypipe.device._checks import check_int, check_nonneg, check_prob, fail
+from raypipe.device._checks import check_int, check_nonneg, check_prob, fail, is_number
 from raypipe.device.erasing import box_masks
 
 __all__ = ["MIX_MODES", "Mixup", "MixPlan", "draw_mixing", "apply_mixing_", "mixup_target"]
@@ -70,14 +70,14 @@ class Mixup:
             fail("correct_lam", self.correct_lam, "expected True or False")
         if self.cutmix_minmax is not None:
             mm = tuple(self.cutmix_minmax) if isinstance(self.cutmix_minmax, (list, tuple)) else ()
-            ok = len(mm) == 2 and all(isinstance(v, (int, float)) for v in mm) and 0 <= mm[0] < mm[1] <= 1
+            ok = len(mm) == 2 and all(is_number(v) for v in mm) and 0 <= mm[0] < mm[1] <= 1
             if not ok:
                 fail("cutmix_minmax", self.cutmix_minmax, "expected None or (min, max), 0 <= min < max <= 1")
             object.__setattr__(self, "cutmix_minmax", (float(mm[0]), float(mm[1])))
             object.__setattr__(self, "cutmix_alpha", 1.0)  # as timm: minmax forces cutmix on, alpha 1
         if not (self.mixup_alpha > 0 or self.cutmix_alpha > 0):
             fail("mixup_alpha", self.mixup_alpha, "mixup_alpha or cutmix_alpha must be > 0 (or pass no Mixup)")
-        check_int("num_classes", self.num_classes, 1)
+        object.__setattr__(self, "num_classes", check_int("num_classes", self.num_classes, 1))
 
     def draw(self, rng: np.random.Generator, n: int, h: int, w: int) -> MixPlan:
         """The random parameters for a batch of ``n`` images ``h x w`` (host only, no device work)."""

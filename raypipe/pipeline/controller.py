@@ -17,6 +17,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from raypipe._values import check_int, fail, is_number
+
 __all__ = [
     "Observation",
     "WidthBounds",
@@ -29,20 +31,11 @@ __all__ = [
 ]
 
 
-def _fail(name: str, value, why: str) -> None:
-    raise ValueError(f"{name}={value!r}: {why}")
-
-
-def _int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        _fail(name, value, f"expected an int >= {minimum}")
-
-
 def _number(name: str, value, lo: float, hi: float = math.inf, *, open_lo: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        _fail(name, value, "expected a number")
+    if not is_number(value):
+        fail(name, value, "expected a number")
     if value < lo or (open_lo and value == lo) or value > hi:
-        _fail(name, value, f"expected {lo} {'<' if open_lo else '<='} {name} <= {hi}")
+        fail(name, value, f"expected {lo} {'<' if open_lo else '<='} {name} <= {hi}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,9 +55,9 @@ class Observation:
         _number("span_s", self.span_s, 0.0, open_lo=True)
         _number("wait_s", self.wait_s, 0.0, self.span_s * (1 + 1e-6))
         _number("idle_share", self.idle_share, 0.0, 1.0)
-        _int("ready_chunks", self.ready_chunks, 0)
-        _int("width", self.width, 0)
-        _int("images", self.images, 0)
+        check_int("ready_chunks", self.ready_chunks, 0)
+        check_int("width", self.width, 0)
+        check_int("images", self.images, 0)
 
     @property
     def wait_share(self) -> float:
@@ -87,10 +80,10 @@ class WidthBounds:
     ceiling: int
 
     def __post_init__(self) -> None:
-        _int("floor", self.floor, 1)
-        _int("ceiling", self.ceiling, 1)
+        check_int("floor", self.floor, 1)
+        check_int("ceiling", self.ceiling, 1)
         if self.ceiling < self.floor:
-            _fail("ceiling", self.ceiling, f"expected >= floor ({self.floor})")
+            fail("ceiling", self.ceiling, f"expected >= floor ({self.floor})")
 
     @property
     def fixed(self) -> bool:
@@ -109,15 +102,15 @@ class WidthBounds:
         """Bounds in CPUs (per rank, or for a job of ``ranks`` ranks, each taking its part) as whole
         workers of ``cpus_per_task``: the floor rounded up (at least one worker), the ceiling down."""
         _number("cpus_per_task", cpus_per_task, 0.0, open_lo=True)
-        _int("ranks", ranks, 1)
+        check_int("ranks", ranks, 1)
         _number("floor_cpus", floor_cpus, 0.0)
         _number("ceiling_cpus", ceiling_cpus, 0.0)
         ceiling = math.floor(ceiling_cpus / ranks / cpus_per_task + 1e-9)
         if ceiling < 1:
-            _fail("ceiling_cpus", ceiling_cpus, f"less than one worker of {cpus_per_task:g} CPU per rank ({ranks})")
+            fail("ceiling_cpus", ceiling_cpus, f"less than one worker of {cpus_per_task:g} CPU per rank ({ranks})")
         floor = max(1, math.ceil(floor_cpus / ranks / cpus_per_task - 1e-9))
         if floor > ceiling:
-            _fail("floor_cpus", floor_cpus, f"more than ceiling_cpus={ceiling_cpus!r}")
+            fail("floor_cpus", floor_cpus, f"more than ceiling_cpus={ceiling_cpus!r}")
         return cls(floor=floor, ceiling=ceiling)
 
 
@@ -153,18 +146,18 @@ class ControllerPolicy:
 
     def __post_init__(self) -> None:
         _number("grow_wait", self.grow_wait, 0.0, 1.0, open_lo=True)
-        _int("grow_intervals", self.grow_intervals, 1)
+        check_int("grow_intervals", self.grow_intervals, 1)
         _number("busy_idle", self.busy_idle, 0.0, 1.0)
         _number("calm_wait", self.calm_wait, 0.0, 1.0)
         if self.calm_wait >= self.grow_wait:
-            _fail("calm_wait", self.calm_wait, f"expected < grow_wait ({self.grow_wait}): a band where nothing changes")
-        _int("shrink_intervals", self.shrink_intervals, 1)
+            fail("calm_wait", self.calm_wait, f"expected < grow_wait ({self.grow_wait}): a band where nothing changes")
+        check_int("shrink_intervals", self.shrink_intervals, 1)
         _number("headroom", self.headroom, 0.0, 1.0)
         _number("max_growth", self.max_growth, 1.0, open_lo=True)
-        _int("warmup_intervals", self.warmup_intervals, 0)
-        _int("settle_intervals", self.settle_intervals, 0)
+        check_int("warmup_intervals", self.warmup_intervals, 0)
+        check_int("settle_intervals", self.settle_intervals, 0)
         _number("min_gain", self.min_gain, 0.0, 1.0)
-        _int("plateau_hold", self.plateau_hold, 0)
+        check_int("plateau_hold", self.plateau_hold, 0)
 
     @property
     def memory(self) -> int:
@@ -208,7 +201,7 @@ class Decision:
 
 def start(width: int, bounds: WidthBounds, policy: ControllerPolicy) -> ControllerState:
     """The state before the first interval: ``width`` within the bounds, the warm-up to pass."""
-    _int("width", width, 0)
+    check_int("width", width, 0)
     return ControllerState(wanted=bounds.clamp(width), settle=policy.warmup_intervals)
 
 

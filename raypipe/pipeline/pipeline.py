@@ -31,6 +31,7 @@ from raypipe.pipeline.stream import ChunkStream
 from raypipe.plan.order import RankPlan
 from raypipe.plan.position import PlanIdentity, shard_layout_digest
 from raypipe.plan.span import RankSpan
+from raypipe.settings import Settings, current, use
 from raypipe.sources import ListingOptions, open_source
 from raypipe.sources.remote import reads_store_objects
 from raypipe.sources.table import TableColumns
@@ -48,7 +49,8 @@ class Pipeline:
     """A dataset plus its transform, ready to run epochs on the connected Ray cluster (or, not connected,
     on local worker processes: ``ExecutionConfig.backend``). Constructing it lists the dataset (a path or
     URI, or a ``ray.data.Dataset``, with the ``listing`` options; unless given ``SourceRows``) and nothing
-    else."""
+    else. ``settings``: what it lists with and its workers read with (``raypipe.settings``); by default
+    those in force when it is made (``raypipe.settings.current()``: the ``RAYPIPE_*`` variables)."""
 
     def __init__(
         self,
@@ -60,14 +62,20 @@ class Pipeline:
         decode: DecodeConfig | None = None,
         content_digest: bool = False,
         listing: ListingOptions | None = None,
+        settings: Settings | None = None,
     ):
-        self.rows = open_source(source, options=listing)  # a listing is taken as it is
+        self.settings = current() if settings is None else settings
+        if settings is None:
+            self.rows = open_source(source, options=listing)  # a listing is taken as it is
+        else:
+            with use(settings):
+                self.rows = open_source(source, options=listing)
         self.augment = augment
         self.config = config or PipelineConfig()
         ex = execution or ExecutionConfig()
         # ``cpus_per_task`` left to the dataset (None) is decided here, once: all that sizes and asks for
         # tasks reads it from this config
-        cpus = ex.cpus_per_task_for(store_objects=reads_store_objects(self.rows))
+        cpus = ex.cpus_per_task_for(store_objects=reads_store_objects(self.rows, self.settings))
         self.execution = dataclasses.replace(ex, cpus_per_task=cpus)
         if self.rows.kind == "raydata" and not self.runs_ray_tasks():
             raise ValueError(
@@ -131,6 +139,7 @@ class Pipeline:
             image_column=self.rows.image_column,
             nice=ex.worker_nice,
             sched_idle=bool(ex.worker_sched_idle),  # None: off here
+            settings=self.settings,
         )
 
     def budget(self, *, world_size: int = 1, reserved_cpus: float = 0.0) -> RankBudget:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 
+from raypipe._values import is_int
 from raypipe.plan import position_v1
 from raypipe.plan.order import rank_slice
 
@@ -263,16 +264,12 @@ def read_positions(state) -> SavedPositions:
     return SavedPositions(tuple(positions), every)
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool)
-
-
 def _is_range(r) -> bool:
-    return isinstance(r, list | tuple) and len(r) == 2 and all(_is_int(x) for x in r)
+    return isinstance(r, list | tuple) and len(r) == 2 and all(is_int(x) for x in r)
 
 
 def _check_count(name: str, value, least: int = 0) -> None:
-    if not _is_int(value) or value < least:
+    if not is_int(value) or value < least:
         raise StateMismatchError(f"the saved position's {name} is {value!r}: expected an integer >= {least}")
 
 

@@ -8,17 +8,12 @@ fields given as keywords; validated on construction (``ValueError`` naming the f
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from raypipe._values import fail, one_value
+from raypipe._values import fail, is_int, is_number, one_value
 
 __all__ = ["RankSpan"]
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,16 +29,16 @@ class RankSpan:
     reserved_cpus: float = 0.0
 
     def __post_init__(self) -> None:
-        if not _is_int(self.world_size) or self.world_size < 1:
+        if not is_int(self.world_size) or self.world_size < 1:
             fail("world_size", self.world_size, "expected an int >= 1")
-        if not _is_int(self.rank) or not 0 <= self.rank < self.world_size:
+        if not is_int(self.rank) or not 0 <= self.rank < self.world_size:
             fail("rank", self.rank, f"expected an int in [0, world_size={self.world_size})")
-        if not _is_int(self.start_epoch) or self.start_epoch < 0:
+        if not is_int(self.start_epoch) or self.start_epoch < 0:
             fail("start_epoch", self.start_epoch, "expected an int >= 0")
-        if self.end_epoch is not None and (not _is_int(self.end_epoch) or self.end_epoch < 0):
+        if self.end_epoch is not None and (not is_int(self.end_epoch) or self.end_epoch < 0):
             fail("end_epoch", self.end_epoch, "expected an int >= 0, or None (no end)")
         cpus = self.reserved_cpus
-        if isinstance(cpus, bool) or not isinstance(cpus, numbers.Real) or not math.isfinite(cpus) or cpus < 0:
+        if not is_number(cpus) or not math.isfinite(cpus) or cpus < 0:
             fail("reserved_cpus", cpus, "expected a number >= 0")
         for name in ("rank", "world_size", "start_epoch", "end_epoch"):  # a NumPy int as Python's
             if getattr(self, name) is not None:

@@ -7,7 +7,7 @@ import os
 
 import pyarrow.fs as pafs
 
-from raypipe import timeouts
+from raypipe import settings, timeouts
 from raypipe.sources.cache_config import CacheConfig
 from raypipe.sources.folder import IMG_EXTENSIONS, list_image_folder
 from raypipe.sources.manifest import list_manifest
@@ -98,7 +98,7 @@ def open_source(data, *, options: ListingOptions | None = None, **keywords) -> S
     .txt/.json/.csv file) number class folders and class-name labels (``sources.classes``).
     ``index`` names a WebDataset shard index (``list_webdataset``); raypipe's own beside the shards is
     found without it. ``by_shard``: an indexed WebDataset listed by shard (``ShardListing``: True, or
-    None above ``BY_SHARD_ROWS`` samples), its sample rows read from the index as chunks need them.
+    None above ``Settings.by_shard_rows`` samples), its sample rows read from the index as chunks need them.
     A listing given as ``data`` is returned as it is.
     A Ray Dataset is listed by ``list_ray_dataset`` (its image column, ``image_column``
     or else ``path_column``, holds bytes, or paths under ``root``): the pass that numbers its rows.
@@ -125,11 +125,12 @@ def open_source(data, *, options: ListingOptions | None = None, **keywords) -> S
         return _list(data, options)
     # Remote: a missing credential or a silent endpoint must end in seconds (raypipe.timeouts)
     _first_answer(data, filesystem)
+    listing_s = settings.current().listing_s
     return timeouts.call_with_deadline(
         lambda: _list(data, options),
-        timeouts.LISTING_S,
+        listing_s,
         lambda: (
-            f"listing {data} did not finish in {timeouts.LISTING_S:g} s: {_what_to_check(data)}; for a "
+            f"listing {data} did not finish in {listing_s:g} s: {_what_to_check(data)}; for a "
             "very large dataset raise RAYPIPE_LISTING_S"
         ),
     )
@@ -151,7 +152,7 @@ def _what_to_check(data: str) -> str:
 
 
 def _first_answer(data: str, filesystem: pafs.FileSystem | None) -> None:
-    """Ask the store about the dataset's root once, within ``timeouts.FIRST_ANSWER_S``: the cheapest
+    """Ask the store about the dataset's root once, within ``Settings.first_answer_s``: the cheapest
     request that proves the credentials and the endpoint work, and the one error message for when they
     do not."""
 
@@ -159,11 +160,12 @@ def _first_answer(data: str, filesystem: pafs.FileSystem | None) -> None:
         root = open_root(data, filesystem=filesystem)
         root.filesystem.get_file_info(root.root)
 
+    first_answer_s = settings.current().first_answer_s
     try:
         timeouts.call_with_deadline(
             ask,
-            timeouts.FIRST_ANSWER_S,
-            lambda: f"listing {data} did not answer in {timeouts.FIRST_ANSWER_S:g} s: {_what_to_check(data)}",
+            first_answer_s,
+            lambda: f"listing {data} did not answer in {first_answer_s:g} s: {_what_to_check(data)}",
         )
     except TimeoutError:
         raise

@@ -8,7 +8,7 @@ is itself a symlink is resolved and checked in full. What was opened is checked 
 last path component only) would otherwise lead the cached path out of the root.
 Remote URIs (``s3://``, ``gs://``, …) go through pyarrow's filesystems; there symlinks do not
 exist, so a normalised key that leaves the root prefix (``..``) is what we refuse. The filesystems
-``open_root`` builds from a URI carry raypipe's timeouts (:mod:`raypipe.timeouts`), which travel with
+``open_root`` builds from a URI carry raypipe's timeouts (``raypipe.settings``), which travel with
 them to the workers: a store that does not answer fails a request in seconds instead of retrying
 for minutes.
 """
@@ -23,7 +23,7 @@ from datetime import timedelta
 
 import pyarrow.fs as pafs
 
-from raypipe import timeouts
+from raypipe import settings
 from raypipe.kernels.errors import MISSING, OUTSIDE_ROOT, UNREADABLE, SkipImage
 
 __all__ = ["DatasetRoot", "bounded", "is_uri", "open_root", "path_value", "printable"]
@@ -196,13 +196,14 @@ def bounded(filesystem: pafs.FileSystem) -> pafs.FileSystem:
         options = dict(options)
     except (TypeError, ValueError):
         return filesystem
+    bounds = settings.current()
     if kind == "s3":
         if options.get("connect_timeout", -1) < 0:
-            options["connect_timeout"] = timeouts.STORE_CONNECT_S
+            options["connect_timeout"] = bounds.store_connect_s
         if options.get("request_timeout", -1) < 0:
-            options["request_timeout"] = timeouts.STORE_REQUEST_S
-        options["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=timeouts.STORE_ATTEMPTS)
+            options["request_timeout"] = bounds.store_request_s
+        options["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=bounds.store_attempts)
         return pafs.S3FileSystem(**options)
     if options.get("retry_time_limit") is None:
-        options["retry_time_limit"] = timedelta(seconds=timeouts.GCS_RETRY_S)
+        options["retry_time_limit"] = timedelta(seconds=bounds.gcs_retry_s)
     return pafs.GcsFileSystem(**options)

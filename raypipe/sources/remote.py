@@ -18,13 +18,13 @@ appear. Everything else (access denied, a bad request) is not retried. pyarrow r
 ``OSError`` with the store's message, so the classification reads the message, conservatively: only
 what is known to be transient is retried.
 
-Process-wide defaults come from environment variables (set them where the workers start, e.g. in the
-Ray job's ``runtime_env``); per-reader values are given with :class:`ReadOptions`.
+Process-wide defaults are raypipe's settings (``raypipe.settings``: ``read_in_flight``, ``read_retries`` …,
+which the ``RAYPIPE_READ_*`` variables set); a pipeline's workers read with the settings its stage spec
+carries (``ReadOptions.from_settings``); per-reader values are given with :class:`ReadOptions`.
 """
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import time
@@ -32,7 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from raypipe import settings
 from raypipe.kernels.errors import MISSING, UNREADABLE, SkipImage
+from raypipe.settings import Settings
 from raypipe.sources.cache_config import CacheConfig
 
 __all__ = ["ReadOptions", "is_missing", "is_transient", "read_skip", "reads_store_objects", "with_retries"]
@@ -40,36 +42,27 @@ __all__ = ["ReadOptions", "is_missing", "is_transient", "read_skip", "reads_stor
 T = TypeVar("T")
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return default if value in (None, "") else int(value)
-
-
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    return default if value in (None, "") else float(value)
-
-
 @dataclass(frozen=True)
 class ReadOptions:
-    """How a worker reads from a non-local filesystem (local roots read sequentially: no waiting to hide)."""
+    """How a worker reads from a non-local filesystem (local roots read sequentially: no waiting to hide).
+    A field left out is the settings' in force where it is made (``raypipe.settings.current()``)."""
 
     # Requests in flight per reading worker: at least rate × latency (Little's law); as many as a block's
     # rows, so that a block's requests go out together (see the module doc).
-    in_flight: int = field(default_factory=lambda: _env_int("RAYPIPE_READ_IN_FLIGHT", 128))
+    in_flight: int = field(default_factory=lambda: settings.current().read_in_flight)
     # Class prefixes listed at once when a remote folder is listed (a store answers 1,000 keys a page): enough
     # that waiting is not what bounds it (2,300 pages of 20 ms are 0.7 s at 64); pyarrow's S3 client sends
     # at most ``pyarrow.io_thread_count()`` (8 by default) at a time. 1: one recursive listing, page by page.
-    list_in_flight: int = field(default_factory=lambda: _env_int("RAYPIPE_LIST_IN_FLIGHT", 64))
+    list_in_flight: int = field(default_factory=lambda: settings.current().list_in_flight)
     # Retries after the first attempt of a transiently failing request: 5 wait at most ~3 s in all by default,
     # longer than the brief throttling and connection resets a store shows under load.
-    retries: int = field(default_factory=lambda: _env_int("RAYPIPE_READ_RETRIES", 5))
+    retries: int = field(default_factory=lambda: settings.current().read_retries)
     # First back-off; doubled per retry, capped at ``max_backoff_s``, and drawn uniformly in [0, that] so
     # that many workers throttled at once do not retry in step.
-    backoff_s: float = field(default_factory=lambda: _env_float("RAYPIPE_READ_BACKOFF_S", 0.1))
+    backoff_s: float = field(default_factory=lambda: settings.current().read_backoff_s)
     max_backoff_s: float = 5.0
     # A node-local cache of whole remote objects (``raypipe.sources.cache``); None: every read goes to the
-    # store. By default from ``RAYPIPE_CACHE_DIR`` / ``RAYPIPE_CACHE_MAX_BYTES`` where the reader is made
+    # store. By default from the settings' ``cache_dir`` / ``cache_max_bytes`` where the reader is made
     # (neither set: remote folders' images, in ~/.cache/raypipe).
     cache: CacheConfig | None = field(default_factory=CacheConfig.from_env)
 
@@ -82,6 +75,18 @@ class ReadOptions:
             raise ValueError(f"retries={self.retries}: must be 0 or more")
         if self.backoff_s < 0 or self.max_backoff_s < 0:
             raise ValueError(f"backoff_s={self.backoff_s}, max_backoff_s={self.max_backoff_s}: must be 0 or more")
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> ReadOptions:
+        """The options of ``s``: what a worker reads with for a stage spec that carries ``s``; the cache's
+        default folder is this node's (``CacheConfig.from_settings``)."""
+        return cls(
+            in_flight=s.read_in_flight,
+            list_in_flight=s.list_in_flight,
+            retries=s.read_retries,
+            backoff_s=s.read_backoff_s,
+            cache=CacheConfig.from_settings(s),
+        )
 
 
 _MISSING_WORDS = ("not found", "does not exist", "no such key", "nosuchkey", "no such file")
@@ -130,12 +135,12 @@ def read_skip(exc: OSError, what: str) -> SkipImage:
     return SkipImage(MISSING if is_missing(exc) else UNREADABLE, f"{what}: {exc}")
 
 
-def reads_store_objects(rows) -> bool:
+def reads_store_objects(rows, s: Settings | None = None) -> bool:
     """Whether the tasks reading ``rows`` (``SourceRows``) send a request per row to an object store: a
-    remote folder or manifest, without a local cache for it configured where this runs
-    (``RAYPIPE_CACHE_DIR``; local workers inherit it). A sharded source's task reads a whole window of
-    shards in a few requests."""
+    remote folder or manifest, without a local cache for it in the settings they read with (``s``,
+    by default those in force here). A sharded source's task reads a whole window of shards in a few
+    requests."""
     if rows.kind not in ("folder", "manifest") or rows.root.is_local:
         return False
-    cache = CacheConfig.from_env()
+    cache = CacheConfig.from_settings(s or settings.current())
     return cache is None or not cache.applies_to(rows.kind)

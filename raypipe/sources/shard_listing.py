@@ -7,7 +7,7 @@ each shard's sample rows (member offsets and sizes, labels, known skips) are rea
 when a chunk of that shard is planned (``ShardColumns.take``: the row groups that hold them, the last
 few shards' rows kept). An epoch's plan needs only the samples per shard (``raypipe.plan.order``).
 
-Chosen by ``list_webdataset(by_shard=…)``: True, or None with more than ``BY_SHARD_ROWS`` samples in
+Chosen by ``list_webdataset(by_shard=…)``: True, or None with more than ``Settings.by_shard_rows`` samples in
 the index. It needs every shard in raypipe's index at its indexed size (the listing by row re-reads
 other shards' headers instead; a listing by shard cannot, and says so); the reads check each member's
 header. Sample ids, the order and so every batch are those of the listing by row of the same shards.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import os
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -27,11 +26,8 @@ from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.shard_index import index_meta, relative_paths, size_matches
 from raypipe.sources.table import column_array
 
-__all__ = ["BY_SHARD_ROWS", "ShardColumns", "ShardListing"]
+__all__ = ["ShardColumns", "ShardListing"]
 
-# Above this many samples an indexed WebDataset is listed by shard: as rows it would hold about 2.5 GB
-# in each planning process (50 bytes a sample), and the row-by-row listing is then most of a start.
-BY_SHARD_ROWS = int(os.environ.get("RAYPIPE_BY_SHARD_ROWS", 50_000_000))
 _MEMBER_COLUMNS = ("shard", "label", "error", "offset", "size", "member")
 _DIGESTS = "header_crc"  # the members' header digests: absent from an index written before them
 _KEPT_SHARDS = 16  # shards whose rows stay read: a window is cut into several chunks, planned in turn

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.fs as pafs
 
+from raypipe import settings
 from raypipe.kernels.errors import SkipImage
 from raypipe.sources.foreign_index import DaliMember, dali_index_for, parse_dali_index
 from raypipe.sources.paths import DatasetRoot
@@ -35,7 +36,7 @@ from raypipe.sources.shard_index import (
     size_matches,
     time_matches,
 )
-from raypipe.sources.shard_listing import BY_SHARD_ROWS, ShardListing, footer_rows, listing_by_shard, read_footer
+from raypipe.sources.shard_listing import ShardListing, footer_rows, listing_by_shard, read_footer
 from raypipe.sources.shard_paths import expand_braces, find_shards, has_braces
 from raypipe.sources.table import SourceRows, listed_stamp, make_rows
 from raypipe.sources.tar_members import Member, Ranges, TarListing, member_ext, shard_record, walk
@@ -197,7 +198,7 @@ def list_webdataset(
     index files (``SHARD.idx`` for ``SHARD.tar``), and ``"dali"`` takes each shard's from beside it.
     A shard the index lacks, or that changed since it was indexed, is listed from its tar headers.
     ``by_shard``: listed by shard from raypipe's index (``shard_listing``): True, or None when the index
-    holds more than ``BY_SHARD_ROWS`` samples; every shard must then be indexed and unchanged.
+    holds more than ``Settings.by_shard_rows`` samples; every shard must then be indexed and unchanged.
     """
     options = options or ReadOptions()
     root, stamps, expected = find_shards(data, filesystem)
@@ -208,7 +209,7 @@ def list_webdataset(
             fs, where, shown = located
             meta = read_footer(fs, where)
             total = footer_rows(meta)
-            if by_shard or (total is not None and total > BY_SHARD_ROWS):
+            if by_shard or (total is not None and total > settings.current().by_shard_rows):
                 current = {rel: local_stamp(root, rel) for rel in rels} if root.is_local else stamps
                 return listing_by_shard(root, rels, current, (fs, where), meta, shown, beside=index is None)
         if by_shard:

@@ -16,7 +16,7 @@ import os
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -24,6 +24,7 @@ import numpy as np
 from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
 from raypipe.kernels import SkipImage, build_transform
 from raypipe.kernels.seeding import BlockRngs
+from raypipe.settings import Settings, current
 from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.reader import BlockReader
 from raypipe.sources.remote import ReadOptions
@@ -48,6 +49,9 @@ class StageSpec:
     image_column: str = ""
     nice: int = 0  # niceness of the thread the stage runs on (PipelineConfig.worker_nice)
     sched_idle: bool = False  # that thread under Linux SCHED_IDLE (PipelineConfig.worker_sched_idle)
+    # What the worker reads with (ReadOptions.from_settings): those of the process that made the spec,
+    # so every worker reads as its consumer says, whatever the worker's own environment holds.
+    settings: Settings = field(default_factory=current)
 
     @property
     def reuse_key(self) -> tuple:
@@ -112,7 +116,9 @@ class AugmentStage:
     def __init__(self, spec: StageSpec):
         self.spec = spec
         self.transform = build_transform(spec.augment, spec.decode)
-        self.reader = BlockReader(spec.root, spec.kind, spec.image_column)
+        self.reader = BlockReader(
+            spec.root, spec.kind, spec.image_column, options=ReadOptions.from_settings(spec.settings)
+        )
 
     def __call__(self, batch: dict[str, np.ndarray], out: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """``out``: where the images go (``(rows, *image_shape)`` uint8; e.g. shared memory), else a new array."""
@@ -180,12 +186,12 @@ def stage_for(spec: StageSpec) -> AugmentStage:
     # The same bucket and prefix may be read through another filesystem (another endpoint or
     # credentials) by a later pipeline of the same job: its stage reads through its own. (pyarrow
     # filesystems compare by their options but do not hash, so they are checked here, not keyed.)
-    # Likewise a reader made before the read settings (RAYPIPE_READ_*, RAYPIPE_CACHE_*) changed in this
-    # process: a pipeline's chunks made in the consumer would read without the cache its workers use.
+    # Likewise a spec that carries other settings (another pipeline's, made after they changed): its
+    # stage reads with its own.
     if (
         stage is None
         or not _same_filesystem(stage.spec.root.filesystem, spec.root.filesystem)
-        or stage.reader.options != ReadOptions()
+        or stage.spec.settings != spec.settings
     ):
         if len(_STAGES) > 8:
             _STAGES.clear()

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from raypipe._values import fail, is_int, is_number
 from raypipe.config import (
     TRAIN_SECTION,
     DecodeConfig,
@@ -93,51 +94,48 @@ class TrainJobConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
-        def fail(name: str, why: str) -> None:
-            raise ValueError(f"{name}={getattr(self, name)!r}: {why}")
-
-        def is_int(v: Any) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
+        def refuse(name: str, why: str) -> None:
+            fail(name, getattr(self, name), why)
 
         def is_num(v: Any) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            return is_number(v) and math.isfinite(v)
 
         for name in ("epochs", "num_workers", "recount", "sample_per_class"):
             if not is_int(getattr(self, name)) or getattr(self, name) < 1:
-                fail(name, "expected a positive int")
+                refuse(name, "expected a positive int")
         if not is_int(self.warmup_epochs) or self.warmup_epochs < 0:
-            fail("warmup_epochs", "expected an int >= 0")
+            refuse("warmup_epochs", "expected an int >= 0")
         if not is_int(self.max_failures) or self.max_failures < -1:
-            fail("max_failures", "expected an int >= 0, or -1 to retry forever")
+            refuse("max_failures", "expected an int >= 0, or -1 to retry forever")
         if self.checkpoint_steps is not None and (not is_int(self.checkpoint_steps) or self.checkpoint_steps < 1):
-            fail("checkpoint_steps", "expected a positive int, or None for epoch-end checkpoints only")
+            refuse("checkpoint_steps", "expected a positive int, or None for epoch-end checkpoints only")
         for name in ("lr", "warmup_lr", "min_lr", "weight_decay", "momentum", "mixup", "cutmix"):
             if not is_num(getattr(self, name)) or getattr(self, name) < 0:
-                fail(name, "expected a number >= 0")
+                refuse(name, "expected a number >= 0")
         if not self.lr > 0:
-            fail("lr", "expected > 0")
+            refuse("lr", "expected > 0")
         for name in ("reprob", "smoothing"):
             if not is_num(getattr(self, name)) or not 0 <= getattr(self, name) <= 1:
-                fail(name, "expected a number in [0, 1]")
+                refuse(name, "expected a number in [0, 1]")
         if not is_num(self.val_split) or not 0 <= self.val_split < 1:
-            fail("val_split", "expected 0 <= val_split < 1")
+            refuse("val_split", "expected 0 <= val_split < 1")
         if self.remode not in ("const", "rand", "pixel"):
-            fail("remode", "expected const, rand or pixel")
+            refuse("remode", "expected const, rand or pixel")
         if self.feeder not in ("process", "thread"):
-            fail("feeder", "expected process or thread")
+            refuse("feeder", "expected process or thread")
         if not is_num(self.cpus_per_worker) or not 0 <= self.cpus_per_worker <= 256:
-            fail("cpus_per_worker", "expected 0 <= cpus_per_worker <= 256 (fractions allowed)")
+            refuse("cpus_per_worker", "expected 0 <= cpus_per_worker <= 256 (fractions allowed)")
         if self.num_classes is not None and (not is_int(self.num_classes) or self.num_classes < 1):
-            fail("num_classes", "expected a positive int or None")
+            refuse("num_classes", "expected a positive int or None")
         if not isinstance(self.model, str) or not self.model:
-            fail("model", "expected a timm model name")
+            refuse("model", "expected a timm model name")
         if self.name is not None and (not self.name or "/" in self.name or self.name.startswith(".")):
-            fail("name", "expected a plain directory name")
+            refuse("name", "expected a plain directory name")
         if self.preprocess_resource is not None and not self.preprocess_resource:
-            fail("preprocess_resource", "expected a Ray resource name")
+            refuse("preprocess_resource", "expected a Ray resource name")
         for name in ("amp", "channels_last", "use_gpu", "record_ids"):
             if not isinstance(getattr(self, name), bool):
-                fail(name, "expected true or false")
+                refuse(name, "expected true or false")
 
     @property
     def listing(self):

@@ -28,7 +28,8 @@ __all__ = [
 ]
 
 # The environment variable a launcher hands the secret to its workers in (as hex): a process's
-# environment is readable by its own user only, where its command line is anyone's.
+# environment is readable by its own user only, where its command line is anyone's. Not one of
+# raypipe.settings: a per-run secret for the launcher's own children, never set by users.
 SECRET_ENV = "RAYPIPE_NODE_WORKER_SECRET"
 AUTH_TIMEOUT_S = 10.0
 _NONCE = 32

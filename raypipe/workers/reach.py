@@ -9,18 +9,18 @@ connection; the socket is closed at once after.
 
 from __future__ import annotations
 
-import os
 import socket
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from raypipe import settings
 from raypipe.workers.placement import eligible_nodes, node_address
 
 __all__ = ["HOST_ENV", "PROBE_CONNECT_S", "PROBE_WAIT_S", "connect_from", "listen_address", "unreachable_reason"]
 
-# The address the consumer listens on for its workers, where not its node's (Ray's NodeManagerAddress):
-# the interface of the network that should carry the images, on a machine with several.
+# The variable of ``Settings.node_workers_host``: the address the consumer listens on for its workers,
+# where not its node's (Ray's NodeManagerAddress).
 HOST_ENV = "RAYPIPE_NODE_WORKERS_HOST"
 # The probe's own connect timeout: a port a firewall drops answers nothing, so silence is the answer.
 PROBE_CONNECT_S = 5.0
@@ -31,7 +31,7 @@ PROBE_WAIT_S = 30.0
 
 def listen_address(here: str) -> str:
     """The address a consumer on node ``here`` listens on for its node workers."""
-    return os.environ.get(HOST_ENV) or node_address(here)
+    return settings.current().node_workers_host or node_address(here)
 
 
 @ray.remote(num_cpus=0, max_retries=0)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from raypipe import timeouts
+from raypipe import settings, timeouts
 from raypipe.runtime import check_ray_address
 from raypipe.sources.paths import open_root
 
@@ -206,11 +206,11 @@ def test_filesystems_from_uris_carry_the_timeouts_to_the_workers(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     s3 = pickle.loads(pickle.dumps(open_root("s3://bucket/prefix").filesystem))
     options = s3.__reduce__()[1][0]
-    assert options["connect_timeout"] == timeouts.STORE_CONNECT_S
-    assert options["request_timeout"] == timeouts.STORE_REQUEST_S
+    assert options["connect_timeout"] == settings.current().store_connect_s
+    assert options["request_timeout"] == settings.current().store_request_s
     assert options["endpoint_override"] == "http://127.0.0.1:9"  # what from_uri resolved is kept
     gcs = pickle.loads(pickle.dumps(open_root("gs://bucket/prefix").filesystem))
-    assert gcs.__reduce__()[1][0]["retry_time_limit"].total_seconds() == timeouts.GCS_RETRY_S
+    assert gcs.__reduce__()[1][0]["retry_time_limit"].total_seconds() == settings.current().gcs_retry_s
     assert open_root("file:///tmp").is_local  # a local URI keeps the fast local path
 
 

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from raypipe._values import parse_bytes
 from raypipe.kernels.errors import MISSING, OUTSIDE_ROOT
 from raypipe.sources import BlockReader, ReadOptions, open_source
 from raypipe.sources.cache import LocalCache, local_cache
-from raypipe.sources.cache_config import CacheConfig, parse_bytes
+from raypipe.sources.cache_config import CacheConfig
 from raypipe.sources.cached_objects import store_name
 from raypipe.sources.table import column_or_default
 from raypipe.testing import S3Server
@@ -520,24 +521,27 @@ def test_shards_and_parquet_are_cached_whole(served, tmp_path):
 
 
 def test_a_stage_made_before_the_cache_was_configured_is_made_again(served, tmp_path, monkeypatch):
-    """A process's cached stage (its reader) follows the read settings where the chunk runs: a pipeline
-    run after RAYPIPE_CACHE_DIR is set (its chunks made in the consumer, as a stream's first are) reads
-    through the cache, not through a reader made before it was set."""
+    """A process's cached stage (its reader) follows the settings its spec carries: a spec made after
+    RAYPIPE_CACHE_DIR is set (a later pipeline's, its chunks run in the consumer, as a stream's first
+    are) reads through the cache, not through a reader made for a spec from before it was set."""
     from raypipe.config import DecodeConfig, EvalAugment
     from raypipe.stages.augment import StageSpec, augment_block, stage_for
 
     server, _ = served
     rows = open_source("s3://bkt/folder", filesystem=server.filesystem())
-    spec = StageSpec(
-        kind=rows.kind, root=rows.root, augment=EvalAugment(input_size=16), decode=DecodeConfig(), seed=0, epoch=0
-    )
+
+    def spec() -> StageSpec:
+        return StageSpec(
+            kind=rows.kind, root=rows.root, augment=EvalAugment(input_size=16), decode=DecodeConfig(), seed=0, epoch=0
+        )
+
     monkeypatch.setenv("RAYPIPE_CACHE_DIR", "off")
-    before = stage_for(spec)
-    assert before.reader.options.cache is None and stage_for(spec) is before  # reused while nothing changed
+    before = stage_for(spec())
+    assert before.reader.options.cache is None and stage_for(spec()) is before  # reused while nothing changed
     monkeypatch.setenv("RAYPIPE_CACHE_DIR", str(tmp_path / "cache"))
-    out = augment_block(_batch(rows), spec)
+    out = augment_block(_batch(rows), spec())
     assert out["ok"].all()
-    after = stage_for(spec)
+    after = stage_for(spec())
     assert after is not before and after.reader.options.cache == CacheConfig.from_env()
     assert len(_entries(tmp_path / "cache")) == len(rows)
 

@@ -92,7 +92,7 @@ def test_a_listing_by_shard_has_no_rows_to_give(indexed):
 
 
 def test_above_the_threshold_an_index_lists_by_shard(indexed, monkeypatch):
-    monkeypatch.setattr("raypipe.sources.webdataset.BY_SHARD_ROWS", 40)
+    monkeypatch.setenv("RAYPIPE_BY_SHARD_ROWS", "40")
     assert isinstance(open_source(str(indexed)), ShardListing)
     assert isinstance(open_source(str(indexed), by_shard=False), SourceRows)
 
