@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from raypipe.device._checks import check_int, check_prob, fail, is_number
+from raypipe._values import check_int, check_prob, fail, is_number
 
 __all__ = ["ERASE_MODES", "RandomErasing", "ErasePlan", "draw_erasing", "apply_erasing_"]
 

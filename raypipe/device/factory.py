@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
+from raypipe._values import check_prob
 from raypipe.config import IMAGENET_MEAN, IMAGENET_STD
-from raypipe.device._checks import check_prob
 from raypipe.device.erasing import RandomErasing
 from raypipe.device.loader import DeviceLoader
 from raypipe.device.mixup import MIX_MODES, Mixup

@@ -61,7 +61,7 @@ from typing import Any
 
 import torch
 
-from raypipe.device._checks import check_int, fail
+from raypipe._values import check_int, fail
 from raypipe.device.batch import LAYOUTS
 from raypipe.device.erasing import RandomErasing
 from raypipe.device.mixup import Mixup

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from raypipe.device._checks import check_int, check_nonneg, check_prob, fail, is_number
+from raypipe._values import check_int, check_nonneg, check_prob, fail, is_number
 from raypipe.device.erasing import box_masks
 
 __all__ = ["MIX_MODES", "Mixup", "MixPlan", "draw_mixing", "apply_mixing_", "mixup_target"]

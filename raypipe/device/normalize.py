@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from raypipe._native import load_native
+from raypipe._values import fail
 from raypipe.config import IMAGENET_MEAN, IMAGENET_STD
-from raypipe.device._checks import fail
 
 __all__ = [
     "IMG_DTYPES",
