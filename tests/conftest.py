@@ -1,14 +1,20 @@
-"""Shared fixtures: a small local Ray (started once, re-started after multi-node tests) and data."""
+"""Shared fixtures (a small local Ray, started once and re-started after multi-node tests; data), and the
+suite's tiers: markers set from a test's folder and fixtures (tests/tiers.py)."""
 
 from __future__ import annotations
 
 import os
+import pathlib
 import random
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from tiers import ray_sessions, tier_markers
+
+_TESTS = pathlib.Path(__file__).resolve().parent
+_RAY_TEMP = pathlib.Path(os.environ.get("RAY_TMPDIR") or "/tmp")  # Ray's default temp dir
 
 os.environ.setdefault("RAYPIPE_NO_PROGRESS", "1")
 # Remote folders' images are cached in ~/.cache/raypipe unless this says otherwise: the suite's tests
@@ -19,7 +25,11 @@ os.environ.setdefault("RAYPIPE_CACHE_DIR", "off")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip tests marked needs_cuda on machines without a GPU (CI has none)."""
+    """Mark each test with its tiers; skip tests marked needs_cuda on machines without a GPU (CI has none)."""
+    for item in items:
+        room = pathlib.Path(str(item.path)).resolve().relative_to(_TESTS).parts[0]
+        for name in tier_markers(room, item.fixturenames, (m.name for m in item.iter_markers())):
+            item.add_marker(name)
     try:
         import torch
 
@@ -78,6 +88,34 @@ def pytest_pyfunc_call(pyfuncitem):
             pytrace=False,
         )
     return True
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--check-tiers",
+        action="store_true",
+        help="fail a test outside the ray tier that starts a Ray in any process (a new session folder in "
+        "Ray's temp dir): for a machine where nothing else starts Ray meanwhile, as CI's",
+    )
+
+
+@pytest.fixture(autouse=True)
+def _ray_starts_only_in_the_ray_tier(request):
+    """A test outside the ``ray`` tier that leaves a Ray running in this process (or, with
+    ``--check-tiers``, starts one in any process) fails: its tier is wrong, and the README's command
+    would start a cluster."""
+    if request.node.get_closest_marker("ray"):
+        yield
+        return
+    ray = sys.modules.get("ray")
+    before = ray is not None and ray.is_initialized()
+    sessions = ray_sessions(_RAY_TEMP) if request.config.getoption("--check-tiers") else None
+    yield
+    ray = sys.modules.get("ray")
+    if not before and ray is not None and ray.is_initialized():
+        pytest.fail(f"{request.node.nodeid} starts Ray: mark it pytest.mark.ray", pytrace=False)
+    if sessions is not None and (new := ray_sessions(_RAY_TEMP) - sessions):
+        pytest.fail(f"{request.node.nodeid} started a Ray ({sorted(new)}): mark it pytest.mark.ray", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -122,6 +122,7 @@ def test_bench_smoke(ray_local, sample_dir, tmp_path):
         assert im.format == "PNG"
 
 
+@pytest.mark.ray
 def test_bench_naive_contender_reads_only_the_images(sample_dir, tmp_path):
     """A stray file under the data root (a manifest, notes) is no image: the naive contender read it and
     failed, and its Ray exception could not be sent back from the bench's child process."""
@@ -153,6 +154,7 @@ def test_bench_naive_contender_reads_only_the_images(sample_dir, tmp_path):
     assert suite["results"][0]["images_per_s"] > 0
 
 
+@pytest.mark.ray
 def test_bench_raypipe_on_ray_data_contender(sample_dir, tmp_path):
     """The contender runs in its own bench process (its own Ray) and gives a figure beside the others'."""
     out = tmp_path / "b.json"

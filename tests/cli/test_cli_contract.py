@@ -453,6 +453,7 @@ def test_ray_startup_warnings_are_hidden_unless_verbose():
     assert seen == ["a real error", "after start-up", "asked for"]
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_a_fresh_ray_start_prints_no_warnings(bad_dir, tmp_path):
     """End to end in a child process with its own new Ray: no token-auth warning, no traceback."""

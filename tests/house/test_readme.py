@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

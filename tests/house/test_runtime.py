@@ -53,6 +53,7 @@ print(nice, [str(w.message)[:40] for w in caught])
 """
 
 
+@pytest.mark.ray
 @pytest.mark.skipif(not hasattr(os, "nice"), reason="no os.nice on this platform")
 @pytest.mark.parametrize(
     ("config", "expected"),
@@ -93,6 +94,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("on", [False, True])
 def test_local_cluster_dashboard_only_on_request_and_on_loopback(on):
     # Ray Train's placement-group cleaner needs the dashboard's State API; nothing else here does
@@ -199,6 +201,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.ray
 def test_a_loader_has_its_first_epoch_before_ray_is_up_and_the_same_batches(tmp_path):
     from raypipe.sample_data import write_sample_data
 
@@ -249,6 +252,7 @@ raise SystemExit("bad data path")
 """
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("after_s", [0.0, 3.0])
 def test_a_process_that_ends_while_ray_starts_leaves_no_ray_process_behind(after_s):
     import psutil

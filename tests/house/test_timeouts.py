@@ -242,6 +242,7 @@ print("ok")
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
+@pytest.mark.ray
 def test_the_training_job_ends_at_once_after_a_listing_that_timed_out(silent_endpoint, tmp_path):
     """A remote listing that timed out leaves its thread in the S3 client, in a request to an endpoint
     that never answers (here one the client would wait 300 s for): the job prints its one-line error

@@ -30,6 +30,7 @@ def _data33(root: Path) -> Path:
     return root
 
 
+@pytest.mark.ray
 @pytest.mark.timeout(600)
 def test_torchrun_two_ranks_train_and_eval_exactly_once(tmp_path):
     data, out = _data33(tmp_path / "data"), tmp_path / "out"

@@ -130,6 +130,7 @@ def _hooked_ray():
     return ray
 
 
+@pytest.mark.ray
 def test_a_bug_fails_the_epoch_with_its_own_type(sample_dir):
     ray = _hooked_ray()
     try:
@@ -141,6 +142,7 @@ def test_a_bug_fails_the_epoch_with_its_own_type(sample_dir):
         ray.shutdown()
 
 
+@pytest.mark.ray
 def test_raypipe_run_exits_nonzero_naming_the_type_error(sample_dir, tmp_path):
     driver = tmp_path / "driver.py"
     driver.write_text(

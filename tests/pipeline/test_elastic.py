@@ -144,6 +144,7 @@ def photos(tmp_path_factory):
     return out
 
 
+@pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.isolated(env={"RAY_AUTH_MODE": "token", "RAYPIPE_NODE_WORKERS_HOST": "127.0.0.1"})
 @pytest.mark.timeout(420)

@@ -119,6 +119,7 @@ def test_consumer_stops_early_then_next_epoch_is_clean(ray_local, faults_dir):
     assert not [t for t in leaked if t.startswith("raypipe")], leaked
 
 
+@pytest.mark.cluster
 @pytest.mark.isolated
 @pytest.mark.parametrize("replace", [False, True])
 def test_node_removed_mid_epoch(faults_dir, replace):

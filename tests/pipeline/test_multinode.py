@@ -23,6 +23,7 @@ def _digest(data, batch_size, chunk_rows):
     return run.report, None
 
 
+@pytest.mark.cluster
 def test_two_nodes_give_the_single_node_digest(ray_local, sample_dir):
     single, _ = _digest(sample_dir, batch_size=8, chunk_rows=6)
     ray.shutdown()

@@ -167,6 +167,7 @@ def test_a_bug_in_a_task_fails_the_epoch_with_its_own_type(ray_local, sample_dir
         list(pipe.epoch(0))
 
 
+@pytest.mark.cluster
 def test_two_ranks_on_a_two_node_cluster_share_it(sample_dir):
     """Each of N ranks sizes itself from its share: two ranks' workers add up to the cluster."""
     import ray
@@ -220,6 +221,7 @@ def _two_epochs_started_late(monkeypatch, pipe, starting_calls: int, setting_up_
     return out, stream
 
 
+@pytest.mark.cluster
 def test_trainers_cpus_are_not_taken_from_cpu_nodes_they_do_not_run_on(sample_dir):
     """Tasks steered to `preprocess` nodes: what the trainer and feeder hold on their own node (which
     offers no `preprocess`) leaves the CPU nodes' share whole; unsteered, it is taken from it."""

@@ -13,7 +13,7 @@ import pytest
 from raypipe.sources.convert import convert
 from raypipe.testing import S3Server
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 SCRIPT = """
 import sys

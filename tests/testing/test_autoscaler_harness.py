@@ -173,6 +173,7 @@ def _driver(cluster: FakeAutoscalingCluster, script: str, *args: str, **kwargs) 
     return subprocess.Popen([sys.executable, "-c", script, *args], env=env, **kwargs)
 
 
+@pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.isolated(env={"RAY_AUTH_MODE": "token"})
 @pytest.mark.timeout(180)
@@ -213,6 +214,7 @@ def test_pending_actors_add_up_over_drivers_to_max_workers_and_go_with_their_own
         )
 
 
+@pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.isolated(env={"RAY_AUTH_MODE": "token"})
 @pytest.mark.timeout(180)

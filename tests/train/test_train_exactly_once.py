@@ -29,6 +29,7 @@ def two_nodes():
         cluster.shutdown()
 
 
+@pytest.mark.cluster
 @pytest.mark.isolated
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend", ["auto", "nodes"])

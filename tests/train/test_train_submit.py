@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from train_helpers import REPO, tiny_args, tiny_dataset
 
+pytestmark = [pytest.mark.ray, pytest.mark.cluster]
+
 RAY_BIN = Path(sys.executable).parent / "ray"
 
 

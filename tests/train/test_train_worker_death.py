@@ -18,7 +18,7 @@ import psutil
 import pytest
 from train_helpers import REPO, tiny_args, tiny_dataset
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def _train_workers(root_pid: int) -> list[psutil.Process]:

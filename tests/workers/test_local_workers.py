@@ -374,6 +374,7 @@ def test_local_workers_in_a_process_on_ray_are_at_most_its_nodes_cpus(sample_dir
     assert pipe.local_budget()[1] == 16
 
 
+@pytest.mark.ray
 def test_a_dataset_in_an_object_store_runs_two_tasks_per_core(sample_dir, tmp_path, monkeypatch):
     """A task reading an object per row from a store waits a first-byte latency before its first row
     decodes: two per core, so the core's other task decodes meanwhile. An explicit cpus_per_task stands;

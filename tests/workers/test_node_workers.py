@@ -344,6 +344,7 @@ def _same(a: list, b: list) -> None:
         np.testing.assert_array_equal(xa, xb)
 
 
+@pytest.mark.cluster
 @pytest.mark.isolated
 @pytest.mark.timeout(300)
 def test_node_workers_give_the_local_batches_from_the_other_nodes(photos):
@@ -362,6 +363,7 @@ def test_node_workers_give_the_local_batches_from_the_other_nodes(photos):
     _same(got, local)
 
 
+@pytest.mark.cluster
 @pytest.mark.isolated
 @pytest.mark.timeout(300)
 def test_auto_on_a_joined_cluster_is_elastic_node_workers_or_ray_tasks_where_nodes_cannot_connect(
@@ -405,6 +407,7 @@ def test_auto_on_a_joined_cluster_is_elastic_node_workers_or_ray_tasks_where_nod
     _same(ray_tasks, local[: len(ray_tasks)])
 
 
+@pytest.mark.cluster
 @pytest.mark.isolated
 @pytest.mark.timeout(300)
 def test_a_node_lost_mid_epoch_loses_no_sample(photos, monkeypatch):
@@ -434,6 +437,7 @@ def test_a_node_lost_mid_epoch_loses_no_sample(photos, monkeypatch):
     _same(got, local)
 
 
+@pytest.mark.cluster
 @pytest.mark.isolated
 @pytest.mark.timeout(300)
 def test_a_feeder_on_node_workers_hands_over_slabs(photos):
@@ -461,6 +465,7 @@ def test_a_feeder_on_node_workers_hands_over_slabs(photos):
     _same(got, local)
 
 
+@pytest.mark.cluster
 @pytest.mark.isolated
 @pytest.mark.timeout(300)
 def test_a_node_that_joins_gets_workers_at_the_next_budget_refresh(photos, monkeypatch):
@@ -489,6 +494,7 @@ def test_a_node_that_joins_gets_workers_at_the_next_budget_refresh(photos, monke
     _same(got, local)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_raypipe_run_on_node_workers_gives_the_local_digest(sample_dir, tmp_path):
     """``raypipe run --backend nodes`` starts its private Ray in the background (``connect(wait=False)``):
@@ -528,6 +534,7 @@ def test_raypipe_run_on_node_workers_gives_the_local_digest(sample_dir, tmp_path
     assert digests["nodes"] == digests["local"]
 
 
+@pytest.mark.cluster
 @pytest.mark.isolated
 @pytest.mark.timeout(300)
 def test_with_no_node_to_run_on_a_launcher_waits_for_one(photos, monkeypatch):
