@@ -1,6 +1,6 @@
 """Helpers for testing raypipe, and your own setup, without a cloud: nothing here runs on import."""
 
-__all__ = ["S3Server", "FakeAutoscalingCluster"]
+__all__ = ["S3Server", "FakeAutoscalingCluster", "InProcessWorkers"]
 
 
 def __getattr__(name: str):
@@ -13,4 +13,8 @@ def __getattr__(name: str):
         from raypipe.testing.autoscaler import FakeAutoscalingCluster
 
         return FakeAutoscalingCluster
+    if name == "InProcessWorkers":
+        from raypipe.testing.workers import InProcessWorkers
+
+        return InProcessWorkers
     raise AttributeError(f"module 'raypipe.testing' has no attribute {name!r}")
