@@ -68,7 +68,7 @@ def make_data(work: Path, images: int, classes: int) -> dict[str, Path]:
     from photolike import write_photolike
 
     from raypipe.sources import open_source
-    from raypipe.sources.convert import convert
+    from raypipe.sources.writing.convert import convert
 
     base = work / "buckets" / "bench"
     folder, parquet, shards = base / "folder", base / "parquet" / "train.parquet", base / "shards"

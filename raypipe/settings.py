@@ -66,7 +66,7 @@ class Settings:
     # (50 bytes a sample) in each planning process, and listing row by row is most of a start.
     by_shard_rows: int = 50_000_000
 
-    # --- Reads from object stores (raypipe.sources.remote.ReadOptions)
+    # --- Reads from object stores (raypipe.sources.transport.remote.ReadOptions)
     # Requests in flight per reading worker: a block's rows go out together (Little's law: rate x latency).
     read_in_flight: int = 128
     # Class prefixes listed at once: a page of 1,000 keys takes a round trip; 1 lists page by page.

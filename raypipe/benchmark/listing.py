@@ -135,8 +135,8 @@ def write_shard_dataset(folder: Path, shards: int, per_shard: int, *, member_row
     which is all a listing by shard and the plan read. Kept and reused when there already."""
     import numpy as np
 
-    from raypipe.sources.paths import open_root
-    from raypipe.sources.shard_index import INDEX_NAME, ShardRecord, write_index
+    from raypipe.sources.indexes.shard_index import INDEX_NAME, ShardRecord, write_index
+    from raypipe.sources.transport.paths import open_root
 
     folder.mkdir(parents=True, exist_ok=True)
     index = folder / INDEX_NAME

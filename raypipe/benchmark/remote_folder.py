@@ -1,5 +1,5 @@
 """Listing a remote image folder of many objects: one recursive listing (pages in turn) against class
-prefixes listed concurrently (``sources.folder.list_remote``), over ``raypipe.testing.s3server`` in a
+prefixes listed concurrently (``sources.formats.folder.list_remote``), over ``raypipe.testing.s3server`` in a
 process of its own. ``python bench/profiles.py s3-folder-listing --help`` runs it.
 """
 
@@ -57,9 +57,9 @@ def folder_listing(
     import psutil
     import pyarrow as pa
 
-    from raypipe.sources.folder import list_remote
-    from raypipe.sources.paths import open_root
-    from raypipe.sources.remote import ReadOptions
+    from raypipe.sources.formats.folder import list_remote
+    from raypipe.sources.transport.paths import open_root
+    from raypipe.sources.transport.remote import ReadOptions
 
     try:
         mine, server_set = split_cores(server_cores)

@@ -88,7 +88,7 @@ def s3_requests(
     of buckets) from ``raypipe.testing.s3server`` in its own process, with ``--threads`` requests in flight
     from one client process, first whole objects through pyarrow's ``S3FileSystem``
     (``open_input_stream``: a HEAD and a GET each), then a HEAD alone, then whole objects with one GET each
-    as raypipe reads a folder (``raypipe.sources.single_get``, obstore); then the same files from the local
+    as raypipe reads a folder (``raypipe.sources.transport.single_get``, obstore); then the same files from the local
     disk, through the same threads (what handing each object to a thread and back costs, without a
     request) and in this thread one after another, as a local folder's rows are read. The GET's client
     CPU over the last is what each image of an ``s3://`` folder costs its reading worker beyond the local
@@ -110,7 +110,7 @@ def s3_requests(
     import psutil
     import pyarrow.fs as pafs
 
-    from raypipe.sources.single_get import single_get_for
+    from raypipe.sources.transport.single_get import single_get_for
 
     if ranges and cache_dir:  # each replaces the contenders: together one would be dropped unsaid
         raise SystemExit("--ranges and --cache-dir measure different reads: give one of them")
@@ -187,7 +187,7 @@ def _cache_passes(cache_dir: str):
     """(name, CacheConfig or None) of the three passes of ``--cache-dir``, the cache emptied first."""
     import shutil
 
-    from raypipe.sources.cache_config import CacheConfig
+    from raypipe.sources.transport.cache_config import CacheConfig
 
     shutil.rmtree(cache_dir, ignore_errors=True)
     config = CacheConfig(dir=cache_dir, max_bytes=1 << 40)
@@ -200,9 +200,9 @@ def _block_reads(fs, prefix: str, listed: dict, threads: int, cache):
     ``FileInfo`` by path, in order."""
     import numpy as np
 
-    from raypipe.sources.paths import DatasetRoot
     from raypipe.sources.reader import BlockReader
-    from raypipe.sources.remote import ReadOptions
+    from raypipe.sources.transport.paths import DatasetRoot
+    from raypipe.sources.transport.remote import ReadOptions
 
     paths = list(listed)
     reader = BlockReader(
@@ -365,8 +365,8 @@ def s3_listing(
     import ray
 
     from raypipe.sources import open_source
-    from raypipe.sources.convert import convert
-    from raypipe.sources.indexer import index_shards
+    from raypipe.sources.indexes.indexer import index_shards
+    from raypipe.sources.writing.convert import convert
     from raypipe.testing import S3Server
 
     work = Path(workdir)

@@ -243,7 +243,8 @@ def _on_array(o, photo: np.ndarray) -> np.ndarray:
 
 def reads(data: str) -> None:
     """read_bytes per file of an image folder: the cached directory + O_NOFOLLOW against a full resolve."""
-    from raypipe.sources import open_root, paths
+    from raypipe.sources import open_root
+    from raypipe.sources.transport import paths
 
     root = open_root(data)
     files = [os.path.relpath(p, root.root) for p in sorted(glob.glob(os.path.join(root.root, "*", "*")))]
@@ -310,7 +311,7 @@ def _stage_with_and_without_block_rngs(data: str) -> None:
     """The augmentation stage over 4 x 128 files, per-sample generators from BlockRngs vs sample_rng."""
     from raypipe.config import DecodeConfig, TrainAugment
     from raypipe.kernels import sample_rng
-    from raypipe.sources.paths import DatasetRoot
+    from raypipe.sources.transport.paths import DatasetRoot
     from raypipe.stages import augment
     from raypipe.stages.augment import AugmentStage, StageSpec
 

@@ -8,7 +8,7 @@ from raypipe.cli.common import check_index, check_json_path, connect_quietly, li
 from raypipe.flags import add_index_arg
 
 # Restated here (not imported) so that `raypipe --help` imports no pyarrow; tests check they agree with
-# raypipe.sources.KINDS and raypipe.sources.convert.FORMATS.
+# raypipe.sources.KINDS and raypipe.sources.writing.convert.FORMATS.
 KINDS = ("folder", "parquet", "manifest", "webdataset")
 FORMATS = ("webdataset", "parquet")
 
@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from raypipe.sources.convert import convert
+    from raypipe.sources.writing.convert import convert
 
     if args.max_side is not None and args.max_side < 1:
         raise ValueError(f"--max-side {args.max_side}: expected >= 1")

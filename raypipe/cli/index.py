@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from raypipe.sources.indexer import index_shards
+    from raypipe.sources.indexes.indexer import index_shards
 
     if args.out is not None and not args.out.endswith(".parquet"):
         raise ValueError(f"--out {args.out}: expected a .parquet path")

@@ -38,7 +38,7 @@ _MAX_FAILURE_LINES = 6
 _RUN_FAILURES = (
     ("raypipe.pipeline.accounting", "SkipLimitError"),
     ("raypipe.pipeline.feeder", "FeederDiedError"),
-    ("raypipe.sources.tar_members", "ShardChangedError"),
+    ("raypipe.sources.formats.tar_members", "ShardChangedError"),
 )
 
 

@@ -34,8 +34,8 @@ import numpy as np
 
 from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
 from raypipe.kernels.errors import BAD_LABEL, REASON_CODES, REASON_NAMES
-from raypipe.sources.paths import open_root
-from raypipe.sources.raydata import DATASET_ROOT
+from raypipe.sources.formats.raydata import DATASET_ROOT
+from raypipe.sources.transport.paths import open_root
 from raypipe.stages.augment import AugmentStage, StageSpec
 
 __all__ = ["BAD_ROWS", "REASON_CODES", "REASON_NAMES", "RayDataAugment"]

@@ -41,7 +41,7 @@ from raypipe.config import DecodeConfig, EvalAugment, ExecutionConfig, PipelineC
 from raypipe.device import Mixup
 from raypipe.integrations.loader import RankLoader
 from raypipe.sources import ShardListing, SourceRows, open_source
-from raypipe.sources.raydata import is_ray_dataset
+from raypipe.sources.formats.raydata import is_ray_dataset
 
 __all__ = ["create_loader", "rows_of", "mixup_of", "augment_of", "execution_for"]
 

@@ -33,8 +33,8 @@ from raypipe.plan.position import PlanIdentity, shard_layout_digest
 from raypipe.plan.span import RankSpan
 from raypipe.settings import Settings, current, use
 from raypipe.sources import ListingOptions, open_source
-from raypipe.sources.remote import reads_store_objects
 from raypipe.sources.table import TableColumns
+from raypipe.sources.transport.remote import reads_store_objects
 from raypipe.stages.augment import StageSpec
 from raypipe.workers.local import LocalWorkers, local_cpus, shared_memory_dir
 from raypipe.workers.ray_tasks import RayTasks

@@ -8,21 +8,20 @@ import os
 import pyarrow.fs as pafs
 
 from raypipe import settings, timeouts
-from raypipe.sources.cache_config import CacheConfig
-from raypipe.sources.folder import IMG_EXTENSIONS, list_image_folder
-from raypipe.sources.manifest import list_manifest
+from raypipe.sources.formats.folder import IMG_EXTENSIONS, list_image_folder
+from raypipe.sources.formats.manifest import list_manifest
+from raypipe.sources.formats.parquet import list_parquet
+from raypipe.sources.formats.raydata import is_ray_dataset, list_ray_dataset
+from raypipe.sources.formats.registry import FORMATS, kind_by_files, kind_by_name
+from raypipe.sources.formats.shard_listing import ShardListing
+from raypipe.sources.formats.tar_members import ShardChangedError
+from raypipe.sources.formats.webdataset import list_webdataset
 from raypipe.sources.options import KINDS, ListingOptions
-from raypipe.sources.parquet import list_parquet
-from raypipe.sources.paths import DatasetRoot, is_uri, open_root
-from raypipe.sources.raydata import is_ray_dataset, list_ray_dataset
 from raypipe.sources.reader import BlockReader
-from raypipe.sources.remote import ReadOptions
-from raypipe.sources.shard_index import INDEX_NAME
-from raypipe.sources.shard_listing import ShardListing
-from raypipe.sources.shard_paths import has_braces
 from raypipe.sources.table import ROW_SCHEMA, SourceRows
-from raypipe.sources.tar_members import ShardChangedError
-from raypipe.sources.webdataset import list_webdataset
+from raypipe.sources.transport.cache_config import CacheConfig
+from raypipe.sources.transport.paths import DatasetRoot, is_uri, open_root
+from raypipe.sources.transport.remote import ReadOptions
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -47,26 +46,13 @@ __all__ = [
 ]
 
 
-def _by_files(names: list[str]) -> str | None:
-    """The kind a folder's files say: Parquet files (raypipe's shard index is not one), or tar shards."""
-    if any(n.endswith(".parquet") and n.rpartition("/")[2] != INDEX_NAME for n in names):
-        return "parquet"
-    if any(n.endswith(".tar") for n in names):
-        return "webdataset"
-    return None
-
-
 def detect_kind(data: str, *, filesystem: pafs.FileSystem | None = None) -> str:
     """'manifest' for .csv/.jsonl, 'parquet' for a .parquet file or a folder holding them, 'webdataset'
     for a .tar file, a wids shard list (.json), a brace pattern, a folder holding .tar files or a prefix of
     some, else 'folder'."""
-    lower = data.lower().rstrip("/")
-    if lower.endswith((".csv", ".jsonl", ".ndjson")):
-        return "manifest"
-    if lower.endswith(".parquet"):
-        return "parquet"
-    if lower.endswith((".tar", ".json")) or has_braces(data):
-        return "webdataset"  # .json: a wids shard list
+    named = kind_by_name(data)
+    if named is not None:
+        return named
     root = open_root(data, filesystem=filesystem)
     if root.is_local:
         if not os.path.exists(root.root):
@@ -76,7 +62,7 @@ def detect_kind(data: str, *, filesystem: pafs.FileSystem | None = None) -> str:
             raise ValueError(f"dataset {data!r} does not exist")
         if os.path.isdir(root.root):
             with os.scandir(root.root) as it:
-                return _by_files([e.name for e in it if e.is_file()]) or "folder"
+                return kind_by_files([e.name for e in it if e.is_file()]) or "folder"
         return "folder"
     info = root.filesystem.get_file_info(pafs.FileSelector(root.root, recursive=False, allow_not_found=True))
     if not info:  # nothing under it: maybe a prefix of shards
@@ -84,7 +70,7 @@ def detect_kind(data: str, *, filesystem: pafs.FileSystem | None = None) -> str:
         siblings = root.filesystem.get_file_info(pafs.FileSelector(parent, recursive=False, allow_not_found=True))
         if any(i.base_name.startswith(stem) and i.base_name.endswith(".tar") for i in siblings):
             return "webdataset"
-    return _by_files([i.path for i in info if i.type == pafs.FileType.File]) or "folder"
+    return kind_by_files([i.path for i in info if i.type == pafs.FileType.File]) or "folder"
 
 
 def open_source(data, *, options: ListingOptions | None = None, **keywords) -> SourceRows | ShardListing:
@@ -175,25 +161,10 @@ def _first_answer(data: str, filesystem: pafs.FileSystem | None) -> None:
 
 
 def _list(data: str, options: ListingOptions) -> SourceRows | ShardListing:
-    o, filesystem = options, options.filesystem
-    kind = o.kind or detect_kind(data, filesystem=filesystem)
+    o = options
+    kind = o.kind or detect_kind(data, filesystem=o.filesystem)
     if o.index is not None and kind != "webdataset":
         raise ValueError(f"index={o.index!r}: shard indexes are for WebDataset shards, {data!r} is a {kind} dataset")
-    if kind == "folder":
-        root_ = open_root(data, filesystem=filesystem)
-        return list_image_folder(root_, class_order=o.class_order, class_map=o.class_map)
-    if kind == "parquet":
-        return list_parquet(data, image_column=o.image_column, label_column=o.label_column, filesystem=filesystem)
-    if kind == "manifest":
-        return list_manifest(
-            data,
-            root=o.root,
-            path_column=o.path_column,
-            label_column=o.label_column,
-            filesystem=filesystem,
-            class_order=o.class_order,
-            class_map=o.class_map,
-        )
-    if kind == "webdataset":
-        return list_webdataset(data, filesystem=filesystem, index=o.index, by_shard=o.by_shard)
-    raise ValueError(f"kind={kind!r}: expected one of {KINDS}")
+    if kind not in FORMATS:
+        raise ValueError(f"kind={kind!r}: expected one of {KINDS}")
+    return FORMATS[kind].list(data, o)

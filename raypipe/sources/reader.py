@@ -10,15 +10,15 @@ How a block is read depends on where it lies:
 
 - a local root is read sequentially: a file read costs microseconds, and threads would only add
   overhead to the decoding that follows;
-- a remote root keeps up to ``ReadOptions.in_flight`` requests in flight (see ``raypipe.sources.remote``
+- a remote root keeps up to ``ReadOptions.in_flight`` requests in flight (see ``raypipe.sources.transport.remote``
   for why, and for the retries), holding one block's bytes at a time; a whole image on S3 is one GET
-  (``raypipe.sources.single_get``), pyarrow's HEAD + GET the fallback;
+  (``raypipe.sources.transport.single_get``), pyarrow's HEAD + GET the fallback;
 - Parquet rows are grouped by (file, row group): each row group a block touches is read once;
 - tar members are grouped by shard: a local shard is opened once per block and its members read with
   ``pread``; remote members that lie close together in a shard are fetched with one ranged request
-  (one GET on S3, ``raypipe.sources.single_get``). Each read takes the member's tar header too and
+  (one GET on S3, ``raypipe.sources.transport.single_get``). Each read takes the member's tar header too and
   checks it is the one listed: a shard changed since its listing raises ``ShardChangedError``;
-- with a cache (``ReadOptions.cache``, see ``raypipe.sources.cache``) a remote object, tar shard or
+- with a cache (``ReadOptions.cache``, see ``raypipe.sources.transport.cache``) a remote object, tar shard or
   Parquet file is fetched whole the first time it is read and read from local disk afterwards. Where
   the rows carry the object's size and time from the listing (``object_size``, ``object_mtime_ns``),
   the entry is keyed by them and a hit makes no request at all; a fetch that does not bring the listed
@@ -37,14 +37,14 @@ import numpy as np
 import pyarrow as pa
 
 from raypipe.kernels.errors import NULL_IMAGE, TRUNCATED, UNREADABLE, SkipImage
-from raypipe.sources import ray_blocks
-from raypipe.sources.cached_objects import UNLISTED, CachedObjects
-from raypipe.sources.parquet import ParquetGroups
-from raypipe.sources.paths import DatasetRoot
-from raypipe.sources.remote import ReadOptions, read_skip, with_retries
-from raypipe.sources.request_pool import RequestPool
-from raypipe.sources.single_get import SingleGet, single_get_for
-from raypipe.sources.tar_members import BLOCK, MemberHeaders
+from raypipe.sources.formats import ray_blocks
+from raypipe.sources.formats.parquet import ParquetGroups
+from raypipe.sources.formats.tar_members import BLOCK, MemberHeaders
+from raypipe.sources.transport.cached_objects import UNLISTED, CachedObjects
+from raypipe.sources.transport.paths import DatasetRoot
+from raypipe.sources.transport.remote import ReadOptions, read_skip, with_retries
+from raypipe.sources.transport.request_pool import RequestPool
+from raypipe.sources.transport.single_get import SingleGet, single_get_for
 
 __all__ = ["BlockReader"]
 
@@ -104,7 +104,7 @@ class BlockReader:
         """Bytes (or the skip) of each row of a block: ``rows`` has the block's ``path`` column, and
         ``row`` (Parquet), ``offset``/``size`` (tar shards) and ``error`` columns where the kind has them;
         ``object_size``/``object_mtime_ns`` key the cache where present (without them, as for -1). A Ray
-        Dataset's rows have ``shard``, ``row`` and ``block`` (``sources.ray_blocks``). Rows with a ``bytes``
+        Dataset's rows have ``shard``, ``row`` and ``block`` (``sources.formats.ray_blocks``). Rows with a ``bytes``
         column come with their bytes, read before (a Ray Data batch's cells, the pieces of a window read
         once: ``raypipe.pipeline.window_read``): those are not read again, and a null cell is a skip.
 
@@ -222,7 +222,7 @@ class BlockReader:
                 )
 
     def _get_whole(self, where: str) -> bytes | None:
-        """The object's bytes with a single GET (``raypipe.sources.single_get``), or None: no such path
+        """The object's bytes with a single GET (``raypipe.sources.transport.single_get``), or None: no such path
         here, or it failed, and the caller reads through pyarrow (with the retries and the skips)."""
         return self._single(lambda getter: getter.read(where))
 

@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from pyarrow.compute import max as pc_max
 
-from raypipe.sources.paths import DatasetRoot
+from raypipe.sources.transport.paths import DatasetRoot
 
 __all__ = [
     "COLUMN_DEFAULTS",
@@ -128,7 +128,7 @@ class SourceRows:
 
     def columns(self) -> TableColumns:
         """The columns a chunk's rows are taken from (``TableColumns``); a Ray Dataset's rows with their
-        blocks' object refs, by which the workers read them (``raypipe.sources.ray_blocks``)."""
+        blocks' object refs, by which the workers read them (``raypipe.sources.formats.ray_blocks``)."""
         return TableColumns(self.table, blocks=self.extra["blocks"] if self.kind == "raydata" else None)
 
     def take(self, idx) -> SourceRows:

@@ -25,9 +25,9 @@ from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
 from raypipe.kernels import SkipImage, build_transform
 from raypipe.kernels.seeding import BlockRngs
 from raypipe.settings import Settings, current
-from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.reader import BlockReader
-from raypipe.sources.remote import ReadOptions
+from raypipe.sources.transport.paths import DatasetRoot
+from raypipe.sources.transport.remote import ReadOptions
 
 T = TypeVar("T")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from raypipe.sources.cache import LocalCache
-from raypipe.sources.cache_config import CacheConfig
+from raypipe.sources.transport.cache import LocalCache
+from raypipe.sources.transport.cache_config import CacheConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from raypipe.sources.cache import LocalCache
-from raypipe.sources.cache_config import CacheConfig
+from raypipe.sources.transport.cache import LocalCache
+from raypipe.sources.transport.cache_config import CacheConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "profiles.py"

@@ -196,7 +196,7 @@ def test_bench_reads_any_source_and_gives_timm_a_folder_copy(ray_local, sample_d
     """A Parquet source: raypipe's contenders read it as it is, timm reads a local folder copy of the
     same images (removed afterwards), and the decode limit times its JPEGs."""
     from raypipe.benchmark.data import open_bench_data
-    from raypipe.sources.convert import convert
+    from raypipe.sources.writing.convert import convert
 
     convert(str(sample_dir), str(tmp_path / "pq"), format="parquet")
     data = open_bench_data(str(tmp_path / "pq")).with_folder(workdir=str(tmp_path))

@@ -236,7 +236,7 @@ def test_index_names_a_shard_index_written_elsewhere(sample_dir, tmp_path, monke
     given it with --index lists from it, not from the shards' headers. A bad --index is one line, exit 2."""
     from test_webdataset import sample, write_shard
 
-    from raypipe.sources.shard_index import INDEX_NAME
+    from raypipe.sources.indexes.shard_index import INDEX_NAME
 
     photos = sorted(sample_dir.rglob("*.jpg"))[:6]
     shard = tmp_path / "wds" / "shard-0000.tar"
@@ -248,7 +248,7 @@ def test_index_names_a_shard_index_written_elsewhere(sample_dir, tmp_path, monke
     def refuse(*args, **kwargs):
         raise AssertionError("a shard was listed from its tar headers")
 
-    monkeypatch.setattr("raypipe.sources.webdataset._list_shard", refuse)
+    monkeypatch.setattr("raypipe.sources.formats.webdataset._list_shard", refuse)
     capsys.readouterr()
     out = tmp_path / "scan.json"
     assert cli(["scan", str(shard), "--index", str(index), "--json", str(out)]) == 0
@@ -359,7 +359,7 @@ def test_every_command_is_covered_and_every_flag_has_help():
 def test_convert_restates_the_kinds_and_formats_it_offers():
     from raypipe.cli import convert
     from raypipe.sources import KINDS
-    from raypipe.sources.convert import FORMATS
+    from raypipe.sources.writing.convert import FORMATS
 
     assert convert.KINDS == KINDS and convert.FORMATS == FORMATS
 

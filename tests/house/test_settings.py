@@ -114,7 +114,7 @@ def test_current_follows_the_environment_and_use_overrides_it(monkeypatch):
 def test_read_options_and_stage_specs_take_the_settings_where_they_are_made(tmp_path):
     from raypipe.config import DecodeConfig, EvalAugment
     from raypipe.sources import ReadOptions
-    from raypipe.sources.paths import open_root
+    from raypipe.sources.transport.paths import open_root
     from raypipe.stages.augment import StageSpec, stage_for
 
     chosen = Settings(read_in_flight=3, read_retries=1, cache_dir=str(tmp_path / "cache"))

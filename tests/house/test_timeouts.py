@@ -17,7 +17,7 @@ import pytest
 
 from raypipe import settings, timeouts
 from raypipe.runtime import check_ray_address
-from raypipe.sources.paths import open_root
+from raypipe.sources.transport.paths import open_root
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,7 +11,7 @@ import pytest
 from raypipe.config import DecodeConfig, TrainAugment
 from raypipe.kernels import build_transform, sample_rng
 from raypipe.kernels.seeding import BlockRngs, pcg64_state, seed_words
-from raypipe.sources.paths import DatasetRoot
+from raypipe.sources.transport.paths import DatasetRoot
 from raypipe.stages.augment import AugmentStage, StageSpec
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from raypipe.plan.same_listing import ListingMismatchError, check_same_listing
 from raypipe.sources import SourceRows, open_source
-from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.table import column_or_default, make_rows
+from raypipe.sources.transport.paths import DatasetRoot
 from raypipe.train.data import held_out_mask, split_rows
 
 pytestmark = pytest.mark.timeout(180)

@@ -18,10 +18,10 @@ import pytest
 from raypipe._values import parse_bytes
 from raypipe.kernels.errors import MISSING, OUTSIDE_ROOT
 from raypipe.sources import BlockReader, ReadOptions, open_source
-from raypipe.sources.cache import LocalCache, local_cache
-from raypipe.sources.cache_config import CacheConfig
-from raypipe.sources.cached_objects import store_name
 from raypipe.sources.table import column_or_default
+from raypipe.sources.transport.cache import LocalCache, local_cache
+from raypipe.sources.transport.cache_config import CacheConfig
+from raypipe.sources.transport.cached_objects import store_name
 from raypipe.testing import S3Server
 
 pytestmark = pytest.mark.timeout(120)
@@ -111,8 +111,8 @@ def test_a_partial_file_is_never_served(tmp_path):
 
 _FILLER = textwrap.dedent("""
     import os, sys, time
-    from raypipe.sources.cache import LocalCache
-    from raypipe.sources.cache_config import CacheConfig
+    from raypipe.sources.transport.cache import LocalCache
+    from raypipe.sources.transport.cache_config import CacheConfig
     cache = LocalCache(CacheConfig(dir=sys.argv[1], max_bytes=10**6))
     key = LocalCache.key("t", "shared", 300_000, 0)
     while time.time() < float(sys.argv[3]):  # start together
@@ -177,8 +177,8 @@ def test_an_eviction_pass_sweeps_temporary_files_whose_writers_are_gone(tmp_path
 
 _APPENDER = textwrap.dedent("""
     import sys
-    from raypipe.sources.cache import LocalCache
-    from raypipe.sources.cache_config import CacheConfig
+    from raypipe.sources.transport.cache import LocalCache
+    from raypipe.sources.transport.cache_config import CacheConfig
     cache = LocalCache(CacheConfig(dir=sys.argv[1], max_bytes=10**6))
     for i in range(3):
         cache.add(LocalCache.key("t", f"img{i}", 1000, 0), bytes([i]) * 1000)
@@ -307,7 +307,7 @@ def test_a_cache_removed_under_a_running_process_fills_again(tmp_path):
 def test_a_process_keeps_few_segments_open(tmp_path, monkeypatch):
     """A large cache has thousands of segments: a reader keeps the last few it read open, not one
     descriptor each (which would run the process out of descriptors)."""
-    monkeypatch.setattr("raypipe.sources.cache._OPEN_SEGMENTS", 2)
+    monkeypatch.setattr("raypipe.sources.transport.cache._OPEN_SEGMENTS", 2)
     writer = LocalCache(CacheConfig(dir=str(tmp_path), max_bytes=1600))  # a segment per 100 bytes
     keys = [LocalCache.key("t", f"k{i}", 100, 0) for i in range(5)]
     for i, key in enumerate(keys):

@@ -10,11 +10,11 @@ import pytest
 from raypipe.cli.main import main as cli_main
 from raypipe.config import DecodeConfig, TrainAugment
 from raypipe.sources import open_source
-from raypipe.sources.convert import _ShardJob, _write_shard, convert, parse_size
-from raypipe.sources.paths import open_root
+from raypipe.sources.formats.webdataset import list_webdataset
+from raypipe.sources.indexes.shard_index import INDEX_NAME
 from raypipe.sources.reader import BlockReader
-from raypipe.sources.shard_index import INDEX_NAME
-from raypipe.sources.webdataset import list_webdataset
+from raypipe.sources.transport.paths import open_root
+from raypipe.sources.writing.convert import _ShardJob, _write_shard, convert, parse_size
 from raypipe.stages.augment import AugmentStage, StageSpec
 
 pytestmark = pytest.mark.timeout(240)
@@ -112,7 +112,7 @@ def test_a_failed_shard_leaves_nothing_that_looks_complete(sample_dir, tmp_path,
         return real(self, batch)
 
     monkeypatch.setattr(BlockReader, "read_block", failing)
-    monkeypatch.setattr("raypipe.sources.convert._CHUNK", 16)
+    monkeypatch.setattr("raypipe.sources.writing.convert._CHUNK", 16)
     (tmp_path / "out").mkdir()
     for fmt in ("webdataset", "parquet"):
         calls.clear()
@@ -181,7 +181,7 @@ def test_a_failed_shard_is_raised_after_the_other_shards_have_ended(ray_local, t
 
     import ray
 
-    from raypipe.sources.convert import _gather
+    from raypipe.sources.writing.convert import _gather
 
     @ray.remote(num_cpus=0)
     def shard(name: str, fail: bool, seconds: float) -> dict:

@@ -16,8 +16,8 @@ import raypipe
 from raypipe.config import TrainAugment
 from raypipe.pipeline import Pipeline
 from raypipe.sources import ListingOptions, ShardListing, open_source
-from raypipe.sources.convert import convert
-from raypipe.sources.indexer import index_shards
+from raypipe.sources.indexes.indexer import index_shards
+from raypipe.sources.writing.convert import convert
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from raypipe.sources.convert import convert
+from raypipe.sources.writing.convert import convert
 from raypipe.testing import S3Server
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

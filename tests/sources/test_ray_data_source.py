@@ -13,8 +13,8 @@ from raypipe.config import DecodeConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline import EpochSource, Pipeline
 from raypipe.sample_data import write_sample_data
 from raypipe.sources import ListingOptions, list_ray_dataset, open_source
-from raypipe.sources.paths import open_root
 from raypipe.sources.reader import BlockReader
+from raypipe.sources.transport.paths import open_root
 from raypipe.stages.augment import StageSpec, augment_block
 
 pytestmark = pytest.mark.timeout(300)
@@ -186,7 +186,7 @@ def test_pipeline_takes_a_dataset_and_bad_inputs_are_one_line_errors(ray_local, 
 
 
 def test_convert_takes_a_dataset(ray_local, data, tmp_path):
-    from raypipe.sources.convert import convert
+    from raypipe.sources.writing.convert import convert
 
     ds = _train_dataset(data["parquet"])
     report = convert(ds, str(tmp_path / "wds"), format="webdataset", samples_per_shard=5)

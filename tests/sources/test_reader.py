@@ -10,7 +10,7 @@ from wrapped_fs import wrapped
 
 from raypipe.kernels.errors import MISSING, NULL_IMAGE, OUTSIDE_ROOT, UNREADABLE, SkipImage
 from raypipe.sources import BlockReader, ReadOptions, open_source
-from raypipe.sources.remote import is_transient, with_retries
+from raypipe.sources.transport.remote import is_transient, with_retries
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -274,7 +274,7 @@ def test_reader_pickles_without_its_threads(tmp_path):
 def test_a_requests_outcome_reaches_each_of_its_rows():
     from concurrent.futures import Future
 
-    from raypipe.sources.request_pool import fan_out
+    from raypipe.sources.transport.request_pool import fan_out
 
     def fanned(outcome) -> list[Future]:
         request, rows = Future(), [Future() for _ in range(3)]

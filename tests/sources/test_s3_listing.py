@@ -9,8 +9,8 @@ import pytest
 from wrapped_fs import WrappedFS
 
 from raypipe.sources import ReadOptions, open_source
-from raypipe.sources.folder import list_remote
-from raypipe.sources.paths import open_root
+from raypipe.sources.formats.folder import list_remote
+from raypipe.sources.transport.paths import open_root
 from raypipe.testing import S3Server
 
 pytestmark = pytest.mark.timeout(120)

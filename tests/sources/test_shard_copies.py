@@ -18,11 +18,11 @@ from raypipe.cli.main import main as cli_main
 from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline import EpochSource, Pipeline
 from raypipe.sources import ShardListing, SourceRows, open_source
-from raypipe.sources.indexer import index_shards
+from raypipe.sources.formats.tar_members import ShardChangedError
+from raypipe.sources.formats.webdataset import list_webdataset
+from raypipe.sources.indexes.indexer import index_shards
+from raypipe.sources.indexes.shard_index import INDEX_NAME
 from raypipe.sources.reader import BlockReader
-from raypipe.sources.shard_index import INDEX_NAME
-from raypipe.sources.tar_members import ShardChangedError
-from raypipe.sources.webdataset import list_webdataset
 from raypipe.testing import S3Server
 
 pytestmark = pytest.mark.timeout(240)
@@ -180,7 +180,7 @@ def test_a_shard_changed_under_the_same_size_and_time_is_never_read_at_the_index
 
 
 def test_convert_into_a_store_leaves_an_index_the_next_listing_uses(ray_local, sample_dir, tmp_path, monkeypatch):
-    from raypipe.sources.convert import convert
+    from raypipe.sources.writing.convert import convert
 
     buckets = tmp_path / "buckets"
     (buckets / "data").mkdir(parents=True)

@@ -15,10 +15,10 @@ from test_webdataset import sample, write_shard
 
 from raypipe.cli.main import main as cli_main
 from raypipe.sources import open_source
-from raypipe.sources.indexer import index_shards
-from raypipe.sources.paths import open_root
-from raypipe.sources.shard_index import INDEX_NAME, read_index, write_index
-from raypipe.sources.shard_listing import read_footer
+from raypipe.sources.formats.shard_listing import read_footer
+from raypipe.sources.indexes.indexer import index_shards
+from raypipe.sources.indexes.shard_index import INDEX_NAME, read_index, write_index
+from raypipe.sources.transport.paths import open_root
 from raypipe.testing import S3Server
 
 pytestmark = pytest.mark.timeout(180)
@@ -55,7 +55,7 @@ def _no_scan(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a shard was listed from its tar headers")
 
-    monkeypatch.setattr("raypipe.sources.webdataset._list_shard", refuse)
+    monkeypatch.setattr("raypipe.sources.formats.webdataset._list_shard", refuse)
 
 
 def test_listing_from_the_index_equals_the_scan(tmp_path, monkeypatch):
@@ -74,7 +74,7 @@ def test_listing_from_the_index_equals_the_scan(tmp_path, monkeypatch):
 
 
 def _scan_only(data):
-    from raypipe.sources.webdataset import list_webdataset
+    from raypipe.sources.formats.webdataset import list_webdataset
 
     return list_webdataset(data, index=False)  # every shard from its headers
 

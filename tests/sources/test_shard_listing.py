@@ -14,8 +14,8 @@ from test_webdataset import sample, write_shard
 from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline import EpochSource, Pipeline
 from raypipe.sources import ShardListing, SourceRows, open_source
-from raypipe.sources.indexer import index_shards
-from raypipe.sources.shard_index import INDEX_NAME
+from raypipe.sources.indexes.indexer import index_shards
+from raypipe.sources.indexes.shard_index import INDEX_NAME
 
 pytestmark = pytest.mark.timeout(240)
 

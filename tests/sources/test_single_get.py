@@ -7,8 +7,8 @@ import pytest
 
 from raypipe.kernels.errors import MISSING
 from raypipe.sources import BlockReader, ReadOptions, open_source
-from raypipe.sources import single_get as single_get_module
-from raypipe.sources.single_get import GIVE_UP_AFTER, single_get_for
+from raypipe.sources.transport import single_get as single_get_module
+from raypipe.sources.transport.single_get import GIVE_UP_AFTER, single_get_for
 from raypipe.testing import S3Server
 
 pytestmark = pytest.mark.timeout(120)

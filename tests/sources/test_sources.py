@@ -8,7 +8,7 @@ import pytest
 
 from raypipe.kernels.errors import OUTSIDE_ROOT, SkipImage
 from raypipe.sources import detect_kind, open_root, open_source
-from raypipe.sources.paths import DatasetRoot
+from raypipe.sources.transport.paths import DatasetRoot
 
 
 def _touch(path, data=b"x"):
@@ -94,7 +94,7 @@ def test_symlink_escape_is_listed_then_refused_before_open(tmp_path):
 
 @pytest.mark.parametrize("fast", [True, False], ids=["cached-dir-nofollow", "full-resolve"])
 def test_local_reads_stay_inside_the_root_on_both_read_paths(tmp_path, monkeypatch, fast):
-    from raypipe.sources import paths
+    from raypipe.sources.transport import paths
 
     if not fast:
         monkeypatch.setattr(paths, "_NOFOLLOW", None)  # every read resolves the whole path (the fallback)
@@ -144,7 +144,7 @@ def test_a_directory_swapped_for_an_outside_link_after_a_read_is_refused(tmp_pat
     out of the root must not lead that cached path outside (O_NOFOLLOW guards the last component only)."""
     import shutil
 
-    from raypipe.sources import paths
+    from raypipe.sources.transport import paths
 
     monkeypatch.setattr(paths, "_REAL_DIRS", {})
     _touch(tmp_path / "outside" / "x.jpg", b"secret")
@@ -210,7 +210,7 @@ def test_manifest_table_holds_only_its_columns(tmp_path):
 def test_manifest_read_by_arrow_gives_the_rows_of_the_line_by_line_read(tmp_path, fmt):
     """The Arrow readers and the line-by-line read (kept for files those readers refuse) list the same
     rows: paths, labels, errors, classes."""
-    from raypipe.sources import manifest
+    from raypipe.sources.formats import manifest
 
     lines = [(f"n{c:08d}/n{c:08d}_{i}.JPEG", f"n{c:08d}") for i in range(40) for c in (7, 1, 30)]
     lines += [("x/bad.jpg", ""), ("x/cat.jpg", "cat"), (" spaced .jpg", " n00000001 ")]
@@ -422,3 +422,38 @@ def test_a_chunks_rows_from_table_columns_equal_a_take_of_the_numpy_columns():
                 assert got[name].dtype == want[name].dtype and got[name].tolist() == want[name].tolist(), name
     with pytest.raises(IndexError):
         TableColumns(table).take(np.array([n]))
+
+
+def test_the_table_of_formats_has_a_row_for_every_kind_listing_options_take():
+    from raypipe.sources import KINDS
+    from raypipe.sources.formats.registry import FORMATS
+
+    assert sorted(FORMATS) == sorted(KINDS)
+    assert all(kind == f.kind for kind, f in FORMATS.items())
+
+
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("a/b.csv", "manifest"),
+        ("x.JSONL", "manifest"),
+        ("s3://b/t.parquet", "parquet"),
+        ("shards/train-0001.tar", "webdataset"),
+        ("train-{0000..0009}.tar", "webdataset"),
+        ("wids.json", "webdataset"),
+        ("photos/", None),
+    ],
+)
+def test_a_paths_own_name_says_its_kind_through_the_table(name, kind):
+    from raypipe.sources.formats.registry import kind_by_name
+
+    assert kind_by_name(name) == kind
+
+
+def test_a_folders_files_say_its_kind_and_raypipes_shard_index_is_no_parquet_dataset():
+    from raypipe.sources.formats.registry import kind_by_files
+    from raypipe.sources.indexes.shard_index import INDEX_NAME
+
+    assert kind_by_files(["a.parquet", "b.tar"]) == "parquet"
+    assert kind_by_files(["x/a.tar", INDEX_NAME]) == "webdataset"
+    assert kind_by_files([INDEX_NAME, "notes.txt"]) is None

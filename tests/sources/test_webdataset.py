@@ -12,7 +12,7 @@ from wrapped_fs import wrapped
 from raypipe.config import DecodeConfig, EvalAugment
 from raypipe.kernels.errors import BAD_LABEL, NULL_IMAGE, TRUNCATED
 from raypipe.sources import BlockReader, detect_kind, open_source
-from raypipe.sources.shard_paths import expand_braces, has_braces, shard_paths
+from raypipe.sources.formats.shard_paths import expand_braces, has_braces, shard_paths
 from raypipe.stages.augment import AugmentStage, StageSpec
 
 pytestmark = pytest.mark.timeout(120)

@@ -370,7 +370,7 @@ def test_a_listing_by_shard_takes_the_number_of_classes_given(tmp_path):
     from test_webdataset import sample, write_shard
 
     from raypipe.sources import open_source
-    from raypipe.sources.indexer import index_shards
+    from raypipe.sources.indexes.indexer import index_shards
     from raypipe.train.run import _num_classes
 
     d = tmp_path / "wds"
@@ -388,7 +388,7 @@ def test_the_index_flag_lists_the_training_shards_from_that_index(tmp_path):
     from test_webdataset import sample, write_shard
 
     from raypipe.sources import open_source
-    from raypipe.sources.indexer import index_shards
+    from raypipe.sources.indexes.indexer import index_shards
     from raypipe.train.data import job_rows
 
     d = tmp_path / "wds"

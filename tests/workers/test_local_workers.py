@@ -380,7 +380,7 @@ def test_a_dataset_in_an_object_store_runs_two_tasks_per_core(sample_dir, tmp_pa
     decodes: two per core, so the core's other task decodes meanwhile. An explicit cpus_per_task stands;
     a whole window of remote shards, and the local cache, keep one per core."""
     from raypipe.sources import open_source
-    from raypipe.sources.convert import convert
+    from raypipe.sources.writing.convert import convert
     from raypipe.testing import S3Server
 
     _four_cores(monkeypatch)

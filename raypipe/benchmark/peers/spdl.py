@@ -38,7 +38,7 @@ def load_library() -> None:
 def list_folder(folder: str) -> list[tuple[str, int]]:
     """(path, label) of every image under ``folder``'s class folders, classes and files in sorted order,
     as an ImageFolder lists them."""
-    from raypipe.sources.folder import IMG_EXTENSIONS
+    from raypipe.sources.formats.folder import IMG_EXTENSIONS
 
     classes = sorted(e.name for e in os.scandir(folder) if e.is_dir())
     items = []

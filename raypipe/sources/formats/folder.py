@@ -23,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow.fs as pafs
 
 from raypipe.sources.classes import classes_by_index, load_class_map, order_classes
-from raypipe.sources.parquet import parquet_files
-from raypipe.sources.paths import DatasetRoot, path_value, printable
-from raypipe.sources.remote import ReadOptions, with_retries
+from raypipe.sources.formats.parquet import parquet_files
 from raypipe.sources.table import SourceRows, listed_stamp, make_rows
+from raypipe.sources.transport.paths import DatasetRoot, path_value, printable
+from raypipe.sources.transport.remote import ReadOptions, with_retries
 
 __all__ = ["IMG_EXTENSIONS", "list_image_folder", "list_remote"]
 

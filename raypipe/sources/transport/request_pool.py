@@ -1,5 +1,5 @@
 """The threads that send a block reader's requests: a remote root keeps many in flight (a request's
-latency, not its bytes, is what a read of an object store waits on; see ``raypipe.sources.remote``),
+latency, not its bytes, is what a read of an object store waits on; see ``raypipe.sources.transport.remote``),
 while a local root reads one file after another (a read costs microseconds, threads would only add
 hand-offs). Results come back per row, in the rows' order, or as a ``Future`` per row for a caller that
 decodes the first rows while later ones are still in flight.

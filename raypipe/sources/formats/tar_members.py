@@ -1,5 +1,5 @@
 """Tar members: a shard's regular members walked from its tar headers, its samples' record made from
-them (what ``sources.webdataset`` lists and ``sources.convert`` indexes from what it wrote), and the
+them (what ``sources.formats.webdataset`` lists and ``sources.writing.convert`` indexes from what it wrote), and the
 check a read makes of the 512-byte header before a member's data (``header_mismatch``).
 
 Members are grouped into samples by key, as WebDataset does: the key is the member's path up to the
@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from raypipe.kernels.errors import BAD_LABEL, NULL_IMAGE, TRUNCATED
-from raypipe.sources.folder import IMG_EXTENSIONS
-from raypipe.sources.shard_index import ShardRecord
+from raypipe.sources.formats.folder import IMG_EXTENSIONS
+from raypipe.sources.indexes.shard_index import ShardRecord
 
 if TYPE_CHECKING:
-    from raypipe.sources.paths import DatasetRoot
+    from raypipe.sources.transport.paths import DatasetRoot
 
 __all__ = [
     "BLOCK",

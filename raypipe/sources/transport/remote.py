@@ -35,7 +35,7 @@ from typing import TypeVar
 from raypipe import settings
 from raypipe.kernels.errors import MISSING, UNREADABLE, SkipImage
 from raypipe.settings import Settings
-from raypipe.sources.cache_config import CacheConfig
+from raypipe.sources.transport.cache_config import CacheConfig
 
 __all__ = ["ReadOptions", "is_missing", "is_transient", "read_skip", "reads_store_objects", "with_retries"]
 
@@ -61,7 +61,7 @@ class ReadOptions:
     # that many workers throttled at once do not retry in step.
     backoff_s: float = field(default_factory=lambda: settings.current().read_backoff_s)
     max_backoff_s: float = 5.0
-    # A node-local cache of whole remote objects (``raypipe.sources.cache``); None: every read goes to the
+    # A node-local cache of whole remote objects (``raypipe.sources.transport.cache``); None: every read goes to the
     # store. By default from the settings' ``cache_dir`` / ``cache_max_bytes`` where the reader is made
     # (neither set: remote folders' images, in ~/.cache/raypipe).
     cache: CacheConfig | None = field(default_factory=CacheConfig.from_env)

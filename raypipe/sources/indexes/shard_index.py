@@ -7,7 +7,7 @@ listing makes it (``shard``, ``label``, ``error``, the image member's ``offset``
 footer's ``raypipe.index`` JSON per shard its ``path`` (relative to ``root``), ``size``, ``mtime_ns``,
 ``keys``, ``rows`` and, for a truncated shard, ``stopped_at``/``reason``. A shard matches its index when
 its size does (:func:`size_matches`: a copy or an upload changes the time, which is a hint); each read
-then checks the header before its member (``sources.tar_members``). Written in one piece: locally to a
+then checks the header before its member (``sources.formats.tar_members``). Written in one piece: locally to a
 temporary name then renamed, on an object store in one upload.
 """
 
@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raypipe.sources.paths import DatasetRoot
 from raypipe.sources.table import column_array, int64_array, string_array
+from raypipe.sources.transport.paths import DatasetRoot
 
 __all__ = [
     "INDEX_NAME",

@@ -3,7 +3,7 @@ its index log, a record per object (key digest, offset, size, crc32) written aft
 
 One process appends to a segment (``SegmentWriter``); any process reads its log (``parse_records``),
 so a reader never needs a lock to find another process's objects. A record cut short or torn (a
-writer killed mid-append) fails its checksum and is not read; ``raypipe.sources.cache.LocalCache``
+writer killed mid-append) fails its checksum and is not read; ``raypipe.sources.transport.cache.LocalCache``
 keeps the index and serves the bytes.
 """
 

@@ -1,5 +1,5 @@
 """Write raypipe's shard index for existing WebDataset shards (``raypipe index``): every shard's tar
-headers read once, shards spread over Ray tasks, the index written in one piece (``sources.shard_index``).
+headers read once, shards spread over Ray tasks, the index written in one piece (``sources.indexes.shard_index``).
 
 A shard's size and time are taken before its headers are read and checked again once all are read; a
 shard that changed meanwhile fails the run with its name, so no index describes bytes a shard no longer
@@ -15,12 +15,19 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-from raypipe.sources.paths import DatasetRoot
-from raypipe.sources.remote import ReadOptions
-from raypipe.sources.shard_index import INDEX_NAME, ShardRecord, index_location, local_stamp, stamp_matches, write_index
-from raypipe.sources.shard_paths import find_shards
+from raypipe.sources.formats.shard_paths import find_shards
+from raypipe.sources.formats.webdataset import scan_shards
+from raypipe.sources.indexes.shard_index import (
+    INDEX_NAME,
+    ShardRecord,
+    index_location,
+    local_stamp,
+    stamp_matches,
+    write_index,
+)
 from raypipe.sources.table import listed_stamp
-from raypipe.sources.webdataset import scan_shards
+from raypipe.sources.transport.paths import DatasetRoot
+from raypipe.sources.transport.remote import ReadOptions
 
 __all__ = ["IndexReport", "index_shards"]
 

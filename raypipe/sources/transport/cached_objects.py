@@ -1,4 +1,4 @@
-"""A block reader's remote objects in the node-local cache (``raypipe.sources.cache``): the key of an
+"""A block reader's remote objects in the node-local cache (``raypipe.sources.transport.cache``): the key of an
 object as the listing described it, a hit read without a request, a miss fetched whole and kept, and
 the objects found changed since their listing, read as the store has them now.
 
@@ -16,9 +16,9 @@ from collections.abc import Callable
 import pyarrow.fs as pafs
 
 from raypipe.kernels.errors import SkipImage
-from raypipe.sources.cache import LocalCache, SizeMismatch, local_cache
-from raypipe.sources.paths import DatasetRoot
-from raypipe.sources.remote import ReadOptions, with_retries
+from raypipe.sources.transport.cache import LocalCache, SizeMismatch, local_cache
+from raypipe.sources.transport.paths import DatasetRoot
+from raypipe.sources.transport.remote import ReadOptions, with_retries
 
 __all__ = ["UNLISTED", "CachedObjects", "store_name"]
 

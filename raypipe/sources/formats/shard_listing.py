@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raypipe.sources.paths import DatasetRoot
-from raypipe.sources.shard_index import index_meta, relative_paths, size_matches
+from raypipe.sources.indexes.shard_index import index_meta, relative_paths, size_matches
 from raypipe.sources.table import column_array
+from raypipe.sources.transport.paths import DatasetRoot
 
 __all__ = ["ShardColumns", "ShardListing"]
 

@@ -1,6 +1,6 @@
 """Where a node's cache of remote objects lives and how many bytes it may hold (``CacheConfig``), as
 configured by the settings ``cache_dir`` and ``cache_max_bytes`` (``RAYPIPE_CACHE_DIR``,
-``RAYPIPE_CACHE_MAX_BYTES``); the cache itself is ``raypipe.sources.cache.LocalCache``.
+``RAYPIPE_CACHE_MAX_BYTES``); the cache itself is ``raypipe.sources.transport.cache.LocalCache``.
 
 A config is a small frozen value, so it travels with a reader's options to every worker, where each
 process opens its own ``LocalCache`` of it.

@@ -14,10 +14,10 @@ same ``digest()`` on every listing. What a row holds decides what the listing is
   (kind ``raydata``) holds per row the block as ``shard`` (its path ``block{k}``, which keeps the digest
   stable) and the row inside it as ``row``; ``SourceRows.extra["blocks"]`` holds the blocks' object refs
   by shard, which keep the bytes alive as long as the rows live. Workers get a block by its ref
-  (``raypipe.sources.ray_blocks``), zero-copy on the node that holds it.
+  (``raypipe.sources.formats.ray_blocks``), zero-copy on the node that holds it.
 
 Labels are integers or class names (strings), numbered as a manifest's are (``class_order``,
-``class_map``: ``raypipe.sources.manifest``). A null or empty image cell, a null or empty path, a null,
+``class_map``: ``raypipe.sources.formats.manifest``). A null or empty image cell, a null or empty path, a null,
 negative or unknown label: the row stays, with its skip reason (``null_image``, ``empty``,
 ``bad_label``), so each epoch counts it. The bytes a listing may put are bounded (``max_bytes``, by
 default half the object store of this node: the other half is the room the chunks in flight take);
@@ -35,10 +35,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from raypipe.kernels.errors import EMPTY, NULL_IMAGE
-from raypipe.sources.manifest import class_labeller, number_labels
+from raypipe.sources.formats.manifest import class_labeller, number_labels
 from raypipe.sources.options import ListingOptions
-from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.table import ROW_SCHEMA, SourceRows, int64_array, make_file_rows
+from raypipe.sources.transport.paths import DatasetRoot, open_root
 
 __all__ = ["DATASET_ROOT", "is_ray_dataset", "list_ray_dataset"]
 

@@ -18,7 +18,7 @@ so the same input gives byte-identical shards on any cluster.
   so is an image that does not decode (reading the output skips it, as reading the input did).
 - Each shard is written under a temporary name (``.NAME.tmp-…``, which no listing takes for a shard)
   and renamed when complete: a failed or interrupted conversion leaves only complete shards.
-- WebDataset output gets raypipe's shard index (``raypipe-index.parquet``, ``sources.shard_index``)
+- WebDataset output gets raypipe's shard index (``raypipe-index.parquet``, ``sources.indexes.shard_index``)
   beside the shards, made from what the writers recorded, so listing the output reads that file alone.
 """
 
@@ -40,10 +40,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from raypipe.kernels.errors import BAD_LABEL, SkipImage
-from raypipe.sources.paths import DatasetRoot, open_root
+from raypipe.sources.formats.tar_members import Member, TarListing, header_crc, shard_record
 from raypipe.sources.reader import BlockReader
 from raypipe.sources.table import SourceRows, listed_stamp
-from raypipe.sources.tar_members import Member, TarListing, header_crc, shard_record
+from raypipe.sources.transport.paths import DatasetRoot, open_root
 
 __all__ = ["FORMATS", "ConvertReport", "convert", "parse_size", "plan_shards"]
 
@@ -275,7 +275,7 @@ def _unless_label(errors: np.ndarray) -> np.ndarray:
 def _write_index(root: DatasetRoot, names: list[str], results: list[dict]) -> None:
     """raypipe's shard index of the shards just written, from what their writers recorded (nothing is read
     back): the rows a listing of the shards would make."""
-    from raypipe.sources.shard_index import INDEX_NAME, write_index
+    from raypipe.sources.indexes.shard_index import INDEX_NAME, write_index
 
     records = []
     for name, result in zip(names, results, strict=True):

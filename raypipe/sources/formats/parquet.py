@@ -20,8 +20,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from raypipe.kernels.errors import BAD_LABEL, NULL_IMAGE, SkipImage
-from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.table import SourceRows, listed_stamp, make_rows
+from raypipe.sources.transport.paths import DatasetRoot, open_root
 
 __all__ = ["ParquetGroups", "list_parquet", "parquet_files"]
 

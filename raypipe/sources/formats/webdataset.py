@@ -1,13 +1,13 @@
 """WebDataset tar shards: ``KEY.jpg`` (or any image extension) with ``KEY.cls`` holding the label as text.
 
 The data is a folder (or prefix) of ``*.tar`` files, one ``.tar``, a brace pattern (``shards-{0000..0099}.tar``)
-or a wids shard list, on local disk or any pyarrow filesystem (``sources.shard_paths`` finds the shards).
-Listing reads each shard's tar headers (``sources.tar_members``) and its ``.cls`` members: locally a
+or a wids shard list, on local disk or any pyarrow filesystem (``sources.formats.shard_paths`` finds the shards).
+Listing reads each shard's tar headers (``sources.formats.tar_members``) and its ``.cls`` members: locally a
 ``pread`` per header, remotely ranged reads of a few MB. ``sample_id`` numbers the samples in (shards
 sorted by path, samples in tar order); a bad label is kept as a ``bad_label`` row, a key without an
 image as ``null_image``; a truncated shard is listed up to its last readable header and reported in
 ``extra["incomplete_shards"]`` (docs/sources.md). A shard in
-raypipe's index (``sources.shard_index``) at its indexed size, or in a DALI ``wds2idx`` file, is listed
+raypipe's index (``sources.indexes.shard_index``) at its indexed size, or in a DALI ``wds2idx`` file, is listed
 from it; without an index the listing says in one line what it is about to scan and how to write one.
 """
 
@@ -23,10 +23,11 @@ import pyarrow.fs as pafs
 
 from raypipe import settings
 from raypipe.kernels.errors import SkipImage
-from raypipe.sources.foreign_index import DaliMember, dali_index_for, parse_dali_index
-from raypipe.sources.paths import DatasetRoot
-from raypipe.sources.remote import ReadOptions, with_retries
-from raypipe.sources.shard_index import (
+from raypipe.sources.formats.shard_listing import ShardListing, footer_rows, listing_by_shard, read_footer
+from raypipe.sources.formats.shard_paths import expand_braces, find_shards, has_braces
+from raypipe.sources.formats.tar_members import Member, Ranges, TarListing, member_ext, shard_record, walk
+from raypipe.sources.indexes.foreign_index import DaliMember, dali_index_for, parse_dali_index
+from raypipe.sources.indexes.shard_index import (
     INDEX_NAME,
     ShardRecord,
     index_location,
@@ -36,10 +37,9 @@ from raypipe.sources.shard_index import (
     size_matches,
     time_matches,
 )
-from raypipe.sources.shard_listing import ShardListing, footer_rows, listing_by_shard, read_footer
-from raypipe.sources.shard_paths import expand_braces, find_shards, has_braces
 from raypipe.sources.table import SourceRows, listed_stamp, make_rows
-from raypipe.sources.tar_members import Member, Ranges, TarListing, member_ext, shard_record, walk
+from raypipe.sources.transport.paths import DatasetRoot
+from raypipe.sources.transport.remote import ReadOptions, with_retries
 
 __all__ = ["list_webdataset", "scan_shards"]
 

@@ -4,7 +4,7 @@ Whole objects are cached: an image file of a folder or manifest, a whole tar sha
 file. Later reads (the next epoch, the next run, another worker process on the node) take the bytes
 from the cache. Shards are worth caching whole: each is read in full once per epoch anyway. Without
 configuration only the images of remote folders are cached, in ``~/.cache/raypipe``
-(``raypipe.sources.cache_config.CacheConfig.from_env``).
+(``raypipe.sources.transport.cache_config.CacheConfig.from_env``).
 
 - **Key.** The store (filesystem type and endpoint), the object's path, its size and modification
   time, hashed: once an object's new size or time is known, it is a new entry, never served from the
@@ -58,8 +58,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import BinaryIO
 
-from raypipe.sources.cache_config import CacheConfig
-from raypipe.sources.cache_segments import SegmentWriter, parse_records
+from raypipe.sources.transport.cache_config import CacheConfig
+from raypipe.sources.transport.cache_segments import SegmentWriter, parse_records
 
 __all__ = ["LocalCache", "SizeMismatch", "local_cache"]
 

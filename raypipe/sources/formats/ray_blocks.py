@@ -3,7 +3,7 @@
 Two ways a row carries them:
 
 - ``block`` (an object ref) and ``row``: the listing put the row's block in the object store
-  (``raypipe.sources.raydata``). The listing's columns (``SourceRows.columns()``) add each row's ref
+  (``raypipe.sources.formats.raydata``). The listing's columns (``SourceRows.columns()``) add each row's ref
   to the rows a chunk takes from the listing, so a task carries the refs of its own blocks only (a
   chunk of a shard window touches a few), and Ray keeps them alive while the task runs. The reader
   gets each block once per chunk (``ray.get`` of all of them at once: zero-copy from this node's object

@@ -35,8 +35,8 @@ import pyarrow.json as pajson
 
 from raypipe.kernels.errors import BAD_LABEL
 from raypipe.sources.classes import classes_by_index, load_class_map, order_classes
-from raypipe.sources.paths import DatasetRoot, open_root
 from raypipe.sources.table import SourceRows, int64_array, make_file_rows, string_array
+from raypipe.sources.transport.paths import DatasetRoot, open_root
 
 __all__ = ["class_labeller", "list_manifest", "number_labels"]
 

@@ -2,7 +2,7 @@
 brace pattern (``shards-{0000..0099}.tar``) or a wids shard list (``.json``), on local disk or any
 pyarrow filesystem. Each shard comes with its (size, mtime_ns) where a remote listing gave them, so
 the listing's rows can key the cache without another request (-1s for local shards); reading the
-shards is ``raypipe.sources.webdataset``'s.
+shards is ``raypipe.sources.formats.webdataset``'s.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import re
 import pyarrow.fs as pafs
 
 from raypipe.kernels.errors import SkipImage
-from raypipe.sources.foreign_index import parse_wids
-from raypipe.sources.paths import DatasetRoot, open_root
+from raypipe.sources.indexes.foreign_index import parse_wids
 from raypipe.sources.table import listed_stamp
+from raypipe.sources.transport.paths import DatasetRoot, open_root
 
 __all__ = ["expand_braces", "find_shards", "has_braces", "shard_paths"]
 
