@@ -28,7 +28,17 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 
 
 def load_yaml(path: str | Path) -> dict:
-    """Load a YAML mapping safely (no object construction) and strictly (no duplicated keys)."""
+    """Load a YAML mapping safely (no object construction) and strictly (no duplicated keys).
+
+    Args:
+        path: the YAML file.
+
+    Returns:
+        Its top-level mapping ({} for an empty file).
+
+    Raises:
+        ValueError: the file cannot be read, is not YAML, holds a duplicated key, or is not a mapping.
+    """
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
