@@ -1,9 +1,6 @@
-"""Configuration: frozen, keyword-only dataclasses validated on construction.
-
-Field names follow timm's (``scale``, ``ratio``, ``hflip`` …) so a timm user can read a raypipe
-config without a glossary. Every check raises ``ValueError`` naming the field. YAML files load
-strictly (``load_yaml``): unknown or duplicated keys are errors, never silently ignored.
-"""
+"""Configuration: frozen, keyword-only dataclasses, validated on construction (``ValueError`` naming the
+field). Field names follow timm's (``scale``, ``ratio``, ``hflip`` …) so a timm user can read a raypipe
+config without a glossary. YAML loads strictly: unknown or duplicated keys are errors, never ignored."""
 
 from __future__ import annotations
 
@@ -16,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from raypipe._strict_yaml import load_yaml
 from raypipe._values import check_prob, fail, is_int, is_number
 
 __all__ = [
@@ -81,7 +77,14 @@ def _set(obj: Any, name: str, value: Any) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class DecodeConfig:
-    """How bytes become pixels."""
+    """How bytes become pixels.
+
+    Args:
+        Keyword-only fields, each documented beside it below.
+
+    Raises:
+        ValueError: ``max_pixels`` not an int >= 1, or ``dct_scaling`` neither a bool nor None.
+    """
 
     max_pixels: int = DEFAULT_MAX_PIXELS  # refuse larger images from the header (decompression bombs)
     # Let libjpeg-turbo decode JPEGs at 1/2, 1/4, 1/8 when the crop allows. None: on for training,
@@ -105,6 +108,13 @@ class TrainAugment:
     """timm's training transform (``transforms_imagenet_train``), minus tensor conversion.
 
     Normalisation, random erasing and mixup/cutmix run on the trainer's device (``DeviceLoader``).
+
+    Args:
+        Keyword-only fields, timm's names, some documented beside them below (``input_size``: an
+            int, (H, W) or (3, H, W)).
+
+    Raises:
+        ValueError: an invalid field, named.
     """
 
     input_size: Any = (224, 224)
@@ -164,7 +174,14 @@ def _range_mean(name: str, value: Any) -> tuple[float, float, float]:
 
 @dataclass(frozen=True, kw_only=True)
 class EvalAugment:
-    """timm's eval transform: resize by ``crop_pct`` then crop (``transforms_imagenet_eval``)."""
+    """timm's eval transform: resize by ``crop_pct`` then crop (``transforms_imagenet_eval``).
+
+    Args:
+        Keyword-only fields, timm's names (``input_size``: an int, (H, W) or (3, H, W)).
+
+    Raises:
+        ValueError: an invalid field, named.
+    """
 
     input_size: Any = (224, 224)
     crop_pct: float = 0.875
@@ -195,7 +212,14 @@ def auto_chunk_rows(batch_size: int) -> int:
 @dataclass(frozen=True, kw_only=True)
 class PipelineConfig:
     """What the batches are: their size, order and the skips an epoch may have. How they are made
-    (workers, chunks, priorities) is ``ExecutionConfig``'s."""
+    (workers, chunks, priorities) is ``ExecutionConfig``'s.
+
+    Args:
+        Keyword-only fields, each documented beside it below.
+
+    Raises:
+        ValueError: an invalid field, named.
+    """
 
     batch_size: int = 256
     drop_last: bool = False
@@ -238,7 +262,15 @@ STORE_CPUS_PER_TASK = 0.5
 
 @dataclass(frozen=True, kw_only=True)
 class ExecutionConfig:
-    """How a rank's batches are made on the cluster: workers, chunks, priorities."""
+    """How a rank's batches are made on the cluster: workers, chunks, priorities.
+
+    Args:
+        Keyword-only fields, each documented beside it below.
+
+    Raises:
+        ValueError: an invalid field, or fields that contradict each other (``elastic`` without
+            ``backend="nodes"`` or with ``num_tasks``; ``min_cpus`` > ``max_cpus``), named.
+    """
 
     # Augmentation tasks a rank keeps running at once; None: its share of the cluster (raypipe.pipeline.budget).
     num_tasks: int | None = None
@@ -344,41 +376,7 @@ class ExecutionConfig:
 
 
 # --------------------------------------------------------------------------------------------------
-# Strict loading from dicts / YAML
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses duplicated mapping keys."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise ValueError(f"duplicated key {key!r} in YAML (line {key_node.start_mark.line + 1})")
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def load_yaml(path: str | Path) -> dict:
-    """Load a YAML mapping safely (no object construction) and strictly (no duplicated keys)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ValueError(f"config {str(path)!r}: {e.strerror or e}") from None
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML: {e}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
+# Strict loading from dicts (YAML files: raypipe._strict_yaml)
 
 
 def config_from_dict(cls: type, data: Mapping[str, Any], *, where: str = "") -> Any:
@@ -448,8 +446,15 @@ def resolve_sections(raw: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
-    """A whole raypipe config file: ``augment``, ``eval``, ``pipeline``, ``execution`` and ``decode``
-    validated, and the training job's ``train`` section kept as it was written (``jobs/train.py`` checks it)."""
+    """A whole raypipe config file (``load_config`` reads one).
+
+    Args:
+        augment, eval, pipeline, execution, decode: the validated sections (left out: the defaults).
+        train: the training job's section, kept as it was written (``jobs/train.py`` checks it).
+
+    Raises:
+        TypeError, ValueError: a ``train`` that ``dict()`` refuses (the other fields are not checked).
+    """
 
     augment: TrainAugment = field(default_factory=TrainAugment)
     eval: EvalAugment = field(default_factory=EvalAugment)
@@ -472,8 +477,19 @@ def load_config(source: str | Path | Mapping[str, Any]) -> Config:
         decode:   {max_pixels: 89478485}                                  # DecodeConfig
         train:    {model: resnet50, epochs: 100}                          # the training job only
 
-    Every section is optional; unknown sections or keys and duplicated keys are errors (the ``train``
-    section's keys are checked by the training job)."""
+    Every section is optional; eval takes training's ``input_size`` (and bilinear/bicubic
+    ``interpolation``) unless its own section sets one.
+
+    Args:
+        source: a YAML file's path, or the mapping it would hold.
+
+    Returns:
+        The validated ``Config``.
+
+    Raises:
+        ValueError: the file cannot be read or parsed, an unknown section or key, a duplicated key, or
+            an invalid field (named); the ``train`` section's keys are the training job's to check.
+    """
     where = "config" if isinstance(source, Mapping) else str(source)
     data = source if isinstance(source, Mapping) else load_yaml(source)
     sections = config_sections(data, where=where)

@@ -60,7 +60,23 @@ def connect(
     itself begins once a stream's first batches are out (``release_start``) or something waits for the
     cluster (``wait_connected``), so that Ray's start does not share the cores with the first batch.
     Until ``wait_connected()`` returns, this process must not call Ray itself (Ray would start a second
-    cluster of its own)."""
+    cluster of its own).
+
+    Args:
+        num_cpus, object_store_memory: the private local Ray's sizes (None: Ray's defaults); ignored
+            when joining a cluster.
+        quiet: Ray's logging at WARNING rather than INFO.
+        dashboard: start the private local Ray with its dashboard.
+        wait: False starts a private local Ray in the background, as above.
+
+    Returns:
+        None: Ray is initialised (with ``wait=False``, it may still be starting). In a process already
+        connected, nothing is done.
+
+    Raises:
+        ConnectionError: ``RAY_ADDRESS`` names an address where no Ray cluster answers.
+        Exception: what ``ray.init`` raises; with ``wait``, a ``wait=False`` start's error.
+    """
     global _START
     if _START is not None:
         if not _START.done.is_set():

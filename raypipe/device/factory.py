@@ -77,8 +77,23 @@ def from_timm_args(
 ) -> DeviceLoader:
     """A ``DeviceLoader`` over ``source`` configured by timm's argument names (see the module doc).
 
-    ``img_dtype`` None: float32 on CPU, float16 on CUDA. ``re_count`` is timm's ``max_count`` (boxes
-    per erased image uniform in 1..re_count). ``None`` for a probability means timm's default.
+    Args:
+        source: the packed host batches, as ``DeviceLoader`` takes them.
+        device, prefetch, pin_memory, layout, seed, rank, close_timeout_s: ``DeviceLoader``'s.
+        img_dtype, mean, std, channels_last: ``Normalize``'s; ``img_dtype`` None: float32 on CPU,
+            float16 on CUDA.
+        re_*: timm's random erasing (``RandomErasing``); ``re_count`` is its ``max_count`` (boxes per
+            erased image uniform in 1..re_count).
+        mixup_alpha, cutmix_alpha, cutmix_minmax, mixup_prob, mixup_switch_prob, mixup_mode, correct_lam,
+            label_smoothing, num_classes: timm's ``Mixup``, built only when it would be. ``None`` for a
+            probability means timm's default.
+
+    Returns:
+        The ``DeviceLoader`` (close it, or use it as a context manager).
+
+    Raises:
+        ValueError: an invalid value, naming the keyword given here (``device``: not ``cpu`` or
+            ``cuda[:n]``, or CUDA unavailable).
 
     >>> loader = from_timm_args([], re_prob=0.25, mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=10)
     >>> type(loader.erasing).__name__, loader.mixup.prob, loader.mixup_enabled

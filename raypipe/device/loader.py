@@ -118,19 +118,29 @@ class DeviceLoader:
     ``fast_collate`` yields. Output has the same structure: ``image`` NCHW in ``normalize``'s dtype
     (float32 on CPU, float16 on CUDA unless ``Normalize(dtype=...)`` says otherwise; channels_last
     unless ``Normalize(channels_last=False)``), ``label`` int64 class indices or, with ``mixup``,
-    float32 soft targets (N, num_classes); ``sample_id`` int64 on the device.
+    float32 soft targets (N, num_classes); ``sample_id`` int64 on the device. Normalise, erase and mix
+    run in timm's order. ``loader.mixup_enabled = False`` stops mixing from the next batch produced
+    (timm's ``--mixup-off-epoch``); targets stay soft (smoothed one-hot), as timm's. The first pass is
+    the source's next epoch where it says one (``EpochSource``, ``FeederSource``), else 0 (``set_epoch``
+    moves both).
 
-    - ``normalize``: a :class:`Normalize` (default: ImageNet mean/std, the device's dtype).
-    - ``erasing``: a :class:`RandomErasing` or None; ``mixup``: a :class:`Mixup` or None. Applied in
-      timm's order: normalise, erase, mix. ``loader.mixup_enabled = False`` stops mixing from the next
-      batch produced (timm's ``--mixup-off-epoch``); targets stay soft (smoothed one-hot), as timm's.
-    - ``prefetch``: batches ready ahead of the consumer; the host ring has ``prefetch + 1`` slots.
-    - ``pin_memory``: pinned host slots on CUDA (truly asynchronous copies); no effect on CPU.
-    - ``layout``: "auto" detects NHWC/NCHW from the channel count; declare it for ambiguous shapes.
-    - ``seed``, ``rank``: random draws per batch from ``(seed, rank, epoch, batch)``; ``rank=None`` takes
-      ``torch.distributed``'s rank when it is initialised, else 0.
-    - The first pass is the source's next epoch where it says one (``EpochSource``, ``FeederSource``),
-      else 0 (``set_epoch`` moves both).
+    Args:
+        source: the batches (an iterable; ``len()`` is its length).
+        device: "cpu" or "cuda[:n]".
+        normalize: a :class:`Normalize` (default: ImageNet mean/std, the device's dtype).
+        erasing: a :class:`RandomErasing` or None (as is one whose probability is 0).
+        mixup: a :class:`Mixup` or None.
+        prefetch: batches ready ahead of the consumer (>= 1); the host ring has ``prefetch + 1`` slots.
+        pin_memory: pinned host slots on CUDA (truly asynchronous copies); no effect on CPU.
+        layout: "auto" detects NHWC/NCHW from the channel count; declare it for ambiguous shapes.
+        seed, rank: random draws per batch from ``(seed, rank, epoch, batch)``; ``rank=None`` takes
+            ``torch.distributed``'s rank when it is initialised, else 0.
+        close_timeout_s: how long stopping a pass waits for the producer thread.
+
+    Raises:
+        ValueError: an invalid argument, naming it (a device other than CPU or CUDA, or CUDA
+            unavailable; a part of the wrong type; an unknown layout; ``prefetch`` < 1; ``seed`` or
+            ``rank`` < 0).
 
     >>> src = [{"image": np.zeros((2, 4, 4, 3), np.uint8), "label": np.array([0, 1])}]
     >>> with DeviceLoader(src) as loader:

@@ -57,13 +57,25 @@ class EpochSampler:
 
 
 class RankLoader:
-    """One rank's loader over ``pipeline`` (see the module doc).
+    """One rank's loader over ``pipeline`` (see the module doc); each ``iter()`` yields the next epoch's
+    ``(input, target)`` on the device.
 
-    ``training``: batches full (``pipeline.config.drop_last`` must be set) and the same count on every
-    rank; else eval: padded like timm's ``OrderedDistributedSampler``. ``device_kwargs`` go to
-    ``raypipe.device.from_timm_args`` (timm's names). ``yield_ids``: yield ``(input, target, sample_id)``
-    (padding rows have ``sample_id == -1``). ``dataset``: what ``loader.dataset`` shows (default: the
-    pipeline's rows). ``feeder``: run the rank's source in a feeder process (``FeederSource``).
+    Args:
+        pipeline: the ``Pipeline``.
+        training: batches full (``pipeline.config.drop_last`` must be set) and the same count on every
+            rank; else eval: padded like timm's ``OrderedDistributedSampler``.
+        rank, world_size, start_epoch, reserved_cpus: the rank's ``RankSpan``.
+        device_kwargs: keywords of ``raypipe.device.from_timm_args`` (timm's names); ``seed`` defaults
+            to the pipeline's, ``rank`` to this one.
+        dataset: what ``loader.dataset`` shows (default: the pipeline's rows).
+        yield_ids: yield ``(input, target, sample_id)`` (padding rows have ``sample_id == -1``).
+        feeder: run the rank's source in a feeder process (``FeederSource``).
+
+    Raises:
+        ValueError: ``training`` without ``drop_last``, or with less than a batch per rank; an invalid
+            span field or ``device_kwargs`` value (named).
+        TypeError: a key of ``device_kwargs`` that ``from_timm_args`` does not take.
+        Exception: with ``feeder``, what ``FeederSource`` raises.
     """
 
     def __init__(

@@ -46,9 +46,24 @@ BAD_ROWS = ("drop", "keep")
 class RayDataAugment:
     """A callable class for ``Dataset.map_batches`` (any ``batch_format``: numpy, pyarrow or pandas):
     decodes and augments each row with raypipe's stage, seeded by ``(seed, epoch, row[id_column])``
-    (see the module doc). ``root`` (a folder or URI, with ``filesystem``): where a path column's files
-    lie. ``classes``: class names in label order, for a label column of names. ``bad_rows="keep"``: bad
-    rows stay, with ``ok`` and ``reason`` (a code of ``REASON_CODES``); ``details``: and ``detail``."""
+    (see the module doc).
+
+    Args:
+        augment: the transform, ``TrainAugment`` or ``EvalAugment``.
+        seed, epoch: with each row's id, what its random draws are seeded by.
+        image_column, label_column, id_column: the batch's columns.
+        decode: a ``DecodeConfig`` (None: the default).
+        root, filesystem: where a path column's files lie (a folder or URI; None: the column holds
+            bytes).
+        classes: class names in label order, for a label column of names.
+        bad_rows: "drop", or "keep": bad rows stay, with ``ok`` and ``reason`` (a code of
+            ``REASON_CODES``).
+        details: with ``bad_rows="keep"``, add ``detail`` too.
+
+    Raises:
+        TypeError: ``augment`` is neither a ``TrainAugment`` nor an ``EvalAugment``.
+        ValueError: ``bad_rows`` not one of ``BAD_ROWS``, or ``details`` without ``bad_rows="keep"``.
+    """
 
     def __init__(
         self,

@@ -29,13 +29,24 @@ __all__ = ["ray_loader"]
 
 
 def ray_loader(data: Any, *, input_size: Any, batch_size: int, is_training: bool = False, **kwargs: Any) -> RankLoader:
-    """This Ray Train worker's :class:`RankLoader` over ``data`` (a path/URI, or ``SourceRows``
-    listed once on the driver and passed in ``train_loop_config``, which saves each worker a listing).
+    """This Ray Train worker's :class:`RankLoader` over ``data``; rank and world size are Ray Train's.
 
-    ``kwargs``: the arguments of :func:`raypipe.timm.create_loader` (timm's names: ``re_prob``,
-    ``auto_augment``, ``crop_pct``, ``collate_fn=FastCollateMixup(...)``, ``img_dtype`` …, and raypipe's
-    ``seed``, ``mixup``, ``execution``, ``channels_last``, ``feeder`` …). ``device`` defaults to Ray
-    Train's; ``reserved_cpus`` to the CPUs the trainers hold (this worker's, times the world size).
+    Args:
+        data: a path/URI, or ``SourceRows`` listed once on the driver and passed in
+            ``train_loop_config`` (which saves each worker a listing).
+        input_size, batch_size, is_training: as :func:`raypipe.timm.create_loader` takes them.
+        **kwargs: the other arguments of :func:`raypipe.timm.create_loader` (timm's names: ``re_prob``,
+            ``auto_augment``, ``crop_pct``, ``collate_fn=FastCollateMixup(...)``, ``img_dtype`` …, and
+            raypipe's ``seed``, ``mixup``, ``execution``, ``channels_last``, ``feeder`` …). ``device``
+            defaults to Ray Train's; ``reserved_cpus`` to the CPUs the trainers hold (this worker's,
+            times the world size).
+
+    Returns:
+        The :class:`RankLoader`.
+
+    Raises:
+        ValueError: ``rank``, ``world_size`` or ``distributed`` given.
+        Exception: what :func:`raypipe.timm.create_loader` raises.
     """
     import ray
     import ray.train

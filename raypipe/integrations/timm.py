@@ -116,19 +116,36 @@ def create_loader(
     class_map: Any = None,
     mixup: Mixup | None = None,
 ) -> RankLoader:
-    """timm's ``create_loader`` (see the module doc for each argument); returns a :class:`RankLoader`.
+    """timm's ``create_loader``, its batches made by raypipe.
 
-    ``dataset``: a path or URI (any source raypipe lists), a listing (``SourceRows``, ``ShardListing``), or timm's
-    ``create_dataset(...)`` result for an image folder (its root and its ``class_to_idx`` are used, so
-    class indices are timm's). ``distributed=True`` takes rank and world size from the initialised
-    ``torch.distributed`` (torchrun), as timm's samplers do; the ranks of a node share one Ray
-    (``raypipe.integrations.connect_node``). Train batches: shuffled, full (timm's ``drop_last``), the
-    same count on every rank. Eval: unshuffled, every image once across ranks, padded at the end of the
-    shorter ranks to the same count (timm's ``OrderedDistributedSampler``).
+    Train batches: shuffled, full (timm's ``drop_last``), the same count on every rank. Eval:
+    unshuffled, every image once across ranks, padded at the end of the shorter ranks to the same count
+    (timm's ``OrderedDistributedSampler``). The ranks of a node share one Ray
+    (``raypipe.integrations.connect_node``).
 
-    ``seed`` (default ``batch_choice_seed``) must be the same on every rank: it fixes the epoch order.
-    ``reserved_cpus`` (default: one per trainer process of the world) is left out of the cluster's CPUs
-    when sizing each rank's share of augmentation tasks.
+    Args:
+        dataset: a path or URI (any source raypipe lists), a listing (``SourceRows``, ``ShardListing``),
+            or timm's ``create_dataset(...)`` result for an image folder (its root and its
+            ``class_to_idx`` are used, so class indices are timm's).
+        input_size … num_batches: timm's arguments: honoured, of no effect, or refused, as the module
+            doc lists them. ``distributed=True`` takes rank and world size from the initialised
+            ``torch.distributed`` (torchrun), as timm's samplers do.
+        seed: default ``batch_choice_seed``; must be the same on every rank: it fixes the epoch order.
+        rank, world_size: instead of ``torch.distributed``'s (both or neither).
+        reserved_cpus: left out of the cluster's CPUs when sizing each rank's share of augmentation
+            tasks (default: one per trainer process of the world).
+        channels_last, yield_ids, feeder, execution, decode, class_map, mixup: raypipe's own (module
+            doc; ``RankLoader``, ``ListingOptions``).
+
+    Returns:
+        The rank's :class:`RankLoader`.
+
+    Raises:
+        ValueError: a refused argument or value (named; the module doc lists them), ``rank`` without
+            ``world_size``, ``distributed=True`` without ``torch.distributed``, a Ray Dataset or a timm
+            dataset raypipe cannot read as ``dataset``; ``ListingMismatchError`` when ranks listed
+            different data.
+        Exception: what ``open_source``, ``raypipe.connect`` and ``RankLoader`` raise.
     """
     for name, value, why in (
         ("num_aug_splits", num_aug_splits, "AugMix splits need timm's AugMixDataset"),

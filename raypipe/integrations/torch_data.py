@@ -25,10 +25,18 @@ __all__ = ["RaypipeIterableDataset"]
 
 
 class RaypipeIterableDataset(torch.utils.data.IterableDataset):
-    """``source``: a ``RankLoader`` (yields ``(input, target)`` on the device), a ``DeviceLoader``, or
-    an ``EpochSource`` / ``FeederSource`` (yields the packed host batches: dicts of uint8 NHWC
-    ``image``, int64 ``label`` and ``sample_id``). Each ``iter()`` is the source's next epoch;
-    ``set_epoch`` and ``len()`` are the source's."""
+    """A ``DataLoader``'s view of a raypipe source (see the module doc). Each ``iter()`` is the source's
+    next epoch (in a ``DataLoader`` worker it raises ``RuntimeError``); ``set_epoch`` and ``len()`` are
+    the source's.
+
+    Args:
+        source: a ``RankLoader`` (yields ``(input, target)`` on the device), a ``DeviceLoader``, or an
+            ``EpochSource`` / ``FeederSource`` (yields the packed host batches: dicts of uint8 NHWC
+            ``image``, int64 ``label`` and ``sample_id``).
+
+    Raises:
+        Nothing: ``source`` is not checked.
+    """
 
     def __init__(self, source: Iterable):
         super().__init__()

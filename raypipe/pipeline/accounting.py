@@ -16,8 +16,10 @@ __all__ = ["EpochReport", "EpochLedger", "SkipLimitError", "Skip"]
 
 
 class SkipLimitError(RuntimeError):
-    """Too many samples were skipped. The message is meant for a user as it is (no traceback needed):
-    how many of how many, the top reasons, a few paths, and the setting that raises the limit."""
+    """An epoch skipped more rows than ``PipelineConfig.max_skips`` or ``max_skip_ratio`` allow.
+
+    The message is meant for a user as it is (no traceback needed): how many of how many, the top
+    reasons, a few paths, and the setting that raises the limit."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,26 @@ class Skip:
 
 @dataclass
 class EpochReport:
+    """One epoch's accounting of a rank: each source row emitted, dropped by ``drop_last`` or skipped.
+
+    Made at the epoch's end (``EpochSource.reports``, ``last_report``); ``as_dict()`` is its JSON.
+
+    Args:
+        epoch: the epoch.
+        expected: source rows this epoch (this rank's shard).
+        emitted: samples in the batches yielded.
+        dropped_last: good samples ``drop_last`` cut with the final partial batch.
+        skipped: skipped rows per reason.
+        skipped_paths: every skipped row (``sample_id``, ``path``, ``reason``, ``detail``), by id.
+        seconds, first_batch_s: the epoch's time, and the time to its first batch.
+        ids_sha256: sha256 of the emitted sample ids, sorted.
+        content_sha256: sha256 over the emitted samples' ids and pixels (None: not asked for,
+            ``Pipeline(content_digest=False)``).
+
+    Raises:
+        Nothing: a plain record, its fields unchecked.
+    """
+
     epoch: int
     expected: int  # source rows this epoch (this rank's shard)
     emitted: int

@@ -80,17 +80,26 @@ class EpochSource:
     All epochs come from one ``ChunkStream`` (started at the first ``iter()``), so the next epoch's
     chunks are already being made while this one's last batches are read. ``set_epoch(e)`` moves to
     epoch ``e`` (a new stream there, when it is not the next one anyway); stopping an epoch part way
-    drops the stream, and the next ``iter()`` starts a new one at the next epoch. The rank's ``span``
-    (``RankSpan``, or its fields as keywords: ``rank``, ``world_size``, ``start_epoch``, ``end_epoch``,
-    ``reserved_cpus``): its ``end_epoch`` (None: open-ended) keeps the workers from starting epochs that
-    will not be read; its ``reserved_cpus``, the CPUs its trainer (and feeder) hold, are left out of its
-    share (``budget``).
+    drops the stream, and the next ``iter()`` starts a new one at the next epoch. An ``iter()`` past
+    ``end_epoch`` raises ``ValueError``.
 
     ``state_dict()`` is the rank's position (after the batches it yielded, or after ``batches`` of them
     in the epoch it reads); ``load_state_dict(state)`` makes the next ``iter()`` go on from there, on
     the same or, given every rank's state, another number of ranks (``raypipe.plan.position``).
     A resumed epoch counts its batches on from the state's, so a position saved after a resume is
     saved and resumed the same way.
+
+    Args:
+        pipeline: what the chunks come from (a ``Pipeline``).
+        span: the rank's ``RankSpan``, or its fields as keywords (``rank``, ``world_size``,
+            ``start_epoch``, ``end_epoch``, ``reserved_cpus``). Its ``end_epoch`` (None: open-ended)
+            keeps the workers from starting epochs that will not be read; its ``reserved_cpus``, the
+            CPUs its trainer (and feeder) hold, are left out of the rank's share (``budget``).
+
+    Raises:
+        ValueError: an invalid span field (named), a ``span`` that is not a ``RankSpan``, or both
+            ``span`` and keywords.
+        TypeError: a keyword that is not a ``RankSpan`` field.
     """
 
     def __init__(self, pipeline: ChunkSource, *, span: RankSpan | None = None, **keywords):
@@ -241,7 +250,18 @@ class EpochSource:
 
 
 class EpochRun:
-    """One epoch of a pipeline (iterate once); ``report`` holds its accounting once it has ended."""
+    """One epoch of a pipeline (iterate once: a second ``iter()`` raises ``RuntimeError``); ``report``
+    holds its accounting once it has ended. ``Pipeline.epoch(e)`` makes one.
+
+    Args:
+        pipeline: what the chunks come from (a ``Pipeline``).
+        epoch: the epoch.
+        rank, world_size: which rank's share of it.
+
+    Raises:
+        ValueError: an invalid ``rank``, ``world_size`` or ``epoch`` (named; ``epoch`` as
+            ``start_epoch``).
+    """
 
     def __init__(self, pipeline: ChunkSource, epoch: int, *, rank: int = 0, world_size: int = 1):
         self.epoch = epoch

@@ -170,12 +170,25 @@ def _rows_of(image: np.ndarray, chunk) -> tuple[int, int] | None:
 
 
 class FeederSource:
-    """Drop-in for ``EpochSource`` (same arguments: the rank's ``span`` or its fields as keywords; same
-    samples, same ``reports``) whose epochs run in a feeder process on this node. ``prefetch``: batches
-    requested ahead of the consumer.
+    """Drop-in for ``EpochSource`` (same samples, same ``reports``) whose epochs run in a feeder process
+    (a Ray actor) on this node.
 
     Batches arrive as read-only arrays viewing Ray's object store (the ``DeviceLoader`` copies them
     into its own buffers). ``close()`` ends the feeder; a ``DeviceLoader`` closes its source itself.
+
+    Args:
+        pipeline: the ``Pipeline`` the feeder runs.
+        span: the rank's ``RankSpan``, or its fields as keywords, as ``EpochSource`` takes it.
+        prefetch: batches requested ahead of the consumer (>= 1).
+        timeout_s: how long a call to the feeder (its start, a position, an epoch's start) may wait
+            for its answer.
+
+    Raises:
+        ValueError: an invalid span field or ``prefetch``; on raypipe's private local Ray, a task no
+            node can hold.
+        TypeError: a keyword that is not a ``RankSpan`` field.
+        FeederDiedError: the feeder did not answer within ``timeout_s``, or died.
+        Exception: the error of a ``connect(wait=False)`` start that failed.
     """
 
     def __init__(

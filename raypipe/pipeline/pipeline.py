@@ -47,10 +47,24 @@ log = logging.getLogger(__name__)
 
 class Pipeline:
     """A dataset plus its transform, ready to run epochs on the connected Ray cluster (or, not connected,
-    on local worker processes: ``ExecutionConfig.backend``). Constructing it lists the dataset (a path or
-    URI, or a ``ray.data.Dataset``, with the ``listing`` options; unless given ``SourceRows``) and nothing
-    else. ``settings``: what it lists with and its workers read with (``raypipe.settings``); by default
-    those in force when it is made (``raypipe.settings.current()``: the ``RAYPIPE_*`` variables)."""
+    on local worker processes: ``ExecutionConfig.backend``). Constructing it lists the dataset (unless
+    given a listing) and nothing else.
+
+    Args:
+        source: a path or URI, a listing (``SourceRows``, ``ShardListing``) or a ``ray.data.Dataset``.
+        augment: the transform, ``TrainAugment`` or ``EvalAugment``.
+        config, execution, decode: the batches, how they are made, how bytes are decoded (None: the
+            defaults); ``execution.cpus_per_task`` left to the dataset is decided here.
+        content_digest: also hash each epoch's pixels (``EpochReport.content_sha256``).
+        listing: the ``ListingOptions`` a path is listed with (``open_source``).
+        settings: what it lists with and its workers read with (``raypipe.settings``); by default those
+            in force when it is made (``raypipe.settings.current()``: the ``RAYPIPE_*`` variables).
+
+    Raises:
+        ValueError: a ``ray.data.Dataset`` with a backend that does not run Ray tasks; and, as the
+            other errors below, what ``open_source`` raises for ``source`` and ``listing``.
+        TypeError, ConnectionError, TimeoutError, OSError: see ``open_source``.
+    """
 
     def __init__(
         self,

@@ -36,7 +36,7 @@ VERSION = 2
 
 
 class StateMismatchError(ValueError):
-    """A saved position that is not one, or does not belong to this plan (another listing, seed, …)."""
+    """Raised on loading a saved position that is not one, or not of this plan (another listing, seed, …)."""
 
 
 def shard_layout_digest(sizes: np.ndarray | None) -> str:

@@ -18,9 +18,17 @@ __all__ = ["RankSpan"]
 
 @dataclass(frozen=True, kw_only=True)
 class RankSpan:
-    """Rank ``rank`` of ``world_size``, reading epochs ``start_epoch`` … ``end_epoch`` (exclusive; None:
-    no end); ``reserved_cpus``: CPUs of the cluster its trainer (and feeder) hold, left out of the
-    rank's share of it."""
+    """A rank's span of the run.
+
+    Args:
+        rank, world_size: rank ``rank`` (in ``[0, world_size)``) of ``world_size`` (>= 1).
+        start_epoch, end_epoch: the epochs it reads, ``end_epoch`` exclusive (None: no end); ints >= 0.
+        reserved_cpus: CPUs of the cluster its trainer (and feeder) hold, left out of the rank's share
+            of it (a finite number >= 0).
+
+    Raises:
+        ValueError: an invalid field, named.
+    """
 
     rank: int = 0
     world_size: int = 1

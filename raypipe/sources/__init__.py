@@ -85,9 +85,26 @@ def open_source(data, *, options: ListingOptions | None = None, **keywords) -> S
     ``index`` names a WebDataset shard index (``list_webdataset``); raypipe's own beside the shards is
     found without it. ``by_shard``: an indexed WebDataset listed by shard (``ShardListing``: True, or
     None above ``Settings.by_shard_rows`` samples), its sample rows read from the index as chunks need them.
-    A listing given as ``data`` is returned as it is.
     A Ray Dataset is listed by ``list_ray_dataset`` (its image column, ``image_column``
     or else ``path_column``, holds bytes, or paths under ``root``): the pass that numbers its rows.
+
+    Args:
+        data: a local path (``str`` or ``os.PathLike``) or URI, a ``ray.data.Dataset``, or a listing
+            (returned as it is).
+        options: a ``ListingOptions`` (None: the defaults, or ``keywords``).
+        **keywords: ``ListingOptions``' fields, instead of ``options``.
+
+    Returns:
+        ``SourceRows``, or a ``ShardListing`` for a WebDataset listed by shard.
+
+    Raises:
+        ValueError: an invalid option (named), ``options`` and keywords both, options that do not fit
+            ``data``, a path that names no dataset, or a dataset its lister refuses.
+        TypeError: ``data`` of another type, or a keyword that is not a ``ListingOptions`` field.
+        ConnectionError: a remote store's first request failed (credentials, endpoint).
+        TimeoutError: a remote store did not answer, or the listing did not finish, in time
+            (``Settings.first_answer_s``, ``listing_s``).
+        OSError: a file that cannot be read (a missing manifest, say).
     """
     given = options is not None
     options = ListingOptions.of(options, **keywords)

@@ -28,14 +28,21 @@ def _path_like(value: Any) -> bool:
 class ListingOptions:
     """The options a dataset is listed with; each default is what ``open_source`` does without it.
 
-    ``kind``: one of ``KINDS`` (None: detected from the data). ``image_column``, ``label_column``,
-    ``path_column``: the columns of a Parquet file, a manifest or a Ray Dataset. ``root``: the folder or
-    URI a manifest's (or a Ray Dataset's) paths lie under. ``filesystem``: a ``pyarrow.fs.FileSystem``
-    used instead of the one the URI implies. ``class_order`` ("natural" or "sorted") and ``class_map``
-    (a ``{name: index}`` mapping or a .txt/.json/.csv file) number the classes. ``index`` (a path, a
-    list of DALI .idx paths, or "dali") and ``by_shard``: a WebDataset's shard index and whether it is
-    listed by shard. ``block_rows``, ``max_bytes``: a Ray Dataset's listing pass (rows per block put in
-    the object store; the most image bytes put, None: half this node's store).
+    Args:
+        kind: one of ``KINDS`` (None: detected from the data).
+        image_column, label_column, path_column: the columns of a Parquet file, a manifest or a Ray
+            Dataset.
+        root: the folder or URI a manifest's (or a Ray Dataset's) paths lie under.
+        filesystem: a ``pyarrow.fs.FileSystem`` used instead of the one the URI implies.
+        class_order, class_map: "natural" or "sorted", and a ``{name: index}`` mapping or a
+            .txt/.json/.csv file: how the classes are numbered.
+        index, by_shard: a WebDataset's shard index (a path, a list of DALI .idx paths, or "dali") and
+            whether it is listed by shard (None: by its size).
+        block_rows, max_bytes: a Ray Dataset's listing pass (rows per block put in the object store;
+            the most image bytes put, None: half this node's store).
+
+    Raises:
+        ValueError: an invalid field, named.
     """
 
     kind: str | None = None

@@ -109,7 +109,19 @@ def column_or_default(table: pa.Table, name: str) -> pa.ChunkedArray | pa.Array:
 
 @dataclass(frozen=True)
 class SourceRows:
-    """A listed dataset: the rows plus what a worker needs to read them."""
+    """A listed dataset: the rows plus what a worker needs to read them. ``open_source`` makes one.
+
+    Args:
+        kind: the dataset's kind, as commented below.
+        root: the ``DatasetRoot`` the rows' paths are under.
+        table: the rows, a ``pyarrow.Table`` with (some of) ``ROW_SCHEMA``'s columns.
+        classes: the class names in label order (empty: none).
+        image_column: the column of image bytes (Parquet only).
+        extra: what a lister adds (a Ray Dataset's ``blocks``, ``unmapped_classes``, …).
+
+    Raises:
+        Nothing: the fields are not checked.
+    """
 
     kind: str  # "folder" | "parquet" | "manifest" | "webdataset" | "raydata" (bytes in Ray's object store)
     root: DatasetRoot
