@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from raypipe._handoff import put_unless_stopped
 from raypipe.device.batch import BatchSpec, Parts, check_parts, join_batch, make_spec, split_batch
 from raypipe.device.erasing import RandomErasing
 from raypipe.device.mixup import Mixup
@@ -45,9 +44,16 @@ class ProducerPass:
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
 
-    def put(self, item: Any) -> bool:
-        """Blocking put that gives up (False) once the epoch is being stopped."""
-        return put_unless_stopped(self.queue, item, self.stop)
+    def put(self, item: Any, poll_s: float = 0.05) -> bool:
+        """Blocking put that gives up (False) once the epoch is being stopped, so a producer blocked on a
+        full queue notices that its consumer went away."""
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=poll_s)
+                return True
+            except queue.Full:
+                continue
+        return False
 
 
 @dataclass(frozen=True, eq=False)
