@@ -148,7 +148,7 @@ def main() -> None:
     if a.loader == "timm":
         import timm.data  # noqa: F401
     else:
-        import raypipe.integrations.timm  # noqa: F401
+        import raypipe.integrations.timm_loader  # noqa: F401
         import raypipe.pipeline  # noqa: F401
 
     marks = [("start", time.perf_counter())]

@@ -156,7 +156,7 @@ def _run_isolated(name: str, aug: TrainAugment, settings: dict, cores: int):
     import torch  # noqa: F401 - imported before the clock starts, as in a training script
 
     from raypipe.benchmark import contenders  # noqa: F401 - the same: module imports are not the loader's
-    from raypipe.integrations import timm as _timm_dropin  # noqa: F401
+    from raypipe.integrations import timm_loader as _timm_dropin  # noqa: F401
     from raypipe.pipeline import feeder, pipeline  # noqa: F401
 
     if name in ("timm", "naive"):

@@ -25,7 +25,7 @@ _EXPORTS = {
     "RayDataAugment": "raypipe.integrations.ray_data",
     "RaypipeIterableDataset": "raypipe.integrations.torch_data",
     "connect_node": "raypipe.integrations.node_ray",
-    "create_loader": "raypipe.integrations.timm",
+    "create_loader": "raypipe.integrations.timm_loader",
     "ray_loader": "raypipe.integrations.ray_train",
 }
 

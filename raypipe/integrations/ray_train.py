@@ -52,7 +52,7 @@ def ray_loader(data: Any, *, input_size: Any, batch_size: int, is_training: bool
     import ray.train
     import ray.train.torch
 
-    from raypipe.integrations.timm import create_loader
+    from raypipe.integrations.timm_loader import create_loader
 
     for name in ("rank", "world_size", "distributed"):
         if name in kwargs:

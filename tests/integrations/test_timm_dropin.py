@@ -15,7 +15,7 @@ from timm.data import FastCollateMixup, create_dataset, create_transform
 from timm_loop import Args, set_loader_epoch, train_one_epoch, validate
 
 from raypipe.config import EvalAugment, ExecutionConfig
-from raypipe.integrations.timm import augment_of, execution_for, rows_of
+from raypipe.integrations.timm_loader import augment_of, execution_for, rows_of
 from raypipe.kernels import build_transform, geometry
 from raypipe.timm import create_loader
 

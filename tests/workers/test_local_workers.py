@@ -321,7 +321,7 @@ def test_the_timm_drop_in_without_ray_starts_no_cluster(sample_dir):
 
 
 def test_a_feeder_runs_on_ray_even_when_its_tasks_are_local_workers():
-    from raypipe.integrations.timm import _wants_ray
+    from raypipe.integrations.timm_loader import _wants_ray
 
     assert _wants_ray(ExecutionConfig(backend="local"), world_size=1, feeder=True)  # the feeder is a Ray actor
     assert not _wants_ray(ExecutionConfig(backend="local"), world_size=1, feeder=False)
