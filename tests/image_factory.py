@@ -146,3 +146,19 @@ def tar_bytes(members) -> bytes:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+def write_shard(path, members, *, fmt=tarfile.PAX_FORMAT):
+    """A tar shard of ``(name, bytes)`` members, in order."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def sample(key, label, image=None, ext="jpg"):
+    """The members of one WebDataset sample: its image (by default bytes naming the key) and its .cls."""
+    out = [(f"{key}.{ext}", image if image is not None else f"img:{key}".encode())]
+    return out + ([(f"{key}.cls", str(label).encode())] if label is not None else [])

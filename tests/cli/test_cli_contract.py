@@ -234,7 +234,7 @@ def test_an_unexpected_error_is_exit_1_and_debug_shows_where(sample_dir, monkeyp
 def test_index_names_a_shard_index_written_elsewhere(sample_dir, tmp_path, monkeypatch, capsys, no_ray):
     """`raypipe index --out` writes the index away from the shards (a read-only bucket's case); a command
     given it with --index lists from it, not from the shards' headers. A bad --index is one line, exit 2."""
-    from test_webdataset import sample, write_shard
+    from image_factory import sample, write_shard
 
     from raypipe.sources.indexes.shard_index import INDEX_NAME
 

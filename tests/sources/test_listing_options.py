@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from test_webdataset import sample, write_shard
+from image_factory import sample, write_shard
 
 import raypipe
 from raypipe.config import TrainAugment

@@ -11,8 +11,8 @@ import tarfile
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from image_factory import sample
 from test_shard_index import _no_scan, _same, _shards
-from test_webdataset import sample
 
 from raypipe.cli.main import main as cli_main
 from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment

@@ -11,7 +11,7 @@ import tarfile
 
 import pyarrow.parquet as pq
 import pytest
-from test_webdataset import sample, write_shard
+from image_factory import sample, write_shard
 
 from raypipe.cli.main import main as cli_main
 from raypipe.sources import open_source

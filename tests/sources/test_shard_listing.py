@@ -9,7 +9,7 @@ import os
 import image_factory as f
 import numpy as np
 import pytest
-from test_webdataset import sample, write_shard
+from image_factory import sample, write_shard
 
 from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline import EpochSource, Pipeline

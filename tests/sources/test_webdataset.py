@@ -1,12 +1,11 @@
 """WebDataset tar shards: listing (brace patterns, keys, labels, truncation), reading and the stage."""
 
-import io
 import logging
-import tarfile
 
 import image_factory as f
 import numpy as np
 import pytest
+from image_factory import sample, write_shard
 from wrapped_fs import wrapped
 
 from raypipe.config import DecodeConfig, EvalAugment
@@ -16,21 +15,6 @@ from raypipe.sources.formats.shard_paths import expand_braces, has_braces, shard
 from raypipe.stages.augment import AugmentStage, StageSpec
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def write_shard(path, members, *, fmt=tarfile.PAX_FORMAT):
-    """A tar shard of ``(name, bytes)`` members, in order."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w", format=fmt) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-
-
-def sample(key, label, image=None, ext="jpg"):
-    out = [(f"{key}.{ext}", image if image is not None else f"img:{key}".encode())]
-    return out + ([(f"{key}.cls", str(label).encode())] if label is not None else [])
 
 
 def _batch(rows):

@@ -367,7 +367,7 @@ def test_on_the_private_cluster_the_jobs_tasks_are_local_workers_and_need_no_ray
 
 
 def test_a_listing_by_shard_takes_the_number_of_classes_given(tmp_path):
-    from test_webdataset import sample, write_shard
+    from image_factory import sample, write_shard
 
     from raypipe.sources import open_source
     from raypipe.sources.indexes.indexer import index_shards
@@ -385,7 +385,7 @@ def test_a_listing_by_shard_takes_the_number_of_classes_given(tmp_path):
 def test_the_index_flag_lists_the_training_shards_from_that_index(tmp_path):
     """``--index`` reaches the listing of ``--data`` (an index kept away from read-only shards); for
     data that is not WebDataset shards it is refused with the reason."""
-    from test_webdataset import sample, write_shard
+    from image_factory import sample, write_shard
 
     from raypipe.sources import open_source
     from raypipe.sources.indexes.indexer import index_shards
