@@ -42,7 +42,7 @@ class ChunkSource(Protocol):
 
     def identity(self) -> PlanIdentity: ...
 
-    def stream(self, span: RankSpan | None = None, *, segments=None) -> ChunkStream: ...
+    def stream(self, span: RankSpan | None = None, *, segments=None, decision=None) -> ChunkStream: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +84,8 @@ class EpochSource:
     (``RankSpan``, or its fields as keywords: ``rank``, ``world_size``, ``start_epoch``, ``end_epoch``,
     ``reserved_cpus``): its ``end_epoch`` (None: open-ended) keeps the workers from starting epochs that
     will not be read; its ``reserved_cpus``, the CPUs its trainer (and feeder) hold, are left out of its
-    share (``budget``).
+    share (``budget``). ``decision``: the backend that runs its chunks (``raypipe.pipeline.backend``),
+    where the caller decided it (a feeder); by default each stream decides in this process.
 
     ``state_dict()`` is the rank's position (after the batches it yielded, or after ``batches`` of them
     in the epoch it reads); ``load_state_dict(state)`` makes the next ``iter()`` go on from there, on
@@ -93,8 +94,9 @@ class EpochSource:
     saved and resumed the same way.
     """
 
-    def __init__(self, pipeline: ChunkSource, *, span: RankSpan | None = None, **keywords):
+    def __init__(self, pipeline: ChunkSource, *, span: RankSpan | None = None, decision=None, **keywords):
         self.pipeline = pipeline
+        self.decision = decision
         self.span = span = RankSpan.of(span, **keywords)
         self.rank = span.rank
         self.world_size = span.world_size
@@ -169,7 +171,8 @@ class EpochSource:
     def _stream_at(self, epoch: int, segments) -> ChunkStream:
         if self._stream is None or self._stream_epoch != epoch or segments is not None:
             self.close()
-            self._stream = self.pipeline.stream(dataclasses.replace(self.span, start_epoch=epoch), segments=segments)
+            span = dataclasses.replace(self.span, start_epoch=epoch)
+            self._stream = self.pipeline.stream(span, segments=segments, decision=self.decision)
             self._stream_epoch = epoch
         return self._stream
 
