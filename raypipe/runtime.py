@@ -20,9 +20,8 @@ from raypipe.ray_logs import quiet_ray_startup
 __all__ = [
     "connect",
     "starting",
-    "on_ray",
     "joined_cluster",
-    "runs_on_ray",
+    "connection",
     "wait_connected",
     "release_start",
     "tune_consumer_process",
@@ -106,13 +105,6 @@ def starting() -> bool:
     return False
 
 
-def on_ray() -> bool:
-    """Whether this process runs on Ray: connected, connecting (``connect(wait=False)``), or told to
-    join a cluster (``RAY_ADDRESS``). ``ExecutionConfig(backend="auto")`` runs Ray tasks then, else
-    local worker processes."""
-    return ray.is_initialized() or starting() or bool(os.environ.get("RAY_ADDRESS"))
-
-
 def joined_cluster() -> bool:
     """Whether this process runs (or is to run) on a Ray cluster it joined rather than started: not
     raypipe's private local Ray, and told where by ``RAY_ADDRESS`` (``ray job submit``,
@@ -127,14 +119,31 @@ def joined_cluster() -> bool:
     return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
-def runs_on_ray(backend: str, *, needed: bool = False) -> bool:
-    """Whether tasks of ``ExecutionConfig.backend`` run on Ray's cluster: ``"ray"`` and ``"local"`` as
-    they say, ``"nodes"`` (worker processes its launchers start on the nodes) too; ``"auto"`` when Ray
-    is ``needed`` (ranks that share a node's cluster, a feeder actor) or this process runs on Ray
-    (``on_ray``)."""
-    if backend != "auto":
-        return backend in ("ray", "nodes")
-    return needed or on_ray()
+def connection() -> str:
+    """How this process is on Ray, as only it can tell (a Ray actor it starts cannot: it must be told),
+    which is where ``ExecutionConfig(backend="auto")`` runs its tasks
+    (``raypipe.pipeline.backend.decide_backend``):
+
+    - ``"none"``: not connected, not connecting, no ``RAY_ADDRESS``;
+    - ``"private"``: raypipe's private local Ray (``private_cluster``, or ``connect(wait=False)`` starting it);
+    - ``"own"``: a Ray the script reached itself (its own ``ray.init()``), not from a Ray actor;
+    - ``"joined"``: connected to a cluster it joined (``joined_cluster``);
+    - ``"joining"``: told to join one (``RAY_ADDRESS``) and not connected yet;
+    - ``"client"``: Ray Client (``ray://``), which is on no node of the cluster.
+
+    Raises the error of a ``connect(wait=False)`` that failed (``starting``)."""
+    if private_cluster():
+        return "private"
+    client = os.environ.get("RAY_ADDRESS", "").startswith("ray://")
+    if ray.is_initialized():
+        if joined_cluster():
+            return "joined"
+        return "client" if client else "own"
+    if starting():
+        return "private"  # connect(wait=False) with no RAY_ADDRESS: it joins nothing, it starts raypipe's own
+    if not os.environ.get("RAY_ADDRESS"):
+        return "none"
+    return "client" if client else "joining"
 
 
 def wait_connected(timeout_s: float | None = None) -> None:

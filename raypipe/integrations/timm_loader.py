@@ -249,10 +249,11 @@ def _wants_ray(execution: ExecutionConfig | None, *, world_size: int, feeder: bo
     actor, even one whose tasks are local worker processes), or there to join (connected,
     ``RAY_ADDRESS``). Else one trainer on one machine: its tasks run in local worker processes
     (``ExecutionConfig.backend``), with no cluster to start."""
-    from raypipe import runtime
+    from raypipe.pipeline.backend import decide_here
 
-    backend = (execution or ExecutionConfig()).backend
-    return feeder or runtime.runs_on_ray(backend, needed=world_size > 1)
+    if feeder:
+        return True
+    return decide_here(execution or ExecutionConfig(), None, needs_ray=world_size > 1, probe=False).on_ray
 
 
 def _world(distributed: bool, rank: int | None, world_size: int | None) -> tuple[int, int]:

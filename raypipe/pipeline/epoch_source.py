@@ -42,7 +42,7 @@ class ChunkSource(Protocol):
 
     def identity(self) -> PlanIdentity: ...
 
-    def stream(self, span: RankSpan | None = None, *, segments=None) -> ChunkStream: ...
+    def stream(self, span: RankSpan | None = None, *, segments=None, decision=None) -> ChunkStream: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +95,8 @@ class EpochSource:
             ``start_epoch``, ``end_epoch``, ``reserved_cpus``). Its ``end_epoch`` (None: open-ended)
             keeps the workers from starting epochs that will not be read; its ``reserved_cpus``, the
             CPUs its trainer (and feeder) hold, are left out of the rank's share (``budget``).
+        decision: the backend that runs its chunks (``raypipe.pipeline.backend.Decision``), where the
+            caller decided it (a feeder); None: each stream decides in this process.
 
     Raises:
         ValueError: an invalid span field (named), a ``span`` that is not a ``RankSpan``, or both
@@ -102,8 +104,9 @@ class EpochSource:
         TypeError: a keyword that is not a ``RankSpan`` field.
     """
 
-    def __init__(self, pipeline: ChunkSource, *, span: RankSpan | None = None, **keywords):
+    def __init__(self, pipeline: ChunkSource, *, span: RankSpan | None = None, decision=None, **keywords):
         self.pipeline = pipeline
+        self.decision = decision
         self.span = span = RankSpan.of(span, **keywords)
         self.rank = span.rank
         self.world_size = span.world_size
@@ -178,7 +181,8 @@ class EpochSource:
     def _stream_at(self, epoch: int, segments) -> ChunkStream:
         if self._stream is None or self._stream_epoch != epoch or segments is not None:
             self.close()
-            self._stream = self.pipeline.stream(dataclasses.replace(self.span, start_epoch=epoch), segments=segments)
+            span = dataclasses.replace(self.span, start_epoch=epoch)
+            self._stream = self.pipeline.stream(span, segments=segments, decision=self.decision)
             self._stream_epoch = epoch
         return self._stream
 

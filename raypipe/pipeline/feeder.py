@@ -12,17 +12,18 @@ bounds, and the trainer reads the rows from the object store where the task put 
 the images in the feeder, which would otherwise put every batch into the object store a second time.
 Other batches (rows packed across chunks, around skipped rows) are returned as arrays.
 
-Where the feeder's augmentation runs (``feeder_execution``): on raypipe's private local Ray
-(``raypipe.connect()`` with no cluster to join) every task would land on this one machine, which
-nothing will join, so the feeder runs them on local worker processes instead, as an ``EpochSource``
-without Ray does: a Ray task costs more CPU per image than the whole local path (its result is put
-into the object store, Ray's core-worker threads run beside it; docs/performance.md). Their chunks
-are slabs of shared memory, and a batch of one chunk goes to the trainer as the slab's descriptor
-(``raypipe.workers.handover``): no copy there either. On a cluster it joined, the feeder's chunks
-are made by raypipe's own worker processes on the cluster's nodes (``raypipe.pipeline.backend``):
-their images arrive in this process's slabs (``raypipe.workers.node``) and go to the trainer as local
-workers' do; ``ExecutionConfig(backend="ray")`` makes them Ray tasks, spread over the nodes as they
-come and go, and ``backend="local"`` keeps them on the feeder's own node.
+Where the feeder's augmentation runs is decided in the feeder (``raypipe.pipeline.backend``), with
+what only the process that made the ``FeederSource`` knows: whose Ray it is (``raypipe.runtime.connection``),
+handed to the feeder. On raypipe's private local Ray (``raypipe.connect()`` with no cluster to join)
+every task would land on this one machine, which nothing will join, so the feeder runs them on local
+worker processes instead, as an ``EpochSource`` without Ray does: a Ray task costs more CPU per image
+than the whole local path (its result is put into the object store, Ray's core-worker threads run
+beside it; docs/performance.md). Their chunks are slabs of shared memory, and a batch of one chunk goes
+to the trainer as the slab's descriptor (``raypipe.workers.handover``): no copy there either. On a
+cluster it joined, the feeder's chunks are made by raypipe's own worker processes on the cluster's
+nodes: their images arrive in this process's slabs (``raypipe.workers.node``) and go to the trainer as
+local workers' do; ``ExecutionConfig(backend="ray")`` makes them Ray tasks, spread over the nodes as
+they come and go, and ``backend="local"`` keeps them on the feeder's own node.
 
 The feeder runs exactly the ``EpochSource`` the trainer would have run (same shard, same order, same
 accounting), so the batches are identical either way.
@@ -39,8 +40,9 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from raypipe import runtime
 from raypipe.pipeline.accounting import EpochReport
-from raypipe.pipeline.backend import consumer_pipeline, on_ray_backend, with_execution
+from raypipe.pipeline.backend import Decision
 from raypipe.pipeline.epoch_source import EpochSource
 from raypipe.pipeline.pipeline import Pipeline
 from raypipe.plan.span import RankSpan
@@ -49,7 +51,7 @@ from raypipe.workers.local import LocalWorkers
 from raypipe.workers.node import NodeWorkers
 from raypipe.workers.slabs import SlabPool, slab_of
 
-__all__ = ["FeederSource", "FeederDiedError", "FEEDER_CPUS", "feeder_execution"]
+__all__ = ["FeederSource", "FeederDiedError", "FEEDER_CPUS", "feeder_decision"]
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +69,15 @@ class _Feeder:
     """Holds the rank's ``EpochSource``; each ``next()`` returns ``(kind, value)``: ``("batch", dict)``,
     ``("end", EpochReport)`` when the epoch ended, ``("error", exception)`` when it failed."""
 
-    def __init__(self, pipeline: Pipeline, span: RankSpan):
+    def __init__(self, pipeline: Pipeline, span: RankSpan, connection: str):
         from raypipe.runtime import tune_consumer_process
 
         tune_consumer_process()  # this process is raypipe's own: see the function
-        pipeline = consumer_pipeline(pipeline)  # "auto" decided on this node, before the sender below
-        self.source = EpochSource(pipeline, span=span)
+        # decided on this node, with the connection it was told, before the sender below
+        decision = pipeline.decide(told=connection, needs_ray=True)
+        self.source = EpochSource(pipeline, span=span, decision=decision)
         self.it: Iterator | None = None
-        self.local = not pipeline.runs_ray_tasks()
+        self.local = decision.backend != "ray"
         # local (or node) workers' chunks go to the trainer as slabs (see the module's doc)
         self.sender = SlabSender() if self.local else None
         if self.local:
@@ -151,9 +154,10 @@ class _Feeder:
             NodeWorkers.shutdown_shared()
 
 
-def feeder_execution(pipeline: Pipeline) -> Pipeline:
-    """``pipeline`` as its feeder runs it (``on_ray_backend``); the caller's is left as it is."""
-    return with_execution(pipeline, on_ray_backend(pipeline.execution, source_kind=pipeline.rows.kind))
+def feeder_decision(pipeline: Pipeline, connection: str) -> Decision:
+    """Where a feeder told ``connection`` runs ``pipeline``'s tasks, as the process that connected sees
+    it: the other nodes' reach is the feeder's to ask, on its node (here it is taken as reachable)."""
+    return pipeline.decide(told=connection, needs_ray=True, probe=False)
 
 
 def _rows_of(image: np.ndarray, chunk) -> tuple[int, int] | None:
@@ -182,6 +186,9 @@ class FeederSource:
         prefetch: batches requested ahead of the consumer (>= 1).
         timeout_s: how long a call to the feeder (its start, a position, an epoch's start) may wait
             for its answer.
+        connection: how the process that connected is on Ray (``raypipe.runtime.connection()``), for
+            a ``FeederSource`` made elsewhere (a training worker told it by its driver); None: this
+            process's.
 
     Raises:
         ValueError: an invalid span field or ``prefetch``; on raypipe's private local Ray, a task no
@@ -198,6 +205,7 @@ class FeederSource:
         span: RankSpan | None = None,
         prefetch: int = 2,
         timeout_s: float = 60.0,
+        connection: str | None = None,
         **keywords,
     ):
         span = RankSpan.of(span, **keywords)
@@ -207,9 +215,11 @@ class FeederSource:
         from raypipe.runtime import wait_connected
 
         wait_connected()  # the feeder is a Ray actor: it needs the cluster (connect(wait=False) may be starting it)
-        runs = feeder_execution(pipeline)  # decided here, where the cluster was started (the feeder cannot tell)
-        if runs.uses_ray():
-            check_task_fits(runs.execution)
+        # whose Ray this is, which the feeder (a Ray actor) cannot tell: as given (by a training worker's
+        # driver), else this process's
+        told = connection if connection is not None else runtime.connection()
+        if feeder_decision(pipeline, told).on_ray:
+            check_task_fits(pipeline.execution)
         self.pipeline = pipeline
         self.span = span
         self.rank = span.rank
@@ -224,7 +234,7 @@ class FeederSource:
         # every rank's feeder holds its share, as every rank's trainer does (``reserved_cpus``)
         held = dataclasses.replace(span, reserved_cpus=span.reserved_cpus + FEEDER_CPUS * span.world_size)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self._actor = _Feeder.options(scheduling_strategy=here).remote(runs, held)
+        self._actor = _Feeder.options(scheduling_strategy=here).remote(pipeline, held, told)
         self._receiver: SlabReceiver | None = None
         try:
             self._receiver = self._connect_handover()
@@ -252,7 +262,7 @@ class FeederSource:
 
     @property
     def runs_on_local_workers(self) -> bool:
-        """Whether the feeder's batches come as slabs of local workers (``feeder_execution``)."""
+        """Whether the feeder's batches come as slabs of local (or node) workers (``feeder_decision``)."""
         return self._receiver is not None
 
     def __len__(self) -> int:

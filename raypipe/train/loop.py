@@ -352,12 +352,18 @@ def train_loop_per_worker(config: dict) -> None:
     eval_pipe = Pipeline(val_rows, job.eval, config=eval_cfg, execution=execution, decode=job.decode)
     # Each split streams its epochs from one execution for the whole run; the trainers' CPUs are left
     # out of every rank's share of the cluster.
-    source_cls = FeederSource if job.feeder == "process" else EpochSource
     # each source leaves out its own feeders (FeederSource); the other split's are held as the trainers are
     other_split = FEEDER_CPUS * job.num_workers if job.feeder == "process" else 0.0
     reserved = job.num_workers * job.cpus_per_worker + other_split
     span = RankSpan(rank=rank, world_size=world, start_epoch=start.epoch, end_epoch=job.epochs, reserved_cpus=reserved)
-    train_src, eval_src = source_cls(train_pipe, span=span), source_cls(eval_pipe, span=span)
+    # whose Ray this is, as the driver that connected told it (this worker, a Ray actor, cannot tell)
+    told = config["connection"]
+    if job.feeder == "process":
+        train_src, eval_src = (FeederSource(p, span=span, connection=told) for p in (train_pipe, eval_pipe))
+    else:
+        train_src, eval_src = (
+            EpochSource(p, span=span, decision=p.decide(told=told, needs_ray=True)) for p in (train_pipe, eval_pipe)
+        )
     # One loader per split for the whole run: one side stream and one pinned ring, reused by every epoch.
     train_loader = _loader(train_src, job, device, num_classes, train=True, rank=rank)
     eval_loader = _loader(eval_src, job, device, num_classes, train=False, rank=rank)

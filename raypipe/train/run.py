@@ -10,7 +10,6 @@ a job with the same ``--name`` therefore continues where it stopped; within one 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 
@@ -18,8 +17,9 @@ import ray
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
+from raypipe import runtime
 from raypipe.pipeline.accounting import SkipLimitError
-from raypipe.pipeline.backend import on_ray_backend
+from raypipe.pipeline.backend import Decision, decide_here
 from raypipe.pipeline.feeder import FEEDER_CPUS
 from raypipe.plan.same_listing import ListingMismatchError
 from raypipe.sources import ShardChangedError, SourceRows
@@ -50,10 +50,18 @@ def augmentation_cpus(job: TrainJobConfig, total_cpus: float) -> float:
     return total_cpus - job.num_workers * (job.cpus_per_worker + feeder_cpus(job))
 
 
-def _check_cpus(job: TrainJobConfig) -> None:
+def workers_decision(job: TrainJobConfig, source_kind: str, connection: str) -> Decision:
+    """Where the training workers' tasks run, as this process, which connected (``connection``), sees
+    it: the workers are told the connection and decide the same (the other nodes' reach is theirs to
+    ask, on their nodes; here it is taken as reachable)."""
+    return decide_here(job.execution, source_kind, told=connection, needs_ray=True, probe=False)
+
+
+def _check_cpus(job: TrainJobConfig, backend: str) -> None:
     """Warn when the trainers and feeders hold every CPU: no augmentation task could start, and the job
     would wait (on an autoscaling cluster more nodes may still come, so this is not an error). Any CPU
-    left is enough: the rank's tasks then ask for their share of it (``raypipe.pipeline.budget``)."""
+    left is enough: the rank's tasks then ask for their share of it (``raypipe.pipeline.budget``).
+    ``backend``: where the workers' tasks run (``workers_decision``)."""
     if job.preprocess_resource:
         return  # augmentation has its own nodes
     from raypipe.runtime import private_cluster
@@ -64,7 +72,7 @@ def _check_cpus(job: TrainJobConfig) -> None:
         f"{job.num_workers} worker(s) x cpus_per_worker={job.cpus_per_worker} and their feeders "
         f"({feeder_cpus(job):g} CPU each)"
     )
-    if job.execution.backend == "local":  # augmentation in local worker processes, outside Ray's CPUs
+    if backend == "local":  # augmentation in local worker processes, outside Ray's CPUs
         if left < 0:
             raise ValueError(
                 f"{holders} ask for more than the cluster's {total:g} CPUs: lower --cpus-per-worker or --num-workers"
@@ -136,9 +144,9 @@ def run_training(job: TrainJobConfig, *, verbose: bool = False) -> dict:
     name = job.name or f"{job.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     storage = resolve_storage(job.storage_path)
     train_rows, val_rows, data = job_rows(job)
-    # the workers cannot tell whose cluster they are on: this process decides where their tasks run
-    job = dataclasses.replace(job, execution=on_ray_backend(job.execution, source_kind=train_rows.kind))
-    _check_cpus(job)
+    # the workers cannot tell whose cluster they are on: this process tells them (``workers_decision``)
+    connection = runtime.connection()
+    _check_cpus(job, workers_decision(job, train_rows.kind, connection).backend)
     num_classes = _num_classes(job, train_rows, val_rows)
     _check_batches(job, len(train_rows))
     print(
@@ -152,6 +160,7 @@ def run_training(job: TrainJobConfig, *, verbose: bool = False) -> dict:
         "train_rows": ray.put(train_rows),
         "val_rows": ray.put(val_rows),
         "num_classes": num_classes,
+        "connection": connection,
         "run_name": name,
         "storage_path": storage,
     }

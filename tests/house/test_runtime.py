@@ -309,19 +309,3 @@ def test_a_background_start_begins_once_a_chunk_is_made_or_the_cluster_is_awaite
     runtime.connect(wait=False)
     runtime.wait_connected(30)  # waiting for the cluster lets the start begin too
     assert started.is_set()
-
-
-def test_runs_on_ray_follows_the_backend_then_what_auto_finds(monkeypatch):
-    import ray
-
-    from raypipe.runtime import runs_on_ray
-
-    if ray.is_initialized():
-        ray.shutdown()  # an earlier test's; the ray_local fixture starts it again when needed
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert runs_on_ray("ray") and runs_on_ray("ray", needed=False)
-    assert not runs_on_ray("local") and not runs_on_ray("local", needed=True)  # as asked (the caller checks)
-    assert not runs_on_ray("auto")  # one process, no cluster: local workers
-    assert runs_on_ray("auto", needed=True)  # ranks sharing a node's cluster, a feeder actor
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # told to join a cluster
-    assert runs_on_ray("auto")

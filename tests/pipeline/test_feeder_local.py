@@ -13,7 +13,7 @@ from test_feeder import assert_a_killed_feeder_is_a_clear_error
 from raypipe import runtime
 from raypipe.config import ExecutionConfig, PipelineConfig, TrainAugment
 from raypipe.pipeline import EpochSource, FeederSource, Pipeline
-from raypipe.pipeline.feeder import feeder_execution
+from raypipe.pipeline.feeder import feeder_decision
 from raypipe.workers.handover import HandoverError, SlabReceiver, SlabSender
 from raypipe.workers.slabs import SlabPool
 
@@ -132,17 +132,23 @@ def test_auto_runs_local_workers_on_the_private_cluster_only(ray_local, sample_d
     pipe = Pipeline(str(sample_dir), AUG)
     monkeypatch.setattr(runtime, "_PRIVATE_CLUSTER", False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert feeder_execution(pipe).execution.backend == "ray"  # a Ray this script started itself
+    assert runtime.connection() == "own"
+    assert feeder_decision(pipe, runtime.connection()).backend == "ray"  # a Ray this script started itself
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # as `ray job submit` tells a job
-    assert feeder_execution(pipe) is pipe  # a cluster joined: the feeder decides on its node (pipeline.backend)
+    # a cluster joined: the feeder decides on its node, where it asks whether the other nodes reach it
+    assert runtime.connection() == "joined"
+    assert feeder_decision(pipe, "joined") == pipe.decide(told="joined", needs_ray=True, probe=False)
+    assert feeder_decision(pipe, "joined").backend == "nodes"
     monkeypatch.delenv("RAY_ADDRESS")
     monkeypatch.setattr(runtime, "_PRIVATE_CLUSTER", True)
-    assert feeder_execution(pipe).execution.backend == "local"
+    assert feeder_decision(pipe, runtime.connection()).backend == "local"
     assert pipe.execution.backend == "auto"  # the caller's pipeline is left as it is
     steered = Pipeline(str(sample_dir), AUG, execution=ExecutionConfig(resources={"preprocess": 1}))
-    assert feeder_execution(steered).execution.backend == "ray"
+    assert feeder_decision(steered, runtime.connection()).backend == "ray"
     chosen = Pipeline(str(sample_dir), AUG, execution=ExecutionConfig(backend="ray"))
-    assert feeder_execution(chosen) is chosen
+    assert feeder_decision(chosen, runtime.connection()).backend == "ray"
+    kept = Pipeline(str(sample_dir), AUG, execution=ExecutionConfig(backend="local"))
+    assert feeder_decision(kept, "joined").backend == "local"
 
 
 # the hand-over on its own, without Ray

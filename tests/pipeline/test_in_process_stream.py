@@ -23,10 +23,11 @@ BUDGET = RankBudget(workers=2, in_flight=4, cpus=2.0, task_cpus=1.0)
 
 
 def _in_process(pipe: Pipeline, monkeypatch) -> InProcessWorkers:
-    """Make ``pipe``'s streams run on one ``InProcessWorkers`` (returned) with a fixed budget."""
+    """Make ``pipe``'s streams run on one ``InProcessWorkers`` (returned) with a fixed budget, whatever the
+    backend decision."""
     workers = InProcessWorkers()
 
-    def stream(span: RankSpan | None = None, *, segments=None) -> ChunkStream:
+    def stream(span: RankSpan | None = None, *, segments=None, decision=None) -> ChunkStream:
         span = span or RankSpan()
         return ChunkStream(
             pipe.columns(),

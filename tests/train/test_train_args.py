@@ -332,10 +332,10 @@ def test_trainers_and_feeders_that_hold_a_private_cluster_are_refused(monkeypatc
     job = parse_job(["--num-workers", "2", "--cpus-per-worker", "0.5"])
     monkeypatch.setattr(raypipe.runtime, "private_cluster", lambda: True)
     with pytest.raises(ValueError, match="leaving none for augmentation.*--feeder thread"):
-        run._check_cpus(job)
+        run._check_cpus(job, "ray")
     monkeypatch.setattr(raypipe.runtime, "private_cluster", lambda: False)
-    run._check_cpus(job)  # a cluster that may grow: a warning, the job waits for nodes
-    run._check_cpus(parse_job(["--num-workers", "2", "--cpus-per-worker", "0.5", "--feeder", "thread"]))
+    run._check_cpus(job, "nodes")  # a cluster that may grow: a warning, the job waits for nodes
+    run._check_cpus(parse_job(["--num-workers", "2", "--cpus-per-worker", "0.5", "--feeder", "thread"]), "ray")
 
 
 def test_on_the_private_cluster_the_jobs_tasks_are_local_workers_and_need_no_ray_cpu(monkeypatch):
@@ -343,27 +343,42 @@ def test_on_the_private_cluster_the_jobs_tasks_are_local_workers_and_need_no_ray
 
     import raypipe.runtime
     import raypipe.train.run as run
-    from raypipe.pipeline.backend import on_ray_backend
 
     monkeypatch.setattr(run.ray, "cluster_resources", lambda: {"CPU": 2.0})
     monkeypatch.setattr(raypipe.runtime, "private_cluster", lambda: True)
     job = parse_job(["--num-workers", "2", "--cpus-per-worker", "0.5"])
-    job = dataclasses.replace(job, execution=on_ray_backend(job.execution, source_kind="folder"))
-    assert job.execution.backend == "local"
-    run._check_cpus(job)  # trainers and feeders hold all 2 CPUs; augmentation runs beside them
+    assert raypipe.runtime.connection() == "private"
+    backend = run.workers_decision(job, "folder", raypipe.runtime.connection()).backend
+    assert backend == "local"
+    assert job.execution.backend == "auto"  # the job's config is left as it was given
+    run._check_cpus(job, backend)  # trainers and feeders hold all 2 CPUs; augmentation runs beside them
     over = dataclasses.replace(job, cpus_per_worker=0.75)
     with pytest.raises(ValueError, match="ask for more than the cluster's 2 CPUs"):
-        run._check_cpus(over)
-    assert on_ray_backend(job.execution, source_kind="raydata") is job.execution  # decided once, kept
-    steered = parse_job(["--preprocess-resource", "preprocess"]).execution
-    assert on_ray_backend(steered, source_kind="folder").backend == "ray"
+        run._check_cpus(over, backend)
+    assert run.workers_decision(job, "raydata", "private").backend == "ray"
+    given = dataclasses.replace(job, execution=dataclasses.replace(job.execution, backend="local"))
+    assert run.workers_decision(given, "raydata", "private").backend == "local"  # given, kept
+    steered = parse_job(["--preprocess-resource", "preprocess"])
+    assert run.workers_decision(steered, "folder", "private").backend == "ray"
     monkeypatch.setattr(raypipe.runtime, "private_cluster", lambda: False)
-    joined = parse_job([]).execution
+    joined = parse_job([])
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert on_ray_backend(joined, source_kind="folder").backend == "ray"  # a Ray this script started itself
+    monkeypatch.setattr(raypipe.runtime.ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(raypipe.runtime.ray, "get_runtime_context", lambda: _Driver())
+    assert raypipe.runtime.connection() == "own"
+    assert run.workers_decision(joined, "folder", "own").backend == "ray"  # a Ray this script started itself
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # as `ray job submit` tells a job
-    assert on_ray_backend(joined, source_kind="folder") is joined  # each rank's consumer decides on its node
-    assert on_ray_backend(joined, source_kind="raydata").backend == "ray"
+    assert raypipe.runtime.connection() == "joined"
+    # each rank decides on its node, told the connection: node workers where the other nodes reach it
+    assert run.workers_decision(joined, "folder", "joined").backend == "nodes"
+    assert run.workers_decision(joined, "raydata", "joined").backend == "ray"
+
+
+class _Driver:
+    """A driver's Ray runtime context (no actor)."""
+
+    def get_actor_id(self):
+        return None
 
 
 def test_a_listing_by_shard_takes_the_number_of_classes_given(tmp_path):

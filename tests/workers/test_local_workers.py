@@ -343,10 +343,10 @@ def test_shared_memory_dir_falls_back_to_the_temporary_directory(tmp_path):
 
 def _four_cores(monkeypatch) -> None:
     """This machine seen as 4 cores, this process on no Ray node (which would bound them)."""
-    import raypipe.pipeline.pipeline as pipeline_module
+    import raypipe.pipeline.execution as execution_module
     from raypipe import runtime
 
-    monkeypatch.setattr(pipeline_module, "local_cpus", lambda: 4)
+    monkeypatch.setattr(execution_module, "local_cpus", lambda: 4)
     monkeypatch.setattr(runtime, "node_cpus", lambda: None)
 
 
@@ -363,11 +363,11 @@ def test_local_budget_runs_a_task_per_core_as_a_private_ray_would(sample_dir, mo
 def test_local_workers_in_a_process_on_ray_are_at_most_its_nodes_cpus(sample_dir, monkeypatch, ray_local):
     """``connect(num_cpus=N)`` on a larger machine: a feeder's (or training worker's) local workers
     stay within the N cores the node declares to Ray."""
-    import raypipe.pipeline.pipeline as pipeline_module
+    import raypipe.pipeline.execution as execution_module
     from raypipe import runtime
 
     assert runtime.node_cpus() == 2.0  # the test's Ray node
-    monkeypatch.setattr(pipeline_module, "local_cpus", lambda: 16)
+    monkeypatch.setattr(execution_module, "local_cpus", lambda: 16)
     pipe = Pipeline(str(sample_dir), AUG, execution=ExecutionConfig(backend="local"))
     assert pipe.local_budget()[1] == 2
     monkeypatch.setattr(runtime, "node_cpus", lambda: None)  # the same process on no Ray: the machine's

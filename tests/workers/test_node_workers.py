@@ -379,7 +379,7 @@ def test_auto_on_a_joined_cluster_is_elastic_node_workers_or_ray_tasks_where_nod
     monkeypatch.setattr(backend, "_REACH", {})
     with _cluster(cpu_nodes=1) as (cluster, nodes):
         ours = Pipeline(str(photos), TrainAugment(input_size=64))
-        assert backend.consumer_pipeline(ours) is ours  # a Ray this process started: Ray tasks, as before
+        assert ours.decide().backend == "ray"  # a Ray this process started: Ray tasks, as before
         monkeypatch.setenv("RAY_ADDRESS", cluster.address)  # joined, as `ray job submit` tells a driver
         got, reports = _batches(photos, "auto", epochs=2)
         pool = NodeWorkers._shared
@@ -396,7 +396,10 @@ def test_auto_on_a_joined_cluster_is_elastic_node_workers_or_ray_tasks_where_nod
         monkeypatch.setattr(reach, "unreachable_reason", lambda here, resources: "node x cannot connect (refused)")
         pipe = Pipeline(str(photos), TrainAugment(input_size=64), execution=ExecutionConfig(resources=PREPROCESS))
         with caplog.at_level("WARNING", logger="raypipe.pipeline.backend"):
-            assert backend.consumer_pipeline(pipe).execution.backend == "ray"
+            decision = pipe.decide()
+        assert decision.backend == "ray" and decision.reason == (
+            "Ray tasks make this rank's chunks, not node workers: node x cannot connect (refused)"
+        )
         assert [r.getMessage() for r in caplog.records] == [
             "raypipe: Ray tasks make this rank's chunks, not node workers: node x cannot connect (refused)"
         ]

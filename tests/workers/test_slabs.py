@@ -156,7 +156,7 @@ def test_the_room_for_slabs_is_memory_where_they_are_memfds(monkeypatch):
 
 
 def test_local_chunks_in_flight_fit_the_room_for_their_slabs(sample_dir, monkeypatch):
-    import raypipe.pipeline.pipeline as pipeline_module
+    import raypipe.pipeline.execution as execution_module
     from raypipe.config import ExecutionConfig, TrainAugment
     from raypipe.pipeline import Pipeline
 
@@ -167,5 +167,5 @@ def test_local_chunks_in_flight_fit_the_room_for_their_slabs(sample_dir, monkeyp
     )
     assert pipe.local_budget()[0].in_flight > 2
     chunk = 16 * 32 * 32 * 3
-    monkeypatch.setattr(pipeline_module, "slab_room", lambda free: 4 * chunk)  # half of it: 2 chunks
+    monkeypatch.setattr(execution_module, "slab_room", lambda free: 4 * chunk)  # half of it: 2 chunks
     assert pipe.local_budget()[0].in_flight == 2
