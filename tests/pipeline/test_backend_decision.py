@@ -17,7 +17,7 @@ def _never() -> str | None:
 
 
 def _unreachable() -> str:
-    return "node ab12 (10.0.0.2) cannot connect to this node's 10.0.0.1:4321 (ConnectionRefusedError: refused)"
+    return "node ab12 (127.0.0.2) cannot connect to this node's 127.0.0.1:4321 (ConnectionRefusedError: refused)"
 
 
 def _reachable() -> None:
@@ -69,7 +69,7 @@ TABLE = [
         Situation(backend="auto", connection="joined", reach=_unreachable),
         "ray",
         False,
-        f"{UNREACHABLE}: node ab12 (10.0.0.2) cannot connect",
+        f"{UNREACHABLE}: node ab12 (127.0.0.2) cannot connect",
     ),
     # ... or where the rows are a Ray Dataset's
     (Situation(connection="joined", source_kind="raydata", **AUTO), "ray", False, "Ray Dataset"),
@@ -129,10 +129,10 @@ def _process(monkeypatch, *, initialized: bool, private: bool = False, actor: bo
         ({"initialized": True, "private": True}, "private"),
         ({"initialized": True}, "own"),  # the script's own ray.init()
         ({"initialized": True, "actor": True}, "joined"),  # a Ray actor: what a cluster's driver starts
-        ({"initialized": True, "address": "10.0.0.1:6379"}, "joined"),  # ray job submit, connect()
-        ({"initialized": False, "address": "10.0.0.1:6379"}, "joining"),
-        ({"initialized": True, "address": "ray://10.0.0.1:10001"}, "client"),
-        ({"initialized": False, "address": "ray://10.0.0.1:10001"}, "client"),
+        ({"initialized": True, "address": "127.0.0.1:6379"}, "joined"),  # ray job submit, connect()
+        ({"initialized": False, "address": "127.0.0.1:6379"}, "joining"),
+        ({"initialized": True, "address": "ray://127.0.0.1:10001"}, "client"),
+        ({"initialized": False, "address": "ray://127.0.0.1:10001"}, "client"),
         ({"initialized": True, "private": True, "actor": True}, "private"),
     ],
 )

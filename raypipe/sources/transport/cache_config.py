@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from raypipe import settings
+
 __all__ = ["CacheConfig", "default_cache_dir"]
 
 
@@ -57,8 +59,6 @@ class CacheConfig:
     @classmethod
     def from_env(cls) -> CacheConfig | None:
         """The cache of the settings in force here (``raypipe.settings.current()``)."""
-        from raypipe import settings
-
         return cls.from_settings(settings.current())
 
     @classmethod
