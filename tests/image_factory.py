@@ -6,6 +6,7 @@ Every function returns ``bytes``; nothing is downloaded. Reused by the kernel an
 from __future__ import annotations
 
 import io
+import json
 import struct
 import tarfile
 import zlib
@@ -162,3 +163,26 @@ def sample(key, label, image=None, ext="jpg"):
     """The members of one WebDataset sample: its image (by default bytes naming the key) and its .cls."""
     out = [(f"{key}.{ext}", image if image is not None else f"img:{key}".encode())]
     return out + ([(f"{key}.cls", str(label).encode())] if label is not None else [])
+
+
+def captioned_jpeg(i: int) -> bytes:
+    """A small JPEG whose gray level is a function of ``i``."""
+    return encode(np.full((24, 30, 3), (i * 10) % 250, np.uint8))
+
+
+def write_captioned_shards(root, n: int = 12, per_shard: int = 5, *, without_txt=(), bad_json=()) -> None:
+    """Shards of ``KEY.jpg`` + ``KEY.cls`` + ``KEY.txt`` (``caption i``) + ``KEY.json`` (``{"i": i}``)."""
+    for s in range(0, n, per_shard):
+        members = []
+        for i in range(s, min(n, s + per_shard)):
+            key = f"k{i:04d}"
+            members += sample(key, i % 3, image=captioned_jpeg(i))
+            if i not in without_txt:
+                members.append((f"{key}.txt", f"caption {i}".encode()))
+            members.append((f"{key}.json", b"{oops" if i in bad_json else json.dumps({"i": i}).encode()))
+        write_shard(root / f"shard-{s // per_shard:04d}.tar", members)
+
+
+def caption_ids(text: str) -> np.ndarray:
+    """A stand-in tokenizer: a fixed-length vector of the text's bytes (picklable: module level)."""
+    return np.frombuffer(text.encode().ljust(16, b"\0")[:16], np.uint8).astype(np.int64)

@@ -36,6 +36,7 @@ class Parts:
     label: Any = None
     sample_id: Any = None
     rest: Any = None  # dict (dict batches, original order kept) or tuple of extra items
+    fields: dict = None  # a dict batch's other numeric arrays (a field's, one row per image): moved too
 
 
 def split_batch(batch: Any) -> Parts:
@@ -43,11 +44,20 @@ def split_batch(batch: Any) -> Parts:
         if "image" not in batch:
             raise ValueError(f"batch dict has no 'image' key (keys: {sorted(batch)})")
         label, sid = _array(batch.get("label")), _array(batch.get("sample_id"))
-        return Parts("dict", _array(batch["image"]), label, sid, batch)
+        image = _array(batch["image"])
+        fields = {k: v for k, v in batch.items() if k not in DEVICE_KEYS and _rows_of_numbers(v, len(image))}
+        return Parts("dict", image, label, sid, batch, fields)
     if isinstance(batch, (tuple, list)) and len(batch) >= 1:
         label = _array(batch[1]) if len(batch) > 1 else None
         return Parts("tuple", _array(batch[0]), label, None, tuple(batch[2:]))
     raise TypeError(f"expected a dict batch or an (image, label, ...) tuple, got {type(batch).__name__}")
+
+
+def _rows_of_numbers(value: Any, n: int) -> bool:
+    """Whether ``value`` is an array of numbers with a row per image (a packed field: moved to the device)."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() >= 1 and value.shape[0] == n and not value.is_complex()
+    return isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == n and value.dtype.kind in "biuf"
 
 
 def _array(value: Any) -> Any:
@@ -56,13 +66,12 @@ def _array(value: Any) -> Any:
     return np.asarray(value)
 
 
-def join_batch(parts: Parts, image: torch.Tensor, label: Any, sample_id: Any) -> Any:
+def join_batch(parts: Parts, image: torch.Tensor, label: Any, sample_id: Any, fields: dict | None = None) -> Any:
+    """The batch as it came, with its moved parts (``fields``: the moved numeric fields by key)."""
     if parts.kind == "tuple":
         return (image, label, *parts.rest) if label is not None or parts.rest else (image,)
-    out = {}
-    for key, value in parts.rest.items():
-        out[key] = {"image": image, "label": label, "sample_id": sample_id}.get(key, value)
-    return out
+    moved = {"image": image, "label": label, "sample_id": sample_id, **(fields or {})}
+    return {key: moved.get(key, value) for key, value in parts.rest.items()}
 
 
 def detect_layout(shape: tuple, channels: int, declared: str) -> str:

@@ -108,7 +108,7 @@ class BatchProducer:
         # 2. copy into the next ring slot (waits until that slot's previous copy has finished)
         for parts, spec in batches:
             slot = self.staging.acquire()
-            values = {"image": parts.image, "label": parts.label, "sample_id": parts.sample_id}
+            values = {"image": parts.image, "label": parts.label, "sample_id": parts.sample_id, **(parts.fields or {})}
             # On a CPU device normalise can read the source batch where it lies (read-only object-store
             # memory included) and writes its own output: the ring copy would be pure cost (~20 µs/img).
             direct = not self.staging.cuda and reads_host_directly(
@@ -156,8 +156,9 @@ class BatchProducer:
             fmt = torch.channels_last if channels_last else torch.contiguous_format
             if not x.is_contiguous(memory_format=fmt):
                 x = x.contiguous(memory_format=fmt)
-            tensors = [t for t in (x, label, sid) if t is not None]
-            yield join_batch(parts, x, label, sid), self.staging.ready(), tensors, n
+            fields = {key: dev[key] for key in parts.fields or ()}
+            tensors = [t for t in (x, label, sid, *fields.values()) if t is not None]
+            yield join_batch(parts, x, label, sid, fields), self.staging.ready(), tensors, n
 
 
 def check_labels(label: Any, num_classes: int) -> None:

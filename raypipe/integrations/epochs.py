@@ -203,12 +203,18 @@ def _padding(template: dict[str, np.ndarray] | None, n: int) -> dict[str, np.nda
     if template is None:
         raise RuntimeError("this rank's eval epoch has no image to pad with (every image skipped?)")
     idx = np.arange(n) % len(template["sample_id"])
-    return {
-        "image": np.ascontiguousarray(np.asarray(template["image"])[idx]),
-        "label": np.asarray(template["label"], dtype=np.int64)[idx],
-        "sample_id": np.full(n, -1, dtype=np.int64),
-    }
+    out = {key: _take(values, idx) for key, values in template.items()}  # fields too: the batch's keys
+    out["image"] = np.ascontiguousarray(out["image"])
+    out["label"] = np.asarray(out["label"], dtype=np.int64)
+    out["sample_id"] = np.full(n, -1, dtype=np.int64)
+    return out
+
+
+def _take(values, idx: np.ndarray):
+    return [values[i] for i in idx] if isinstance(values, list) else np.asarray(values)[idx]
 
 
 def _concat(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: np.concatenate([np.asarray(a[k]), np.asarray(b[k])]) for k in ("image", "label", "sample_id")}
+    return {
+        k: [*a[k], *b[k]] if isinstance(a[k], list) else np.concatenate([np.asarray(a[k]), np.asarray(b[k])]) for k in a
+    }

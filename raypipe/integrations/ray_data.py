@@ -28,15 +28,18 @@ not for torch). What Ray Data gives and does not is in docs/integrations.md.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
 from raypipe.kernels.errors import BAD_LABEL, REASON_CODES, REASON_NAMES
+from raypipe.sources.fields import check_fields, value_column
 from raypipe.sources.formats.raydata import DATASET_ROOT
 from raypipe.sources.transport.paths import open_root
 from raypipe.stages.augment import AugmentStage, StageSpec
+from raypipe.stages.field_values import check_field_transforms
 
 __all__ = ["BAD_ROWS", "REASON_CODES", "REASON_NAMES", "RayDataAugment"]
 
@@ -59,10 +62,16 @@ class RayDataAugment:
         bad_rows: "drop", or "keep": bad rows stay, with ``ok`` and ``reason`` (a code of
             ``REASON_CODES``).
         details: with ``bad_rows="keep"``, add ``detail`` too.
+        fields: columns carried beside each image into the output (``ListingOptions.fields``): a row
+            whose field is null is skipped as ``missing_field``.
+        field_transforms: ``{field: fn}`` run on each good row's value (``Pipeline(field_transforms=…)``);
+            the output column is an array of the values where they are numbers or arrays of one shape,
+            else an object array.
 
     Raises:
         TypeError: ``augment`` is neither a ``TrainAugment`` nor an ``EvalAugment``.
-        ValueError: ``bad_rows`` not one of ``BAD_ROWS``, or ``details`` without ``bad_rows="keep"``.
+        ValueError: ``bad_rows`` not one of ``BAD_ROWS``, ``details`` without ``bad_rows="keep"``, a
+            field name that is reserved or repeated, a transform of a field not named.
     """
 
     def __init__(
@@ -80,6 +89,8 @@ class RayDataAugment:
         classes: Sequence[str] | None = None,
         bad_rows: str = "drop",
         details: bool = False,
+        fields: Sequence[str] = (),
+        field_transforms: Mapping | None = None,
     ):
         if not isinstance(augment, (TrainAugment, EvalAugment)):
             raise TypeError(f"augment: expected a TrainAugment or EvalAugment, got {type(augment).__name__}")
@@ -90,6 +101,7 @@ class RayDataAugment:
             raise ValueError('details=True adds the kept bad rows\' detail: it needs bad_rows="keep"')
         self.bad_rows, self.details = bad_rows, details
         self._class_index = {name: i for i, name in enumerate(classes)} if classes is not None else None
+        self.fields = check_fields(tuple(fields))
         base = StageSpec(
             kind="raydata",
             root=DATASET_ROOT,
@@ -97,16 +109,13 @@ class RayDataAugment:
             decode=decode or DecodeConfig(),
             seed=int(seed),
             epoch=int(epoch),
+            fields=self.fields,
+            field_transforms=check_field_transforms(field_transforms, self.fields),
         )
         self._specs = {"bytes": base}
         if root is not None:
-            self._specs["paths"] = StageSpec(
-                kind="manifest",
-                root=open_root(root, filesystem=filesystem),
-                augment=base.augment,
-                decode=base.decode,
-                seed=base.seed,
-                epoch=base.epoch,
+            self._specs["paths"] = dataclasses.replace(
+                base, kind="manifest", root=open_root(root, filesystem=filesystem)
             )
         self._stages: dict[str, AugmentStage] = {}
 
@@ -121,6 +130,8 @@ class RayDataAugment:
             )
         labels, errors = _labels(_column(batch, label_column), label_column, self._class_index)
         rows = {"sample_id": ids.astype(np.int64), "label": labels, "error": errors}
+        for name in self.fields:
+            rows[value_column(name)] = _column(batch, name)
         if any(isinstance(c, str) for c in cells):
             if "paths" not in self._specs:
                 raise ValueError(f"column {image_column!r} holds paths: pass root=, the folder or URI they lie in")
@@ -130,26 +141,30 @@ class RayDataAugment:
             rows["bytes"][:] = [_bytes(c) for c in cells]
         out = self._stage(kind)(rows)
         ok = out["ok"]
+        columns = {"image": out["image"], "label": out["label"], "sample_id": out["sample_id"]}
+        columns.update((name, _as_column(values)) for name, values in out.get("fields", {}).items())
         if self.bad_rows == "keep":
-            kept = {
-                "image": out["image"],
-                "label": out["label"],
-                "sample_id": out["sample_id"],
-                "ok": ok,
-                "reason": np.array([REASON_CODES[r] for r in out["reason"]], dtype=np.int8),
-            }
+            columns["ok"] = ok
+            columns["reason"] = np.array([REASON_CODES[r] for r in out["reason"]], dtype=np.int8)
             if self.details:
-                kept["detail"] = out["detail"].astype(str)
-            return kept
-        if ok.all():
-            return {"image": out["image"], "label": out["label"], "sample_id": out["sample_id"]}
-        return {"image": out["image"][ok], "label": out["label"][ok], "sample_id": out["sample_id"][ok]}
+                columns["detail"] = out["detail"].astype(str)
+            return columns
+        return columns if ok.all() else {name: values[ok] for name, values in columns.items()}
 
     def _stage(self, kind: str) -> AugmentStage:
         stage = self._stages.get(kind)
         if stage is None:  # made on first use: once per actor, which runs many batches
             stage = self._stages[kind] = AugmentStage(self._specs[kind])
         return stage
+
+
+def _as_column(values) -> np.ndarray:
+    """A field's values as a batch column: its array, or an object array of a list's values."""
+    if isinstance(values, np.ndarray):
+        return values
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
 
 
 def _column(batch, name: str) -> np.ndarray:

@@ -17,6 +17,8 @@ __all__ = [
     "OUTSIDE_ROOT",
     "BAD_LABEL",
     "NULL_IMAGE",
+    "MISSING_FIELD",
+    "BAD_FIELD",
     "REASONS",
     "REASON_CODES",
     "REASON_NAMES",
@@ -35,6 +37,9 @@ UNREADABLE = "unreadable"  # the path exists but reading it failed (permissions,
 OUTSIDE_ROOT = "outside_root"  # the path escapes the dataset root
 BAD_LABEL = "bad_label"  # the label is missing or not a valid class index
 NULL_IMAGE = "null_image"  # the row has neither bytes nor a path
+# Field reasons (raised by the read stage for ``ListingOptions.fields``).
+MISSING_FIELD = "missing_field"  # the sample has no such member, or a null in that column
+BAD_FIELD = "bad_field"  # the member is not what its extension says (a .json that does not parse)
 
 REASONS = (
     EMPTY,
@@ -47,6 +52,8 @@ REASONS = (
     OUTSIDE_ROOT,
     BAD_LABEL,
     NULL_IMAGE,
+    MISSING_FIELD,
+    BAD_FIELD,
 )
 
 
@@ -65,6 +72,8 @@ REASON_CODES = {
     OUTSIDE_ROOT: 8,
     BAD_LABEL: 9,
     NULL_IMAGE: 10,
+    MISSING_FIELD: 11,
+    BAD_FIELD: 12,
 }
 REASON_NAMES = {code: name for name, code in REASON_CODES.items()}  # code -> reason ("" for 0)
 

@@ -111,13 +111,14 @@ class _Feeder:
             batch = next(self.it)
             chunk = self.source.chunk
             rows = _rows_of(batch["image"], chunk)
+            rest = {k: v for k, v in batch.items() if k != "image"}  # labels, ids, fields: by value
             if rows is not None and chunk.ref is not None:
-                return ("rows", (chunk.ref, rows, batch["label"], batch["sample_id"]))
+                return ("rows", (chunk.ref, rows, rest))
             slab = slab_of(chunk.block["image"]) if rows is not None and self.sender is not None else None
             if slab is not None:
                 token = self.sender.send(slab.fd, keep=chunk.block["image"])
                 row_shape = chunk.block["image"].shape[1:]
-                return ("slab", (token, rows, row_shape, batch["label"], batch["sample_id"]))
+                return ("slab", (token, rows, row_shape, rest))
             return ("batch", batch)
         except StopIteration:
             self.it = None
@@ -302,17 +303,17 @@ class FeederSource:
                 kind, value = self._get(pending.popleft())
                 if kind == "rows":
                     pending.append(actor.next.remote(self._released()))
-                    ref, (start, stop), label, sample_id = value
+                    ref, (start, stop), rest = value
                     self.zero_copy_batches += 1
                     self._taken += 1
-                    yield {"image": self._get(ref)["image"][start:stop], "label": label, "sample_id": sample_id}
+                    yield {"image": self._get(ref)["image"][start:stop], **rest}
                 elif kind == "slab":
-                    token, (start, stop), row_shape, label, sample_id = value
+                    token, (start, stop), row_shape, rest = value
                     image = self._view(token, start, stop, row_shape)
                     pending.append(actor.next.remote(self._released()))
                     self.zero_copy_batches += 1
                     self._taken += 1
-                    yield {"image": image, "label": label, "sample_id": sample_id}
+                    yield {"image": image, **rest}
                 elif kind == "batch":
                     pending.append(actor.next.remote(self._released()))
                     self._taken += 1

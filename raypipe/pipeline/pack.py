@@ -3,7 +3,9 @@
 Blocks arrive in the rank's order with any number of rows, some of them skip records. Batch ``i`` is
 the good rows ``i * batch_size`` … ``(i + 1) * batch_size - 1`` of the rank's order (the last one
 partial unless ``drop_last``): ``image`` uint8 (N, H, W, C) C-contiguous, ``label`` int64,
-``sample_id`` int64. That is a function of the order and of which rows are bad, never of where the
+``sample_id`` int64, and each of the listing's fields under its own name (a block's ``fields``: an
+array of ``(N, *shape)`` packed like the image, or a list: ``raypipe.stages.field_values``). That
+is a function of the order and of which rows are bad, never of where the
 work was cut into chunks, so a run resumed at any batch (``raypipe.plan.position``) goes on with
 the batches an uninterrupted one makes. A batch that is consecutive good rows of one block is passed
 on as a view of it, without a copy; one that spans a block's end or a bad row is copied. So a short or
@@ -57,12 +59,31 @@ class Packer:
         self._image = np.empty((b, *self.spec.image_shape), dtype=np.uint8)
         self._label = np.empty(b, dtype=np.int64)
         self._sid = np.empty(b, dtype=np.int64)
+        self._fields: dict[str, np.ndarray | list] = {}  # made as the first block's fields say
         self._fill = 0
 
     def _emit(self, n: int) -> dict[str, np.ndarray]:
         out = {"image": self._image[:n], "label": self._label[:n], "sample_id": self._sid[:n]}
+        for name, values in self._fields.items():
+            out[name] = values[:n]
         self._new_buffers()
         return out
+
+    def _take_fields(self, fields: dict, take: np.ndarray, f: int) -> None:
+        """Rows ``take`` of a block's fields into this batch's, from row ``f``."""
+        for name, values in fields.items():
+            have = self._fields.get(name)
+            if isinstance(values, np.ndarray) and (have is None or isinstance(have, np.ndarray)):
+                if have is None or have.shape[1:] != values.shape[1:] or have.dtype != values.dtype:
+                    if have is not None and f:  # earlier rows of this batch had another shape: a list
+                        self._fields[name] = [*have[:f], *values[take]]
+                        continue
+                    have = self._fields[name] = np.empty((self.spec.batch_size, *values.shape[1:]), values.dtype)
+                have[f : f + len(take)] = values[take]
+            else:
+                kept = list(have[:f]) if have is not None else []
+                kept += [values[i] for i in take]
+                self._fields[name] = kept
 
     def add(self, block: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
         """Add one block of rows (with an ``ok`` mask); yield every batch that became full. While a batch
@@ -88,6 +109,7 @@ class Packer:
                     "image": image[rows],
                     "label": np.ascontiguousarray(block["label"][rows], dtype=np.int64),
                     "sample_id": np.ascontiguousarray(block["sample_id"][rows], dtype=np.int64),
+                    **{name: values[rows] for name, values in block.get("fields", {}).items()},
                 }
                 g += b
                 continue
@@ -98,6 +120,8 @@ class Packer:
             np.take(image, take, axis=0, out=self._image[f : f + k], mode="clip")
             self._label[f : f + k] = block["label"][take]
             self._sid[f : f + k] = block["sample_id"][take]
+            if "fields" in block:
+                self._take_fields(block["fields"], take, f)
             self._fill += k
             g += k
             if self._fill == b:

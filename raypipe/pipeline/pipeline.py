@@ -28,6 +28,7 @@ from raypipe.sources import ListingOptions, open_source
 from raypipe.sources.table import TableColumns
 from raypipe.sources.transport.remote import reads_store_objects
 from raypipe.stages.augment import StageSpec
+from raypipe.stages.field_values import check_field_transforms
 
 __all__ = ["Pipeline"]
 
@@ -48,9 +49,13 @@ class Pipeline:
         listing: the ``ListingOptions`` a path is listed with (``open_source``).
         settings: what it lists with and its workers read with (``raypipe.settings``); by default those
             in force when it is made (``raypipe.settings.current()``: the ``RAYPIPE_*`` variables).
+        field_transforms: ``{field: fn}``: a picklable callable the workers run on each good sample's
+            value of that field (a tokenizer, a JSON parser); numbers or arrays of one shape come out
+            packed as one array per batch (``raypipe.stages.field_values``).
 
     Raises:
-        ValueError: a ``ray.data.Dataset`` with a backend that does not run Ray tasks; and, as the
+        ValueError: a ``ray.data.Dataset`` with a backend that does not run Ray tasks; a field transform
+            of a field the listing does not carry, or not callable; and, as the
             other errors below, what ``open_source`` raises for ``source`` and ``listing``.
         TypeError, ConnectionError, TimeoutError, OSError: see ``open_source``.
     """
@@ -66,6 +71,7 @@ class Pipeline:
         content_digest: bool = False,
         listing: ListingOptions | None = None,
         settings: Settings | None = None,
+        field_transforms: dict | None = None,
     ):
         self.settings = current() if settings is None else settings
         if settings is None:
@@ -86,6 +92,7 @@ class Pipeline:
                 "tasks can read; run with backend='ray' (or 'auto' in a process connected to Ray)"
             )
         self.decode = decode or DecodeConfig()
+        self.field_transforms = check_field_transforms(field_transforms, self.rows.fields)
         self.content_digest = content_digest
         h, w = augment.input_size
         self.batch_spec = BatchSpec(self.config.batch_size, (h, w, 3))
@@ -143,6 +150,8 @@ class Pipeline:
             nice=ex.worker_nice,
             sched_idle=bool(ex.worker_sched_idle),  # None: off here
             settings=self.settings,
+            fields=self.rows.fields,
+            field_transforms=self.field_transforms,
         )
 
     def decide(self, *, told: str | None = None, needs_ray: bool = False, probe: bool = True) -> Decision:

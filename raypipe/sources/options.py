@@ -14,6 +14,7 @@ from typing import Any
 
 from raypipe._values import fail, one_value
 from raypipe.sources.classes import CLASS_ORDERS
+from raypipe.sources.fields import check_fields
 
 __all__ = ["KINDS", "ListingOptions"]
 
@@ -40,6 +41,9 @@ class ListingOptions:
             whether it is listed by shard (None: by its size).
         block_rows, max_bytes: a Ray Dataset's listing pass (rows per block put in the object store;
             the most image bytes put, None: half this node's store).
+        fields: per-sample data to carry beside the image into every batch, under its own name: a
+            WebDataset's members by extension (``"txt"``, ``"json"``), other kinds' columns by name
+            (``raypipe.sources.fields``).
 
     Raises:
         ValueError: an invalid field, named.
@@ -57,8 +61,10 @@ class ListingOptions:
     by_shard: bool | None = None
     block_rows: int = 256
     max_bytes: int | None = None
+    fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", check_fields(self.fields))
         if self.kind is not None and self.kind not in KINDS:
             fail("kind", self.kind, f"expected one of {KINDS} or None (detected)")
         for name in ("image_column", "label_column", "path_column"):

@@ -134,6 +134,11 @@ class SourceRows:
         return self.table.num_rows
 
     @property
+    def fields(self) -> tuple[str, ...]:
+        """The fields its rows carry (``ListingOptions.fields``), in the order they were asked for."""
+        return tuple(self.extra.get("fields", ()))
+
+    @property
     def by_shard(self) -> bool:
         """False: a row per sample (``ShardListing`` is the listing by shard)."""
         return False

@@ -25,9 +25,11 @@ from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
 from raypipe.kernels import SkipImage, build_transform
 from raypipe.kernels.seeding import BlockRngs
 from raypipe.settings import Settings, current
+from raypipe.sources.fields import member_rows
 from raypipe.sources.reader import BlockReader
 from raypipe.sources.transport.paths import DatasetRoot
 from raypipe.sources.transport.remote import ReadOptions
+from raypipe.stages.field_values import FieldRows
 
 T = TypeVar("T")
 
@@ -52,6 +54,8 @@ class StageSpec:
     # What the worker reads with (ReadOptions.from_settings): those of the process that made the spec,
     # so every worker reads as its consumer says, whatever the worker's own environment holds.
     settings: Settings = field(default_factory=current)
+    fields: tuple[str, ...] = ()  # the listing's fields, carried into the block (raypipe.sources.fields)
+    field_transforms: tuple[tuple[str, Callable], ...] = ()  # (field, picklable callable) run on each value
 
     @property
     def reuse_key(self) -> tuple:
@@ -140,12 +144,14 @@ class AugmentStage:
         rngs = BlockRngs(self.spec.seed, self.spec.epoch, batch["sample_id"])  # = sample_rng per row, cheaper
         # the whole block's reads at once: remote requests overlap (and with this loop's decoding: a row
         # still in flight is a Future), a Parquet row group is read once per block
-        read = self.reader.read_block(batch, wait=False)
+        read, fields = self._read(batch)
         for i in range(n):
             try:
                 if errors is not None and errors[i]:
                     why, _, more = str(errors[i]).partition(": ")
                     raise SkipImage(why, more)
+                if fields is not None:
+                    fields.value(i)
                 data = read[i]
                 if isinstance(data, Future):
                     data = data.result()
@@ -158,6 +164,9 @@ class AugmentStage:
             if not ok[i]:
                 images[i] = 0  # as a new array's: a skipped row's image is black whatever the transform left
                 shown[i] = self.reader.describe(batch, i)
+            elif fields is not None and self.spec.field_transforms:  # outside the try: never a skip
+                fields.transform(i, self.reader.describe(batch, i))
+        extra = {"fields": fields.finish(ok)} if fields is not None else {}
         return {
             "image": images,
             "label": np.asarray(batch["label"], dtype=np.int64),
@@ -166,7 +175,27 @@ class AugmentStage:
             "reason": reason,
             "detail": detail,
             "path": shown,
+            **extra,
         }
+
+    def _read(self, batch: dict[str, np.ndarray]) -> tuple[list, FieldRows | None]:
+        """The rows' image bytes (or Futures, or skips) and their fields (None: none asked). A
+        WebDataset's field members are read in the same call as the images, so in the same requests;
+        rows that come with their image bytes (a window read once) have their members read here."""
+        names, n = self.spec.fields, len(batch["sample_id"])
+        transforms = dict(self.spec.field_transforms)
+        if not names:
+            return self.reader.read_block(batch, wait=False), None
+        if self.spec.kind != "webdataset":
+            return self.reader.read_block(batch, wait=False), FieldRows(batch, names, {}, transforms)
+        if "bytes" in batch:
+            read = self.reader.read_block(batch, wait=False)
+            members = self.reader.read_block(member_rows(batch, names, images=False), wait=False)
+        else:
+            both = self.reader.read_block(member_rows(batch, names, images=True), wait=False)
+            read, members = both[:n], both[n:]
+        by_name = {name: members[j * n : (j + 1) * n] for j, name in enumerate(names)}
+        return read, FieldRows(batch, names, by_name, transforms)
 
 
 # Stateless entry point for task-based compute: Ray reuses worker processes, so caching the stage

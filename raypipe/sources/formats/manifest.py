@@ -35,6 +35,7 @@ import pyarrow.json as pajson
 
 from raypipe.kernels.errors import BAD_LABEL
 from raypipe.sources.classes import classes_by_index, load_class_map, order_classes
+from raypipe.sources.fields import with_value_columns
 from raypipe.sources.table import SourceRows, int64_array, make_file_rows, string_array
 from raypipe.sources.transport.paths import DatasetRoot, open_root
 
@@ -317,9 +318,11 @@ def list_manifest(
     filesystem=None,
     class_order: str = "natural",
     class_map=None,
+    fields: tuple[str, ...] = (),
 ) -> SourceRows:
     """List a ``.csv`` (with a header) or ``.jsonl`` manifest into SourceRows (class names: see the
-    module doc)."""
+    module doc); ``fields``: columns (JSON keys) whose values the rows carry (``raypipe.sources.fields``):
+    a CSV's as text, a JSON line's as JSON gives them, a missing one as null."""
     lower = uri.lower()
     fmt = "csv" if lower.endswith(".csv") else "jsonl"
     if root is None:
@@ -332,5 +335,25 @@ def list_manifest(
     except _NotForArrow:
         paths, labels, errors, names = _rows_by_line(uri, fmt, filesystem, columns, labelled)
     table = make_file_rows(paths, labels, errors)
+    if fields:
+        table = with_value_columns(table, _field_values(uri, fmt, filesystem, fields, table.num_rows), uri)
     pa.default_memory_pool().release_unused()  # the reader's blocks: freed, but kept by the allocator
-    return SourceRows(kind="manifest", root=droot, table=table, classes=tuple(names or ()))
+    extra = {"fields": tuple(fields)} if fields else {}
+    return SourceRows(kind="manifest", root=droot, table=table, classes=tuple(names or ()), extra=extra)
+
+
+def _field_values(uri: str, fmt: str, filesystem, fields: tuple[str, ...], rows: int) -> dict[str, list]:
+    """Each field's value per record (None where a record lacks it), read line by line: a field may be
+    any JSON value, which the typed Arrow readers would refuse or retype."""
+    values: dict[str, list] = {name: [] for name in fields}
+    records = _records(_read_text(uri, filesystem), fmt, uri, fields if fmt == "csv" else ())
+    for rec in records:
+        for name in fields:
+            values[name].append(rec.get(name))
+    if any(len(v) != rows for v in values.values()):
+        raise ValueError(f"{uri}: {len(next(iter(values.values())))} records hold fields, {rows} were listed")
+    if fmt == "jsonl":
+        absent = [name for name, v in values.items() if all(x is None for x in v)]
+        if absent:
+            raise ValueError(f"{uri}: no record has a {absent[0]!r} key (fields={list(fields)})")
+    return {name: [v] for name, v in values.items()}

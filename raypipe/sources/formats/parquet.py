@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from raypipe.kernels.errors import BAD_LABEL, NULL_IMAGE, SkipImage
+from raypipe.sources.fields import with_value_columns
 from raypipe.sources.table import SourceRows, listed_stamp, make_rows
 from raypipe.sources.transport.paths import DatasetRoot, open_root
 
@@ -58,9 +59,15 @@ def _open(root: DatasetRoot, rel: str) -> pq.ParquetFile:
 
 
 def list_parquet(
-    uri: str, *, image_column: str = "image", label_column: str = "label", filesystem: pafs.FileSystem | None = None
+    uri: str,
+    *,
+    image_column: str = "image",
+    label_column: str = "label",
+    filesystem: pafs.FileSystem | None = None,
+    fields: tuple[str, ...] = (),
 ) -> SourceRows:
-    """List Parquet file(s) at ``uri`` (a file or a folder of ``*.parquet``) into SourceRows."""
+    """List Parquet file(s) at ``uri`` (a file or a folder of ``*.parquet``) into SourceRows; ``fields``:
+    columns whose values the rows carry (``raypipe.sources.fields``), read here as the labels are."""
     probe = open_root(uri, filesystem=filesystem)
     if probe.is_local:
         single = os.path.isfile(probe.root)
@@ -79,14 +86,18 @@ def list_parquet(
     errors: list[str | None] = []
     object_sizes: list[np.ndarray] = []
     object_mtimes: list[np.ndarray] = []
+    field_values: dict[str, list] = {name: [] for name in fields}
     groups_before = 0
     for rel, stamp in files.items():
         pf = _open(root, rel)
         names = pf.schema_arrow.names
-        for col in (image_column, label_column):
+        for col in (image_column, label_column, *fields):
             if col not in names:
                 raise ValueError(f"{root.display(rel) if rel else uri}: no column {col!r} (columns: {names})")
-        lab = pf.read(columns=[label_column]).column(label_column)
+        read = pf.read(columns=list(dict.fromkeys((label_column, *fields))))
+        for name in fields:
+            field_values[name].append(read.column(name))
+        lab = read.column(label_column)
         if not pa.types.is_integer(lab.type):
             raise ValueError(f"{uri}: label column {label_column!r} has type {lab.type}, expected integers")
         if pa.types.is_unsigned_integer(lab.type):  # uint8 and friends: no room for the -1 of a bad row
@@ -111,7 +122,9 @@ def list_parquet(
         object_sizes=np.concatenate(object_sizes),
         object_mtimes=np.concatenate(object_mtimes),
     )
-    return SourceRows(kind="parquet", root=root, table=table, image_column=image_column, extra={"single_file": single})
+    table = with_value_columns(table, field_values, uri)
+    extra = {"single_file": single, "fields": tuple(fields)}
+    return SourceRows(kind="parquet", root=root, table=table, image_column=image_column, extra=extra)
 
 
 class ParquetGroups:

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from raypipe.kernels.errors import EMPTY, NULL_IMAGE
+from raypipe.sources.fields import with_value_columns
 from raypipe.sources.formats.manifest import class_labeller, number_labels
 from raypipe.sources.options import ListingOptions
 from raypipe.sources.table import ROW_SCHEMA, SourceRows, int64_array, make_file_rows
@@ -77,16 +78,18 @@ def list_ray_dataset(ds, *, options: ListingOptions | None = None, **keywords) -
     labels, errors, names = number_labels(listing.labels(), listing.rows, labelled)
     errors = _first_reason(errors, listing.image_errors())
     classes = tuple(names or ())
+    fields = {"fields": o.fields} if o.fields else {}
     if listing.paths_given:
         table = make_file_rows(pa.chunked_array(listing.paths, pa.string()), labels, errors)
-        return SourceRows(kind="manifest", root=droot, table=table, classes=classes)
+        table = with_value_columns(table, listing.fields, "the Ray Dataset")
+        return SourceRows(kind="manifest", root=droot, table=table, classes=classes, extra=fields)
     return SourceRows(
         kind="raydata",
         root=DATASET_ROOT,
-        table=listing.table(labels, errors),
+        table=with_value_columns(listing.table(labels, errors), listing.fields, "the Ray Dataset"),
         classes=classes,
         image_column=listing.column,
-        extra={"blocks": tuple(listing.refs)},
+        extra={"blocks": tuple(listing.refs), **fields},
     )
 
 
@@ -106,18 +109,21 @@ class _Listing:
         self.errors: list[pa.Array] = []
         self.refs: list = []
         self.block_sizes: list[int] = []
+        self.fields: dict[str, list[pa.Array]] = {name: [] for name in options.fields}  # their values, kept
 
     def add(self, batch: pa.Table) -> None:
         image_column, path_column, label_column = self.names
         if not self.column:
             self._first(batch)
-        for name in (self.column, label_column):
+        for name in (self.column, label_column, *self.fields):
             if name not in batch.column_names:
                 raise ValueError(f"the Ray Dataset has no column {name!r} (columns: {batch.column_names})")
         m = batch.num_rows
         if m == 0:
             return
         self.label_chunks.append(_label_chunk(batch.column(label_column).combine_chunks(), label_column))
+        for name, chunks in self.fields.items():
+            chunks.append(batch.column(name).combine_chunks())
         cells = batch.column(self.column).combine_chunks()
         if self.paths_given:
             if not (pa.types.is_string(cells.type) or pa.types.is_large_string(cells.type)):

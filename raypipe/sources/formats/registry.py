@@ -37,11 +37,18 @@ class Format:
 
 
 def _folder(data: str, o: ListingOptions) -> SourceRows:
+    if o.fields:
+        raise ValueError(
+            f"fields={list(o.fields)}: {data!r} is a folder of image files, which has no fields "
+            "(they are a WebDataset's members, or a Parquet file's, a manifest's or a Ray Dataset's columns)"
+        )
     return list_image_folder(open_root(data, filesystem=o.filesystem), class_order=o.class_order, class_map=o.class_map)
 
 
 def _parquet(data: str, o: ListingOptions) -> SourceRows:
-    return list_parquet(data, image_column=o.image_column, label_column=o.label_column, filesystem=o.filesystem)
+    return list_parquet(
+        data, image_column=o.image_column, label_column=o.label_column, filesystem=o.filesystem, fields=o.fields
+    )
 
 
 def _manifest(data: str, o: ListingOptions) -> SourceRows:
@@ -53,11 +60,12 @@ def _manifest(data: str, o: ListingOptions) -> SourceRows:
         filesystem=o.filesystem,
         class_order=o.class_order,
         class_map=o.class_map,
+        fields=o.fields,
     )
 
 
 def _webdataset(data: str, o: ListingOptions) -> SourceRows | ShardListing:
-    return list_webdataset(data, filesystem=o.filesystem, index=o.index, by_shard=o.by_shard)
+    return list_webdataset(data, filesystem=o.filesystem, index=o.index, by_shard=o.by_shard, fields=o.fields)
 
 
 # In the order detection asks: a path's ending first; a folder by its files, Parquet before tar shards.

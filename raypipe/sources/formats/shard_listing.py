@@ -81,6 +81,11 @@ class ShardListing:
         )
 
     @property
+    def fields(self) -> tuple[str, ...]:
+        """None: a listing by shard carries no fields (its index records the images' members only)."""
+        return ()
+
+    @property
     def num_classes(self) -> int:
         raise ValueError(
             "a WebDataset listed by shard does not know its classes without reading every label: "

@@ -164,12 +164,16 @@ def _label(text: str | None, key: str) -> tuple[int, str | None]:
     return (value, None) if value >= 0 else (-1, f"{BAD_LABEL}: {key}.cls holds {value}")
 
 
-def shard_record(rel: str, stamp: tuple[int, int], listing: TarListing) -> ShardRecord:
-    """A shard's rows (everything but the columns the dataset sets) from its members."""
+def shard_record(rel: str, stamp: tuple[int, int], listing: TarListing, fields: tuple[str, ...] = ()) -> ShardRecord:
+    """A shard's rows (everything but the columns the dataset sets) from its members, with where each of
+    ``fields`` (members by extension) lies."""
     samples: dict[str, dict] = {}
+    wanted = set(fields)
     for index, m in enumerate(listing.members):
         sample = samples.setdefault(_sample_key(m.name), {})
         ext = member_ext(m.name)
+        if ext in wanted and ("field", ext) not in sample:
+            sample["field", ext] = m
         if ext in _IMAGE_EXTS and "image" not in sample:
             sample["image"] = m
         elif ext == "cls" and "cls" not in sample:
@@ -203,6 +207,9 @@ def shard_record(rel: str, stamp: tuple[int, int], listing: TarListing) -> Shard
         rec.sizes.append(image.size if image else -1)
         rec.members.append(image.name if image else f"{key}.cls")
         rec.header_crcs.append(image.header_crc if image else -1)
+        for name in fields:
+            m = sample.get(("field", name))
+            rec.fields.setdefault(name, []).append((m.offset, m.size, m.header_crc) if m else (-1, -1, -1))
     return rec
 
 

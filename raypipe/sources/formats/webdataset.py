@@ -19,10 +19,12 @@ import posixpath
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pyarrow.fs as pafs
 
 from raypipe import settings
 from raypipe.kernels.errors import SkipImage
+from raypipe.sources.fields import member_columns
 from raypipe.sources.formats.shard_listing import ShardListing, footer_rows, listing_by_shard, read_footer
 from raypipe.sources.formats.shard_paths import expand_braces, find_shards, has_braces
 from raypipe.sources.formats.tar_members import Member, Ranges, TarListing, member_ext, shard_record, walk
@@ -37,7 +39,7 @@ from raypipe.sources.indexes.shard_index import (
     size_matches,
     time_matches,
 )
-from raypipe.sources.table import SourceRows, listed_stamp, make_rows
+from raypipe.sources.table import SourceRows, int64_array, listed_stamp, make_rows
 from raypipe.sources.transport.paths import DatasetRoot
 from raypipe.sources.transport.remote import ReadOptions, with_retries
 
@@ -69,24 +71,29 @@ def _list_shard(root: DatasetRoot, rel: str, options: ReadOptions) -> TarListing
         close()
 
 
-def _scan(root: DatasetRoot, rel: str, stamp: tuple[int, int], options: ReadOptions) -> ShardRecord:
-    """One shard's record, from its tar headers (and ``.cls`` members)."""
+def _scan(
+    root: DatasetRoot, rel: str, stamp: tuple[int, int], options: ReadOptions, fields: tuple[str, ...] = ()
+) -> ShardRecord:
+    """One shard's record, from its tar headers (and ``.cls`` members), with its ``fields``' members."""
     if root.is_local:  # before reading: a shard rewritten meanwhile then no longer matches the record
         stamp = local_stamp(root, rel)
-    return shard_record(rel, stamp, _list_shard(root, rel, options))
+    return shard_record(rel, stamp, _list_shard(root, rel, options), fields)
 
 
 def scan_shards(
-    root: DatasetRoot, stamps: dict[str, tuple[int, int]], options: ReadOptions | None = None
+    root: DatasetRoot,
+    stamps: dict[str, tuple[int, int]],
+    options: ReadOptions | None = None,
+    fields: tuple[str, ...] = (),
 ) -> list[ShardRecord]:
     """The records of the shards ``stamps`` names, from their tar headers: locally one after another
     (a ``pread`` per header), remotely ``options.in_flight`` shards at a time."""
     options = options or ReadOptions()
     rels = list(stamps)
     if root.is_local or len(rels) < 2:
-        return [_scan(root, rel, stamps[rel], options) for rel in rels]
+        return [_scan(root, rel, stamps[rel], options, fields) for rel in rels]
     with ThreadPoolExecutor(min(options.in_flight, len(rels)), thread_name_prefix="raypipe-list") as pool:
-        return list(pool.map(lambda rel: _scan(root, rel, stamps[rel], options), rels))
+        return list(pool.map(lambda rel: _scan(root, rel, stamps[rel], options, fields), rels))
 
 
 def _dali_record(
@@ -189,6 +196,7 @@ def list_webdataset(
     options: ReadOptions | None = None,
     index=None,
     by_shard: bool | None = None,
+    fields: tuple[str, ...] = (),
 ) -> SourceRows | ShardListing:
     """List WebDataset tar shards (a folder, a prefix, a ``.tar`` file, a brace pattern or a wids shard-list
     ``.json``) into SourceRows.
@@ -199,10 +207,27 @@ def list_webdataset(
     A shard the index lacks, or that changed since it was indexed, is listed from its tar headers.
     ``by_shard``: listed by shard from raypipe's index (``shard_listing``): True, or None when the index
     holds more than ``Settings.by_shard_rows`` samples; every shard must then be indexed and unchanged.
+    ``fields``: members by extension whose places the rows carry (``raypipe.sources.fields``): an index
+    records the images' members only, so the shards are listed from their tar headers.
     """
     options = options or ReadOptions()
     root, stamps, expected = find_shards(data, filesystem)
     rels = list(stamps)
+    if fields:
+        if by_shard:
+            raise ValueError(
+                f"by_shard=True with fields={list(fields)}: a listing by shard reads raypipe's index, which "
+                "records the images' members only; list by sample (by_shard=None or False)"
+            )
+        log.info(
+            "raypipe: fields %s: listing the %d shard(s) of %s from their tar headers (an index records the "
+            "images' members only)",
+            list(fields),
+            len(rels),
+            data,
+        )
+        records = {rec.path: rec for rec in scan_shards(root, stamps, options, fields)}
+        return _rows(data, root, rels, stamps, records, expected, fields)
     if by_shard is not False:
         located = _raypipe_index(root, index, filesystem)
         if located is not None:
@@ -297,6 +322,7 @@ def _rows(
     stamps: dict,
     records: dict[str, ShardRecord],
     expected: dict[str, int],
+    fields: tuple[str, ...] = (),
 ) -> SourceRows:
     cols: dict[str, list] = {
         k: []
@@ -327,6 +353,8 @@ def _rows(
         cols["size"] += rec.sizes
         cols["member"] += rec.members
         cols["header_crc"] += rec.header_digests()
+        for name in fields:
+            cols.setdefault(("field", name), []).extend(rec.fields.get(name, ()))
         if rel in expected and expected[rel] != rec.keys:
             miscounted.append((rel, expected[rel], rec.keys))
         if rec.stopped_at is not None:
@@ -372,6 +400,9 @@ def _rows(
         object_mtimes=cols["object_mtime_ns"],
         header_crcs=cols["header_crc"],
     )
-    return SourceRows(
-        kind="webdataset", root=root, table=table, extra={"shards": tuple(rels), "incomplete_shards": incomplete}
-    )
+    for name in fields:
+        places = np.array(cols["field", name], dtype=np.int64).reshape(-1, 3)
+        for j, column in enumerate(member_columns(name)):
+            table = table.append_column(column, int64_array(places[:, j]))
+    extra = {"shards": tuple(rels), "incomplete_shards": incomplete, "fields": tuple(fields)}
+    return SourceRows(kind="webdataset", root=root, table=table, extra=extra)

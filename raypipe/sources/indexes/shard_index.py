@@ -77,6 +77,9 @@ class ShardRecord:
     stopped_at: int | None = None  # where a truncated shard's listing stopped
     reason: str = ""
     header_crcs: list[int] = field(default_factory=list)  # per row: its member's header digest, -1 unknown
+    # per field asked of a scan (``ListingOptions.fields``): each row's member as (data offset, size,
+    # header digest), (-1, -1, -1) where the sample has none; an index records none
+    fields: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.labels)
