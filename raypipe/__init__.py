@@ -35,6 +35,7 @@ _EXPORTS = {
     "RayDataAugment": "raypipe.integrations.ray_data",
     "RaypipeIterableDataset": "raypipe.integrations",
     "SkipLimitError": "raypipe.pipeline",
+    "FieldTransformError": "raypipe.stages.field_values",
     "ListingOptions": "raypipe.sources",
     "SourceRows": "raypipe.sources",
     "open_source": "raypipe.sources",

@@ -15,6 +15,8 @@ from functools import cache
 import numpy as np
 from PIL import Image
 
+from raypipe.testing.fields import ByteTokens
+
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
 
 
@@ -183,6 +185,6 @@ def write_captioned_shards(root, n: int = 12, per_shard: int = 5, *, without_txt
         write_shard(root / f"shard-{s // per_shard:04d}.tar", members)
 
 
-def caption_ids(text: str) -> np.ndarray:
-    """A stand-in tokenizer: a fixed-length vector of the text's bytes (picklable: module level)."""
-    return np.frombuffer(text.encode().ljust(16, b"\0")[:16], np.uint8).astype(np.int64)
+# A field transform the tests' workers can import (``raypipe.testing``): one that lived here would not
+# unpickle in a Ray worker, which does not have the tests' folder on its path.
+caption_ids = ByteTokens(16)

@@ -43,7 +43,10 @@ def check_field_transforms(transforms, fields: tuple[str, ...]) -> tuple[tuple[s
 
 
 class FieldTransformError(RuntimeError):
-    """A field transform (``Pipeline(field_transforms=…)``) raised on a sample's value."""
+    """A field transform (``Pipeline(field_transforms=…)``) raised on a sample's value: a bug of that
+    transform, which fails the epoch. The message names the field, the transform, the sample id and its
+    place; the transform's own exception is its ``__cause__`` (where it survived the trip between
+    processes)."""
 
 
 class FieldRows:

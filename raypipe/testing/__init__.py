@@ -1,6 +1,6 @@
 """Helpers for testing raypipe, and your own setup, without a cloud: nothing here runs on import."""
 
-__all__ = ["S3Server", "FakeAutoscalingCluster", "InProcessWorkers"]
+__all__ = ["S3Server", "FakeAutoscalingCluster", "InProcessWorkers", "ByteTokens"]
 
 
 def __getattr__(name: str):
@@ -17,4 +17,8 @@ def __getattr__(name: str):
         from raypipe.testing.workers import InProcessWorkers
 
         return InProcessWorkers
+    if name == "ByteTokens":
+        from raypipe.testing.fields import ByteTokens
+
+        return ByteTokens
     raise AttributeError(f"module 'raypipe.testing' has no attribute {name!r}")

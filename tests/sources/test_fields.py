@@ -217,3 +217,28 @@ def test_field_values_are_one_array_only_where_every_good_value_has_one_shape():
     np.testing.assert_array_equal(field_array([1, None, 3], ok), [1, 0, 3])
     assert field_array(["a", None, "b"], ok) == ["a", None, "b"]
     assert field_array([np.zeros(2), None, np.zeros(3)], ok)[1] is None  # shapes differ: a list
+
+
+def test_a_remote_samples_members_come_in_the_same_ranged_requests_as_its_image(tmp_path):
+    """Members of a sample lie next to each other in its shard: reading the captions and the JSON with
+    the images takes no request more than the images alone."""
+    from raypipe.sources.reader import BlockReader
+    from raypipe.sources.transport.remote import ReadOptions
+    from raypipe.testing import S3Server
+
+    write_captioned_shards(tmp_path / "bkt" / "wds", n=12, per_shard=5)
+    with S3Server(tmp_path) as server:
+        fs = server.filesystem()
+        plain = open_source("s3://bkt/wds", filesystem=fs)
+        rows = open_source("s3://bkt/wds", filesystem=fs, fields=("txt", "json"))
+        counts = []
+        for listing in (plain, rows):
+            stage = _stage(listing)
+            stage.reader = BlockReader(listing.root, listing.kind, options=ReadOptions(in_flight=8, cache=None))
+            server.reset_counts()
+            block = stage(listing.columns().take(np.arange(len(listing))))
+            counts.append(server.count("GetObject"))
+            stage.reader.close()
+        assert block["fields"]["txt"] == [f"caption {i}" for i in range(12)]
+        assert block["fields"]["json"] == [{"i": i} for i in range(12)]
+        assert counts[1] == counts[0] >= 1
