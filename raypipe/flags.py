@@ -79,6 +79,14 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label-column", default="label", help="Parquet/manifest label column")
     p.add_argument("--path-column", default="path", help="manifest path column")
     p.add_argument("--root", help="manifest dataset root (default: the manifest's folder)")
+    p.add_argument(
+        "--fields",
+        nargs="+",
+        metavar="NAME",
+        default=(),
+        help="per-sample data carried beside each image: WebDataset members by extension (txt json), "
+        "Parquet/manifest columns by name; a sample without one is skipped as missing_field",
+    )
     add_index_arg(p)
 
 

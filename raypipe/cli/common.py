@@ -123,6 +123,7 @@ def listing_from_args(args):
         path_column=args.path_column,
         root=args.root,
         index=args.index,
+        fields=tuple(getattr(args, "fields", ())),
     )
 
 

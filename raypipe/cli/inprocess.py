@@ -47,6 +47,7 @@ def stage_blocks(
         seed=seed,
         epoch=epoch,
         image_column=rows.image_column,
+        fields=rows.fields,
     )
     stage = AugmentStage(spec)
     for start in range(0, len(order), chunk):
@@ -64,7 +65,8 @@ def first_images(
     shuffle: bool = True,
 ) -> dict[str, np.ndarray] | None:
     """The first ``count`` good images of epoch ``epoch`` (fewer if the dataset has fewer) as a packed
-    batch (``image``, ``label``, ``sample_id``); None when no image could be read."""
+    batch (``image``, ``label``, ``sample_id``, and the listing's fields as lists); None when no image
+    could be read."""
     from raypipe.config import PipelineConfig
     from raypipe.plan.order import RankPlan
 
@@ -75,13 +77,19 @@ def first_images(
     have = 0
     for block in stage_blocks(rows, augment, decode, order=order, seed=seed, epoch=epoch, chunk=max(count, 1)):
         ok = block["ok"]
-        parts.append({k: block[k][ok] for k in ("image", "label", "sample_id")})
+        part = {k: block[k][ok] for k in ("image", "label", "sample_id")}
+        for name, values in block.get("fields", {}).items():
+            part[name] = [v for v, good in zip(values, ok, strict=True) if good]
+        parts.append(part)
         have += int(ok.sum())
         if have >= count:
             break
     if have == 0:
         return None
-    return {k: np.concatenate([p[k] for p in parts])[:count] for k in ("image", "label", "sample_id")}
+    out = {k: np.concatenate([p[k] for p in parts])[:count] for k in ("image", "label", "sample_id")}
+    for name in rows.fields:
+        out[name] = [v for p in parts for v in p[name]][:count]
+    return out
 
 
 @dataclass

@@ -53,6 +53,12 @@ def make_grid(images, captions: list[str], cols: int | None = None):
     return grid
 
 
+def _short(value, width: int = 80) -> str:
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def main(args: argparse.Namespace) -> int:
     if not 1 <= args.count <= MAX_COUNT:
         raise ValueError(f"--count {args.count}: expected 1..{MAX_COUNT}")
@@ -87,4 +93,8 @@ def main(args: argparse.Namespace) -> int:
     ]
     make_grid(batch["image"], captions).save(args.out, compress_level=1)  # PNG: fast beats small here
     print(f"raypipe preview: wrote {len(captions)} samples to {args.out}")
+    for k, sid in enumerate(batch["sample_id"].tolist()):  # the fields, which a grid's strip cannot hold
+        if rows.fields:
+            shown = ", ".join(f"{name}={_short(batch[name][k])}" for name in rows.fields)
+            print(f"  #{sid}: {shown}")
     return 0
