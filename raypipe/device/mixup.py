@@ -207,11 +207,16 @@ def apply_mixing_(x: torch.Tensor, plan: MixPlan) -> torch.Tensor:
 def mixup_target(
     target: torch.Tensor, num_classes: int, lam: float | torch.Tensor = 1.0, smoothing: float = 0.0
 ) -> torch.Tensor:
-    """timm's ``mixup_target``: smoothed one-hot mixed with its flip; ``lam`` a float or (N,) tensor."""
+    """timm's ``mixup_target``: smoothed one-hot mixed with its flip; ``lam`` a float or (N,) tensor.
+    A ``(N, num_classes)`` multi-hot ``target`` (several labels per image) is smoothed as timm smooths
+    a one-hot, each 1 to ``on`` and each 0 to ``off``."""
     off = smoothing / num_classes
     on = 1.0 - smoothing + off
-    y1 = torch.full((target.shape[0], num_classes), off, device=target.device, dtype=torch.float32)
-    y1.scatter_(1, target.long().view(-1, 1), on)
+    if target.dim() == 2:
+        y1 = target.to(torch.float32) * (on - off) + off
+    else:
+        y1 = torch.full((target.shape[0], num_classes), off, device=target.device, dtype=torch.float32)
+        y1.scatter_(1, target.long().view(-1, 1), on)
     if isinstance(lam, torch.Tensor):
         lam = lam.to(device=target.device, dtype=torch.float32).view(-1, 1)
     elif lam == 1.0:

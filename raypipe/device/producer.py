@@ -162,10 +162,17 @@ class BatchProducer:
 
 
 def check_labels(label: Any, num_classes: int) -> None:
-    """Labels mixup can make targets of: one integer in [0, num_classes) per image."""
+    """Labels mixup can make targets of: one integer in [0, num_classes) per image, or a multi-hot row
+    of ``num_classes`` 0s and 1s per image (several labels)."""
     if label is None:
         raise ValueError("mixup/cutmix needs a 'label' in every batch")
     arr = label.numpy() if isinstance(label, torch.Tensor) else np.asarray(label)
+    if arr.ndim == 2 and arr.dtype.kind in "iub":
+        if arr.shape[1] != num_classes or (arr.size and (arr.min() < 0 or arr.max() > 1)):
+            raise ValueError(
+                f"a multi-hot 'label' must be (N, num_classes={num_classes}) of 0 and 1, got {arr.dtype} {arr.shape}"
+            )
+        return
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
         raise ValueError(f"'label' must be a 1-D integer array for mixup/cutmix, got {arr.dtype} {arr.shape}")
     if arr.size and (arr.min() < 0 or arr.max() >= num_classes):

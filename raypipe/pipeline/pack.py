@@ -57,10 +57,17 @@ class Packer:
         b = self.spec.batch_size
         # A fresh buffer per batch: the consumer may keep a batch while we fill the next one.
         self._image = np.empty((b, *self.spec.image_shape), dtype=np.uint8)
-        self._label = np.empty(b, dtype=np.int64)
+        self._label: np.ndarray | None = None  # made as the first block's labels are: ids, or multi-hot rows
         self._sid = np.empty(b, dtype=np.int64)
         self._fields: dict[str, np.ndarray | list] = {}  # made as the first block's fields say
         self._fill = 0
+
+    def _label_rows(self, labels: np.ndarray) -> np.ndarray:
+        """This batch's label buffer, shaped as a block's labels are (ids: int64; multi-hot rows: their dtype)."""
+        if self._label is None:
+            shape, dtype = labels.shape[1:], (labels.dtype if labels.ndim > 1 else np.int64)
+            self._label = np.empty((self.spec.batch_size, *shape), dtype=dtype)
+        return self._label
 
     def _emit(self, n: int) -> dict[str, np.ndarray]:
         out = {"image": self._image[:n], "label": self._label[:n], "sample_id": self._sid[:n]}
@@ -107,7 +114,7 @@ class Packer:
                 self.last_row = first + b - 1
                 yield {
                     "image": image[rows],
-                    "label": np.ascontiguousarray(block["label"][rows], dtype=np.int64),
+                    "label": _labels(block["label"][rows]),
                     "sample_id": np.ascontiguousarray(block["sample_id"][rows], dtype=np.int64),
                     **{name: values[rows] for name, values in block.get("fields", {}).items()},
                 }
@@ -118,7 +125,7 @@ class Packer:
             # mode="clip": indices are in range by construction, and the default ("raise") copies through a
             # temporary buffer, about 3x the time (``python bench/pipeline_profile.py --take`` times both)
             np.take(image, take, axis=0, out=self._image[f : f + k], mode="clip")
-            self._label[f : f + k] = block["label"][take]
+            self._label_rows(block["label"])[f : f + k] = block["label"][take]
             self._sid[f : f + k] = block["sample_id"][take]
             if "fields" in block:
                 self._take_fields(block["fields"], take, f)
@@ -137,3 +144,8 @@ class Packer:
             self._fill = 0
             return
         yield self._emit(self._fill)
+
+
+def _labels(rows: np.ndarray) -> np.ndarray:
+    """A view's labels: class ids as int64, multi-hot rows as they are (contiguous)."""
+    return np.ascontiguousarray(rows, dtype=np.int64 if rows.ndim == 1 else rows.dtype)

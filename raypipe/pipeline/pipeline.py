@@ -25,6 +25,7 @@ from raypipe.plan.position import PlanIdentity, shard_layout_digest
 from raypipe.plan.span import RankSpan
 from raypipe.settings import Settings, current, use
 from raypipe.sources import ListingOptions, open_source
+from raypipe.sources.label_sets import label_width
 from raypipe.sources.table import TableColumns
 from raypipe.sources.transport.remote import reads_store_objects
 from raypipe.stages.augment import StageSpec
@@ -52,6 +53,8 @@ class Pipeline:
         field_transforms: ``{field: fn}``: a picklable callable the workers run on each good sample's
             value of that field (a tokenizer, a JSON parser); numbers or arrays of one shape come out
             packed as one array per batch (``raypipe.stages.field_values``).
+        num_classes: a listing with several labels per image (``raypipe.sources.label_sets``): the
+            width of each batch's multi-hot ``label`` (None: the listing's own count of classes).
 
     Raises:
         ValueError: a ``ray.data.Dataset`` with a backend that does not run Ray tasks; a field transform
@@ -72,6 +75,7 @@ class Pipeline:
         listing: ListingOptions | None = None,
         settings: Settings | None = None,
         field_transforms: dict | None = None,
+        num_classes: int | None = None,
     ):
         self.settings = current() if settings is None else settings
         if settings is None:
@@ -93,6 +97,7 @@ class Pipeline:
             )
         self.decode = decode or DecodeConfig()
         self.field_transforms = check_field_transforms(field_transforms, self.rows.fields)
+        self.label_classes = label_width(self.rows, num_classes)
         self.content_digest = content_digest
         h, w = augment.input_size
         self.batch_spec = BatchSpec(self.config.batch_size, (h, w, 3))
@@ -152,6 +157,7 @@ class Pipeline:
             settings=self.settings,
             fields=self.rows.fields,
             field_transforms=self.field_transforms,
+            label_classes=self.label_classes,
         )
 
     def decide(self, *, told: str | None = None, needs_ray: bool = False, probe: bool = True) -> Decision:

@@ -194,6 +194,10 @@ class SourceRows:
             h.update(np.ascontiguousarray(np.diff(offsets), dtype="<i8").tobytes())
         for _, data in chunks:
             h.update(data)
+        if self.multi_label:  # each row's set of labels, as its offsets and ids
+            sets = self.table.column("labels").combine_chunks()
+            h.update(np.ascontiguousarray(np.diff(sets.offsets.to_numpy()), dtype="<i8").tobytes())
+            h.update(np.ascontiguousarray(sets.flatten().to_numpy(zero_copy_only=False), dtype="<i8").tobytes())
         return h.hexdigest()
 
     def split_keys(self) -> np.ndarray:
@@ -225,9 +229,17 @@ class SourceRows:
         return int(pc_max(shards).as_py()) + 1 if len(shards) else 0
 
     @property
+    def multi_label(self) -> bool:
+        """Whether each row holds a set of class ids (``raypipe.sources.label_sets``)."""
+        return "labels" in self.table.column_names
+
+    @property
     def num_classes(self) -> int:
         if self.classes:
             return len(self.classes)
+        if self.multi_label:
+            ids = pc_max(self.table.column("labels").combine_chunks().flatten()).as_py()
+            return 0 if ids is None else int(ids) + 1
         labels = column_array(self.table.column("label"))
         return int(labels.max()) + 1 if len(labels) else 0
 

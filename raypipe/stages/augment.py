@@ -26,6 +26,7 @@ from raypipe.kernels import SkipImage, build_transform
 from raypipe.kernels.seeding import BlockRngs
 from raypipe.settings import Settings, current
 from raypipe.sources.fields import member_rows
+from raypipe.sources.label_sets import LABELS, multi_hot
 from raypipe.sources.reader import BlockReader
 from raypipe.sources.transport.paths import DatasetRoot
 from raypipe.sources.transport.remote import ReadOptions
@@ -56,6 +57,7 @@ class StageSpec:
     settings: Settings = field(default_factory=current)
     fields: tuple[str, ...] = ()  # the listing's fields, carried into the block (raypipe.sources.fields)
     field_transforms: tuple[tuple[str, Callable], ...] = ()  # (field, picklable callable) run on each value
+    label_classes: int = 0  # rows with label sets (raypipe.sources.label_sets): the multi-hot label's width
 
     @property
     def reuse_key(self) -> tuple:
@@ -169,7 +171,7 @@ class AugmentStage:
         extra = {"fields": fields.finish(ok)} if fields is not None else {}
         return {
             "image": images,
-            "label": np.asarray(batch["label"], dtype=np.int64),
+            "label": self._labels(batch),
             "sample_id": np.asarray(batch["sample_id"], dtype=np.int64),
             "ok": ok,
             "reason": reason,
@@ -177,6 +179,12 @@ class AugmentStage:
             "path": shown,
             **extra,
         }
+
+    def _labels(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        """Each row's label: its class id, or (rows with label sets) its multi-hot row, uint8."""
+        if not self.spec.label_classes:
+            return np.asarray(batch["label"], dtype=np.int64)
+        return multi_hot(batch[LABELS], self.spec.label_classes)
 
     def _read(self, batch: dict[str, np.ndarray]) -> tuple[list, FieldRows | None]:
         """The rows' image bytes (or Futures, or skips) and their fields (None: none asked). A

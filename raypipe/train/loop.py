@@ -71,9 +71,17 @@ def _gather(obj):
     return out
 
 
-def _losses(job: TrainJobConfig):
+def _losses(job: TrainJobConfig, multi_label: bool = False):
     from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
+    if multi_label:  # several labels per image: one sigmoid per class, as timm's multi-label recipes
+        smoothing = 0.0 if job.soft_targets else job.smoothing  # mixed targets come smoothed already
+
+        def binary(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            y = y.float() * (1.0 - smoothing) + smoothing / y.shape[1]  # as the DeviceLoader smooths
+            return torch.nn.functional.binary_cross_entropy_with_logits(out.float(), y)
+
+        return binary
     if job.soft_targets:
         return SoftTargetCrossEntropy()  # the DeviceLoader folds smoothing into the mixed targets
     if job.smoothing > 0:
@@ -284,9 +292,14 @@ def _evaluate(model, loader, autocast, num_classes: int, rec: RankEpoch) -> None
         x, y = batch["image"], batch["label"]
         with autocast():
             out = model(x)
-        rec.eval_loss_sum += float(torch.nn.functional.cross_entropy(out.float(), y, reduction="sum"))
         top = out.topk(k, dim=1).indices
-        hit = top.eq(y[:, None])
+        if y.dim() == 2:  # label sets: a hit is a predicted class among the image's labels
+            bce = torch.nn.functional.binary_cross_entropy_with_logits(out.float(), y.float(), reduction="none")
+            rec.eval_loss_sum += float(bce.mean(dim=1).sum())
+            hit = y.gather(1, top) > 0
+        else:
+            rec.eval_loss_sum += float(torch.nn.functional.cross_entropy(out.float(), y, reduction="sum"))
+            hit = top.eq(y[:, None])
         rec.eval_correct1 += int(hit[:, 0].sum())
         rec.eval_correct5 += int(hit.any(dim=1).sum())
         rec.eval_count += int(y.shape[0])
@@ -344,12 +357,15 @@ def train_loop_per_worker(config: dict) -> None:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
-    loss_fn = _losses(job)
+    loss_fn = _losses(job, train_rows.multi_label)
 
     execution = job.execution.resolved_for(gpu_trainer=device.type == "cuda")  # SCHED_IDLE workers on GPUs
-    train_pipe = Pipeline(train_rows, job.augment, config=job.pipeline, execution=execution, decode=job.decode)
+    classes = {"num_classes": num_classes} if train_rows.multi_label else {}  # label sets: the model's width
+    train_pipe = Pipeline(
+        train_rows, job.augment, config=job.pipeline, execution=execution, decode=job.decode, **classes
+    )
     eval_cfg = dataclasses.replace(job.pipeline, shuffle=False, drop_last=False, max_skip_ratio=None, max_skips=None)
-    eval_pipe = Pipeline(val_rows, job.eval, config=eval_cfg, execution=execution, decode=job.decode)
+    eval_pipe = Pipeline(val_rows, job.eval, config=eval_cfg, execution=execution, decode=job.decode, **classes)
     # Each split streams its epochs from one execution for the whole run; the trainers' CPUs are left
     # out of every rank's share of the cluster.
     # each source leaves out its own feeders (FeederSource); the other split's are held as the trainers are

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from raypipe.kernels.errors import BAD_LABEL, NULL_IMAGE, SkipImage
 from raypipe.sources.fields import with_value_columns
+from raypipe.sources.label_sets import LABELS, is_label_sets, label_sets
 from raypipe.sources.table import SourceRows, listed_stamp, make_rows
 from raypipe.sources.transport.paths import DatasetRoot, open_root
 
@@ -87,6 +88,7 @@ def list_parquet(
     object_sizes: list[np.ndarray] = []
     object_mtimes: list[np.ndarray] = []
     field_values: dict[str, list] = {name: [] for name in fields}
+    label_set_pieces: list[pa.Array] = []
     groups_before = 0
     for rel, stamp in files.items():
         pf = _open(root, rel)
@@ -98,6 +100,12 @@ def list_parquet(
         for name in fields:
             field_values[name].append(read.column(name))
         lab = read.column(label_column)
+        if is_label_sets(lab.type):  # several labels per image: kept as their sets, ``label`` 0 or bad
+            lab, sets = label_sets(lab)
+            label_set_pieces.append(sets)
+        elif label_set_pieces:
+            where = root.display(rel) if rel else uri
+            raise ValueError(f"{where}: label column {label_column!r} holds {lab.type}, other files hold lists")
         if not pa.types.is_integer(lab.type):
             raise ValueError(f"{uri}: label column {label_column!r} has type {lab.type}, expected integers")
         if pa.types.is_unsigned_integer(lab.type):  # uint8 and friends: no room for the -1 of a bad row
@@ -123,6 +131,10 @@ def list_parquet(
         object_mtimes=np.concatenate(object_mtimes),
     )
     table = with_value_columns(table, field_values, uri)
+    if label_set_pieces:
+        if len(label_set_pieces) != len(files):
+            raise ValueError(f"{uri}: label column {label_column!r} holds lists in some files only")
+        table = table.append_column(LABELS, pa.chunked_array(label_set_pieces, pa.list_(pa.int64())))
     extra = {"single_file": single, "fields": tuple(fields)}
     return SourceRows(kind="parquet", root=root, table=table, image_column=image_column, extra=extra)
 
