@@ -186,10 +186,6 @@ class EpochSource:
             span = dataclasses.replace(self.span, start_epoch=epoch)
             self._stream = self.pipeline.stream(span, segments=segments, decision=self.decision)
             self._stream_epoch = epoch
-            if not self.metrics.enabled:  # Ray may have come up since (``connect(wait=False)``)
-                settings = getattr(self.pipeline, "settings", None)
-                self.metrics = metrics_for(getattr(settings, "run_name", ""), self.rank)
-            self._stream.metrics = self.metrics
         return self._stream
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
@@ -217,7 +213,9 @@ class EpochSource:
             max_skips=cfg.max_skips,
         )
         packer = Packer(p.batch_spec, drop_last=cfg.drop_last)
-        metrics = self.metrics
+        if not self.metrics.enabled:  # taken here, in the process that iterates; Ray may be up since the last
+            self.metrics = metrics_for(getattr(getattr(p, "settings", None), "run_name", ""), self.rank)
+        metrics = stream.metrics = self.metrics
         metrics.epoch_started(epoch, cursor.batches)
         first = None
         finished = False
