@@ -171,6 +171,7 @@ class _Recording(RunMetrics):
         self._lock = threading.Lock()  # a flush from another thread (a close) while the consumer counts
         self._since = clock()
         self._wait = 0.0
+        self._shared = False  # whether a wait share was sent yet
         self._emitted = 0
         self._skipped: collections.Counter = collections.Counter()
         self._chunks: collections.Counter = collections.Counter()
@@ -214,7 +215,11 @@ class _Recording(RunMetrics):
         with self._lock:
             now = self._clock()
             span, wait = now - self._since, self._wait
-            self._since, self._wait = now, 0.0
+            # the wait share over at least half an interval (an epoch's end soon after a tick adds to the
+            # next), or over what there is the first time, so that the gauge exists from the first epoch
+            share = span > 0 and (span >= self.interval_s / 2 or not self._shared)
+            if share:
+                self._since, self._wait, self._shared = now, 0.0, True
             emitted, self._emitted = self._emitted, 0
             skipped, self._skipped = self._skipped, collections.Counter()
             chunks, self._chunks = self._chunks, collections.Counter()
@@ -233,7 +238,7 @@ class _Recording(RunMetrics):
             for value in cpu:
                 sink.observe("raypipe_augment_cpu_seconds_per_image", value, tags)
             gauges = {"raypipe_epoch": self._epoch, "raypipe_epoch_batches": self._batches}
-            if span > 0:
+            if share:
                 gauges["raypipe_wait_share"] = min(1.0, wait / span)
             if probe is not None:
                 gauges.update(probe())

@@ -175,3 +175,61 @@ def test_the_dashboard_loads_and_every_query_names_an_exported_series():
         assert set(re.findall(r"\bray_\w+", var.get("definition", ""))) <= exported
     # every series but the sums and counts the quantiles leave out has a panel
     assert {n for n in exported if not n.endswith(("_sum", "_count"))} <= named
+
+
+class _Calls:
+    """A sink that keeps what it was sent."""
+
+    def __init__(self):
+        self.sent: list[tuple[str, str, float, dict]] = []
+
+    def inc(self, name, value, tags):
+        self.sent.append(("inc", name, value, tags))
+
+    def observe(self, name, value, tags):
+        self.sent.append(("observe", name, value, tags))
+
+    def set(self, name, value, tags):
+        self.sent.append(("set", name, value, tags))
+
+
+def test_counts_and_gauges_go_out_once_per_interval_with_the_wait_share_of_that_interval():
+    now = [0.0]
+    sink = _Calls()
+    rec = metrics._Recording(sink, "r", 2, clock=lambda: now[0])
+    probe_calls = []
+
+    def probe():
+        probe_calls.append(now[0])
+        return {"raypipe_width_wanted": 3}
+
+    for _ in range(10):  # per batch and per chunk: kept here, nothing sent before the interval
+        rec.batch(8)
+        rec.chunk("nodes", 0.5)
+        rec.tick(probe)
+    assert sink.sent == [] and probe_calls == []
+    rec.waited(1.25)
+    now[0] = metrics.INTERVAL_S
+    rec.tick(probe)
+    sent = {(kind, name): value for kind, name, value, _ in sink.sent if kind != "observe"}
+    assert sent[("inc", "raypipe_images_emitted")] == 80 and sent[("inc", "raypipe_chunks_made")] == 10
+    assert sent[("set", "raypipe_wait_share")] == 1.25 / metrics.INTERVAL_S
+    assert sent[("set", "raypipe_width_wanted")] == 3 and sent[("set", "raypipe_epoch_batches")] == 10
+    assert sum(1 for kind, *_ in sink.sent if kind == "observe") == 10 and probe_calls == [metrics.INTERVAL_S]
+    assert all(tags["rank"] == "2" and tags["run"] == "r" for *_, tags in sink.sent)
+    sink.sent.clear()
+    rec.tick(probe)  # nothing new, not due
+    assert sink.sent == []
+
+
+def test_a_failing_backend_is_one_warning_and_then_nothing(caplog):
+    class Broken(_Calls):
+        def inc(self, name, value, tags):
+            raise RuntimeError("agent gone")
+
+    rec = metrics._Recording(Broken(), "r", 0)
+    rec.batch(4)
+    rec.flush()
+    rec.batch(4)
+    rec.flush()
+    assert len([r for r in caplog.records if "metrics not sent" in r.getMessage()]) == 1
