@@ -97,7 +97,6 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
 )
 _SPECS = {m.name: m for m in METRICS}
-_GAUGES = tuple(m.name for m in METRICS if m.kind == "gauge")
 
 
 def exported_names(spec: MetricSpec) -> tuple[str, ...]:
