@@ -86,6 +86,10 @@ class Settings:
     # Set it to the interface of the network that should carry the images, on a machine with several.
     node_workers_host: str = ""
 
+    # --- Metrics (raypipe.pipeline.metrics)
+    # The run's name in raypipe's metrics (tag ``run``); "" is "raypipe". The training job sets its --name.
+    run_name: str = ""
+
     # --- Commands
     # No progress bars or progress lines (logs of tests and benchmarks, where they are noise).
     no_progress: bool = False
@@ -168,6 +172,10 @@ def _seconds_ok(v: Any) -> bool:
     return is_number(v) and v > 0
 
 
+def _run_name_ok(v: Any) -> bool:
+    return isinstance(v, str) and len(v) <= 100 and v.isprintable()
+
+
 _SECONDS = (_seconds, _seconds_ok, "expected a number of seconds > 0")
 # Each field: its variable, how the variable's text parses, what the value must be, and why not.
 _TABLE: dict[str, tuple[str, Callable[[str, str], Any], Callable[[Any], bool], str]] = {
@@ -191,6 +199,7 @@ _TABLE: dict[str, tuple[str, Callable[[str, str], Any], Callable[[Any], bool], s
         lambda v: isinstance(v, str),
         "expected an address or ''",
     ),
+    "run_name": ("RAYPIPE_RUN_NAME", _text, _run_name_ok, "expected at most 100 printable characters"),
     "no_progress": ("RAYPIPE_NO_PROGRESS", _switch, lambda v: isinstance(v, bool), "expected True or False"),
 }
 # Each field's environment variable.

@@ -22,6 +22,12 @@ def add_parser(sub) -> None:
         type=int,
         help="cap the object store of a Ray started here (ignored with RAY_ADDRESS or local workers; default: Ray's)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve the run's metrics for Prometheus on 127.0.0.1:PORT/metrics, under the names Ray exports "
+        "(docs/cluster.md, 'Watching a run'); a port already taken: one line, and the run goes on without them",
+    )
     p.add_argument("--json", help="write a machine-readable report here")
     p.set_defaults(func=main)
 
@@ -49,6 +55,8 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--epochs {args.epochs}: expected >= 1")
     if args.object_store_mb is not None and args.object_store_mb < 1:
         raise ValueError(f"--object-store-mb {args.object_store_mb}: expected >= 1")
+    if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
+        raise ValueError(f"--metrics-port {args.metrics_port}: expected a TCP port, 1 to 65535")
     cfg = build_configs(args)
     if args.no_shuffle:
         from dataclasses import replace
@@ -74,6 +82,11 @@ def main(args: argparse.Namespace) -> int:
     tune_consumer_process()
 
     print(f"raypipe run: {len(rows)} samples ({rows.kind}) from {args.data}, batch {cfg['pipeline'].batch_size}")
+    if args.metrics_port is not None:
+        from raypipe.pipeline.metrics import serve
+
+        if serve(args.metrics_port):
+            print(f"raypipe run: metrics on http://127.0.0.1:{args.metrics_port}/metrics")
     epochs = []
     source = EpochSource(pipe, end_epoch=args.epochs)
     with DeviceLoader(source, device=args.device) as loader:  # one loader (one side stream) for the run

@@ -16,6 +16,7 @@ import numpy as np
 
 from raypipe.config import PipelineConfig
 from raypipe.pipeline.accounting import EpochLedger, EpochReport
+from raypipe.pipeline.metrics import NULL, RunMetrics, metrics_for
 from raypipe.pipeline.pack import BatchSpec, Packer
 from raypipe.pipeline.stream import Chunk, ChunkStream
 from raypipe.plan.order import RankPlan
@@ -119,6 +120,7 @@ class EpochSource:
         self._resume: _Resume | None = None  # where the next iter() starts, after load_state_dict
         self._cursor: _Cursor | None = None
         self.chunk: Chunk | None = None  # the chunk whose rows are being packed (a batch may be a view of it)
+        self.metrics: RunMetrics = NULL  # taken in the process that iterates, when a stream starts
 
     def __len__(self) -> int:
         return self.pipeline.num_batches(self.world_size, self.rank)
@@ -211,6 +213,10 @@ class EpochSource:
             max_skips=cfg.max_skips,
         )
         packer = Packer(p.batch_spec, drop_last=cfg.drop_last)
+        if not self.metrics.enabled:  # taken here, in the process that iterates; Ray may be up since the last
+            self.metrics = metrics_for(getattr(getattr(p, "settings", None), "run_name", ""), self.rank)
+        metrics = stream.metrics = self.metrics
+        metrics.epoch_started(epoch, cursor.batches)
         first = None
         finished = False
         try:
@@ -222,8 +228,10 @@ class EpochSource:
                 if chunk.block is not None:
                     self.chunk = chunk
                     ledger.record_block(chunk.block)
+                    metrics.block(chunk.block)
                     for batch in packer.add(chunk.block):
                         ledger.record_batch(batch)
+                        metrics.batch(len(batch["sample_id"]))
                         cursor.out(chunk.start + packer.last_row + 1)
                         first = first if first is not None else time.perf_counter() - t0
                         yield batch
@@ -237,6 +245,7 @@ class EpochSource:
             end = cursor.segments[-1][1] if cursor.segments else 0
             for batch in packer.flush():
                 ledger.record_batch(batch)
+                metrics.batch(len(batch["sample_id"]))
                 cursor.out(end)
                 first = first if first is not None else time.perf_counter() - t0
                 yield batch
@@ -244,12 +253,14 @@ class EpochSource:
                 ledger.record_dropped(ids)
             elapsed = time.perf_counter() - t0
             self.reports.append(ledger.finish(elapsed, first if first is not None else elapsed))
+            metrics.flush(stream.gauges)  # the counters equal the epoch's report at its end
             self._stream_epoch = epoch + 1
             cursor.done = True
             finished = True
         finally:
             self.chunk = None
             if not finished:  # stopped part way or failed: the stream's position is lost
+                metrics.flush()  # what it counted happened
                 self.close()
 
 

@@ -210,6 +210,7 @@ class Pipeline:
             end_epoch=span.end_epoch,
             segments=segments,
             elastic=run.elastic,
+            backend=decision.backend,
         )
 
     def epoch(self, epoch: int, *, rank: int = 0, world_size: int = 1) -> EpochRun:

@@ -51,6 +51,7 @@ import numpy as np
 
 from raypipe.pipeline.budget import RankBudget
 from raypipe.pipeline.elastic import ElasticWidth
+from raypipe.pipeline.metrics import NULL, RunMetrics
 from raypipe.pipeline.window_read import WindowRead
 from raypipe.plan.order import WHOLE_SHARD_KINDS, EpochChunks, RankPlan
 from raypipe.sources.table import TableColumns
@@ -114,6 +115,7 @@ class ChunkStream:
         end_epoch: int | None = None,
         segments=None,
         elastic: ElasticWidth | None = None,
+        backend: str = "local",
     ):
         self._columns = columns
         self._plan = plan
@@ -123,6 +125,8 @@ class ChunkStream:
         self._budget_at = 0.0
         self._workers = workers
         self._elastic = elastic  # the width following the consumer's demand; None: the budget's
+        self.backend = backend  # what makes its chunks, as the metrics name it
+        self.metrics: RunMetrics = NULL  # the consumer's (``EpochSource`` sets it)
         self._setting_up: list | None = None  # the workers' set-up tasks, once they are up
         self.workers_set_up = False
         self.local_chunks = 0  # chunks this process made itself (cluster starting, workers setting up)
@@ -208,7 +212,8 @@ class ChunkStream:
                 ref = self._workers.submit(self._rows(item), self._spec_for_epoch(item.epoch))
             else:
                 ref = None  # an empty epoch (a rank with no rows): nothing to run
-            self._pending.append((item.epoch, item.index, item.last, item.start, len(item.idx), ref))
+            asked = time.monotonic()
+            self._pending.append((item.epoch, item.index, item.last, item.start, len(item.idx), asked, ref))
 
     def __iter__(self) -> Iterator[Chunk]:
         return self
@@ -221,9 +226,12 @@ class ChunkStream:
         self._submit()
         if not self._pending:
             raise StopIteration
-        epoch, index, last, start, n, ref = self._pending.popleft()
+        epoch, index, last, start, n, asked, ref = self._pending.popleft()
         block = self._wait(ref, epoch, index) if ref is not None else None
         self._observe(n)
+        if self.metrics.enabled and ref is not None:
+            self.metrics.chunk(self.backend, time.monotonic() - asked)
+            self.metrics.tick(self.gauges)
         self._submit()  # refill the window before the consumer starts on this chunk
         return Chunk(epoch, index, last, n, block, self._workers.shared_ref(ref) if ref is not None else None, start)
 
@@ -270,8 +278,12 @@ class ChunkStream:
         if len(idx):
             # At the trainer's own priority: nothing else of raypipe's runs yet to make room for.
             spec = dataclasses.replace(self._spec_for_epoch(epoch), nice=0, sched_idle=False)
+            began = time.monotonic()
             block = augment_block(self._rows(item), spec)
             self.local_chunks += 1
+            made = time.monotonic() - began
+            self.metrics.chunk("here", made)
+            self.metrics.waited(made)  # the consumer's own chunk: its trainer waits for it as for any other
         return Chunk(epoch, index, last, len(idx), block, start=start)
 
     def _observe(self, images: int) -> None:
@@ -283,13 +295,32 @@ class ChunkStream:
         if self._elastic.note(images=images, running=len(refs) - ready, ready=ready):
             self._budget_at = -BUDGET_REFRESH_S  # the width changed: the window follows it now
 
+    def gauges(self) -> dict[str, float]:
+        """The rank's width as the metrics show it (read once per metrics interval): the workers it
+        wants, those running and those waiting for a node, and the chunks finished ahead of the consumer."""
+        refs = [p[-1] for p in self._pending if p[-1] is not None]
+        figures = {"raypipe_chunks_ready_ahead": sum(self._workers.all_done([r]) for r in refs)}
+        workers = self.budget.workers if self.budget is not None else 0
+        running = getattr(self._workers, "ready_workers", None)
+        figures["raypipe_workers_running"] = running() if running is not None else workers
+        figures["raypipe_width_wanted"] = self._elastic.wanted if self._elastic is not None else workers
+        figures["raypipe_workers_pending"] = getattr(self._workers, "pending_launchers", 0)
+        return figures
+
     def _wait(self, ref, epoch: int, index: int) -> dict[str, np.ndarray]:
         waited, warn_at = 0.0, STALL_WARN_S
+        metrics = self.metrics
         while True:
-            # an elastic stream observes in slices while it waits: a long wait is the demand it acts on
+            # an elastic stream observes in slices while it waits: a long wait is the demand it acts on;
+            # the metrics' gauges too, once per their interval
             step = STALL_WARN_S if self._elastic is None else min(STALL_WARN_S, self._elastic.tick_s)
+            step = min(step, metrics.interval_s) if metrics.enabled else step
             began = time.monotonic()
             done = self._workers.wait(ref, step)
+            if metrics.enabled:
+                metrics.waited(time.monotonic() - began)
+                if not done:
+                    metrics.tick(self.gauges)
             if self._elastic is not None:
                 self._elastic.waited(time.monotonic() - began)
                 if not done:

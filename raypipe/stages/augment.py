@@ -13,6 +13,7 @@ as it is, fails the Ray task and so the epoch, with its own type, message and tr
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -131,6 +132,7 @@ class AugmentStage:
         return call_at_niceness(self.spec.nice, self._augment, batch, out, sched_idle=self.spec.sched_idle)
 
     def _augment(self, batch: dict[str, np.ndarray], out: np.ndarray | None) -> dict[str, np.ndarray]:
+        cpu_at = time.thread_time()  # the stage's CPU on this thread: the rank's metrics show it per image
         n = len(batch["sample_id"])
         if out is None:  # every row is written below: transformed, or zeroed when skipped
             images = np.empty((n, *self.spec.image_shape), dtype=np.uint8)
@@ -177,6 +179,7 @@ class AugmentStage:
             "reason": reason,
             "detail": detail,
             "path": shown,
+            "cpu_s": time.thread_time() - cpu_at,
             **extra,
         }
 

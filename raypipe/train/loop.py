@@ -33,6 +33,7 @@ from raypipe.pipeline.feeder import FEEDER_CPUS
 from raypipe.plan.position import Position
 from raypipe.plan.same_listing import check_same_listing
 from raypipe.plan.span import RankSpan
+from raypipe.settings import current
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.metrics import RankEpoch, RunDir, combine, format_line
 from raypipe.train.resume import (
@@ -45,6 +46,7 @@ from raypipe.train.resume import (
     rows_left,
     stale_ids_files,
 )
+from raypipe.train.tensorboard import Scalars, folder
 
 __all__ = ["train_loop_per_worker", "STATE_FILE"]
 
@@ -360,12 +362,22 @@ def train_loop_per_worker(config: dict) -> None:
     loss_fn = _losses(job, train_rows.multi_label)
 
     execution = job.execution.resolved_for(gpu_trainer=device.type == "cuda")  # SCHED_IDLE workers on GPUs
+    # the run's name in each split's metrics (tag ``run``; eval's is NAME:eval, so its counts stay apart)
+    named = {s: dataclasses.replace(current(), run_name=f"{config['run_name']}{s}"[-100:]) for s in ("", ":eval")}
     classes = {"num_classes": num_classes} if train_rows.multi_label else {}  # label sets: the model's width
     train_pipe = Pipeline(
-        train_rows, job.augment, config=job.pipeline, execution=execution, decode=job.decode, **classes
+        train_rows,
+        job.augment,
+        config=job.pipeline,
+        execution=execution,
+        decode=job.decode,
+        settings=named[""],
+        **classes,
     )
     eval_cfg = dataclasses.replace(job.pipeline, shuffle=False, drop_last=False, max_skip_ratio=None, max_skips=None)
-    eval_pipe = Pipeline(val_rows, job.eval, config=eval_cfg, execution=execution, decode=job.decode, **classes)
+    eval_pipe = Pipeline(
+        val_rows, job.eval, config=eval_cfg, execution=execution, decode=job.decode, settings=named[":eval"], **classes
+    )
     # Each split streams its epochs from one execution for the whole run; the trainers' CPUs are left
     # out of every rank's share of the cluster.
     # each source leaves out its own feeders (FeederSource); the other split's are held as the trainers are
@@ -396,6 +408,7 @@ def train_loop_per_worker(config: dict) -> None:
         after = f", after step {start.step}" if start.mid_epoch else ""
         _say(f"resuming {config['run_name']} at epoch {start.epoch + 1}/{job.epochs}{after} from its checkpoint")
     ended: dict[str, int] = {}  # this attempt's finished epochs and their steps, for its progress file
+    scalars = Scalars.open(folder(config["storage_path"], config["run_name"])) if rank == 0 else None
     try:
         for epoch in range(start.epoch, job.epochs):
             resumed_here = epoch == start.epoch and start.mid_epoch
@@ -414,6 +427,9 @@ def train_loop_per_worker(config: dict) -> None:
                 )
 
             def after_step(step: int, epoch=epoch, rec=rec, ids=ids, last_safe=last_safe) -> None:
+                if scalars is not None:
+                    run_step = epoch * len(train_loader.source) + step
+                    scalars.step(run_step, samples=rec.samples, loss_sum=rec.loss_sum, wait_s=train_loader.stats.wait_s)
                 if job.record_ids:
                     run_dir.write_json(
                         f"{PROGRESS_DIR}/rank{rank:03d}.json", {"epoch": epoch, "step": step, "ended": ended}
@@ -466,8 +482,12 @@ def train_loop_per_worker(config: dict) -> None:
                 metrics["repeated"] = epoch in ran_before
                 history.append(metrics)
                 run_dir.write_json("metrics.json", history)
+                if scalars is not None:
+                    scalars.epoch(metrics)
             flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and v is not None}
             _save_and_report(trained, flat, epoch=epoch, step=None, loader=train_loader, ids=None, rank=rank)
     finally:
         train_loader.close()
         eval_loader.close()
+        if scalars is not None:
+            scalars.close()

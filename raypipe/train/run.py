@@ -23,6 +23,7 @@ from raypipe.pipeline.backend import Decision, decide_here
 from raypipe.pipeline.feeder import FEEDER_CPUS
 from raypipe.plan.same_listing import ListingMismatchError
 from raypipe.sources import ShardChangedError, SourceRows
+from raypipe.train import tensorboard
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.data import job_rows
 from raypipe.train.loop import train_loop_per_worker
@@ -154,6 +155,9 @@ def run_training(job: TrainJobConfig, *, verbose: bool = False) -> dict:
         f"{num_classes} classes, {job.num_workers} worker(s), run {storage}/{name}",
         flush=True,
     )
+    if tensorboard.available():
+        where = tensorboard.folder(storage, name)
+        print(f"raypipe train: TensorBoard scalars in {where} (tensorboard --logdir {where})", flush=True)
     config = {
         "job": job,
         # Listed once here; every worker reads the same rows from the object store.

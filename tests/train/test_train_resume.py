@@ -11,6 +11,7 @@ import pytest
 from train_helpers import tiny_dataset, tiny_job
 
 from raypipe.plan.position import PlanIdentity, Position
+from raypipe.train import tensorboard
 from raypipe.train.resume import (
     ResumePoint,
     allowed_skips,
@@ -40,6 +41,8 @@ def test_second_run_resumes_at_the_next_epoch(ray_local, tmp_path):
     assert metrics[1]["resumed_from_epoch"] == 1  # the second run started at epoch 1, not 0
     assert not any(m["repeated"] for m in metrics)
     assert second["epochs"] == 2 and second["checkpoint"] != first["checkpoint"]
+    if tensorboard.available():  # both attempts' epochs as scalars beside metrics.json
+        assert any((storage / "resume" / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_mid_epoch_checkpoints_only_at_steps_every_rank_reaches():
