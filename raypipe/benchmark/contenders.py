@@ -96,10 +96,12 @@ def raypipe_pipeline(
     started: float | None = None,
     backend: str = "auto",
     index: str | None = None,
+    fields: tuple[str, ...] = (),
 ) -> Result:
     """The timm drop-in with the timm row's arguments, or (``device_side=False``) the packed uint8 batches
     as a GPU trainer receives them, before the device side (which a GPU machine runs on the GPU).
-    ``index``: WebDataset shards' shard index (``open_source(…, index=)``), listed here as the loader would."""
+    ``index``: WebDataset shards' shard index (``open_source(…, index=)``), listed here as the loader would;
+    ``fields``: what the rows carry beside the images (the timm drop-in's batches drop them at the end)."""
     import torch
 
     from raypipe.config import ExecutionConfig
@@ -107,8 +109,8 @@ def raypipe_pipeline(
     from raypipe.sources import open_source
     from raypipe.timm import create_loader
 
-    if index is not None:
-        data = open_source(data, index=index)
+    if index is not None or fields:
+        data = open_source(data, index=index, fields=fields)
 
     # Workers at the default priority, as timm's and Ray Data's are.
     execution = ExecutionConfig(worker_nice=0, worker_sched_idle=False, backend=backend)
@@ -141,7 +143,8 @@ def raypipe_pipeline(
                 if device_side
                 else "EpochSource: exact uint8 batches, no device side"
             )
-            + f", backend {backend}",
+            + f", backend {backend}"
+            + (f", fields {' '.join(fields)}" if fields else ""),
             started=started,
         )
     finally:

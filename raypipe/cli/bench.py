@@ -48,6 +48,14 @@ def add_parser(sub) -> None:
         "non-folder source",
     )
     add_index_arg(p)
+    p.add_argument(
+        "--fields",
+        nargs="+",
+        metavar="NAME",
+        default=(),
+        help="raypipe's rows carry these fields (WebDataset members, columns): read, decoded and packed "
+        "beside each image; the others read the images only",
+    )
     p.add_argument("--epochs", type=int, default=3, help="epochs per loader; the first is a warm-up")
     p.add_argument(
         "-b", "--batch-size", type=int, default=128, help="images per batch; the data must hold at least one batch"
@@ -129,13 +137,12 @@ def _run_one(
     if name == "kernel":
         return contenders.kernel_per_core(files, aug)
     backend, index = getattr(args, "backend", "auto"), getattr(args, "index", None)
+    listed = {"backend": backend, "index": index, "fields": tuple(getattr(args, "fields", ()))}
     if name == "raypipe":
-        return contenders.raypipe_pipeline(
-            args.data, aug, batch_size=b, epochs=e, started=started, backend=backend, index=index
-        )
+        return contenders.raypipe_pipeline(args.data, aug, batch_size=b, epochs=e, started=started, **listed)
     if name == "packed":
         return contenders.raypipe_pipeline(
-            args.data, aug, batch_size=b, epochs=e, device_side=False, started=started, backend=backend, index=index
+            args.data, aug, batch_size=b, epochs=e, device_side=False, started=started, **listed
         )
     if name == "timm":
         return contenders.timm_loader(args.folder, aug, batch_size=b, epochs=e, workers=args.workers, started=started)
@@ -206,6 +213,7 @@ def _run_in_child(
         "verbose": bool(getattr(args, "verbose", False)),
         "backend": getattr(args, "backend", "auto"),
         "index": getattr(args, "index", None),
+        "fields": tuple(getattr(args, "fields", ())),
     }
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(_run_isolated, name, aug, settings, cores).result()
