@@ -53,6 +53,13 @@ def make_grid(images, captions: list[str], cols: int | None = None):
     return grid
 
 
+def _label_text(label, names) -> str:
+    """``3:dog``, or a multi-hot row's ids (``1+4``)."""
+    if getattr(label, "ndim", 0) == 1:  # several labels: the row's ids
+        return "+".join(str(int(i)) for i in label.nonzero()[0]) or "-"
+    return f"{int(label)}:{names[int(label)] if names and 0 <= label < len(names) else ''}"
+
+
 def _short(value, width: int = 80) -> str:
     text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
     text = " ".join(text.split())
@@ -88,8 +95,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     names = rows.classes
     captions = [
-        f"{int(lbl)}:{names[int(lbl)] if names and 0 <= lbl < len(names) else ''} #{int(sid)}"
-        for lbl, sid in zip(batch["label"], batch["sample_id"], strict=True)
+        f"{_label_text(lbl, names)} #{int(sid)}" for lbl, sid in zip(batch["label"], batch["sample_id"], strict=True)
     ]
     make_grid(batch["image"], captions).save(args.out, compress_level=1)  # PNG: fast beats small here
     print(f"raypipe preview: wrote {len(captions)} samples to {args.out}")

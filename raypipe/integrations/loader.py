@@ -69,6 +69,7 @@ class RankLoader:
             to the pipeline's, ``rank`` to this one.
         dataset: what ``loader.dataset`` shows (default: the pipeline's rows).
         yield_ids: yield ``(input, target, sample_id)`` (padding rows have ``sample_id == -1``).
+            A pipeline whose listing carries fields yields them last, as a ``{name: values}`` dict.
         feeder: run the rank's source in a feeder process (``FeederSource``).
 
     Raises:
@@ -170,11 +171,14 @@ class RankLoader:
         self.sampler.epoch = self.device_loader.next_epoch
 
     def __iter__(self) -> Iterator[tuple]:
+        fields = self.pipeline.rows.fields
         for batch in self.device_loader:
-            if self.yield_ids:
-                yield batch["image"], batch["label"], batch["sample_id"]
-            else:
-                yield batch["image"], batch["label"]
+            out = (
+                (batch["image"], batch["label"], batch["sample_id"])
+                if self.yield_ids
+                else (batch["image"], batch["label"])
+            )
+            yield (*out, {name: batch[name] for name in fields}) if fields else out
 
     def close(self) -> None:
         """Stop the device loader and the source's stream (and feeder). Idempotent."""

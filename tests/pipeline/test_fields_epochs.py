@@ -162,3 +162,18 @@ def test_an_eval_epoch_padded_to_equal_steps_pads_the_fields_too(shards):
         _check_rows({**kept, "sample_id": b["sample_id"][real]})
     padded = [t for b in batches for t, i in zip(b["txt"], b["sample_id"], strict=True) if i < 0]
     assert padded and all(t.startswith("caption ") for t in padded)  # padding rows repeat real ones
+
+
+def test_a_rank_loader_yields_the_fields_last_as_a_dict(shards):
+    from raypipe.integrations import RankLoader
+
+    pipe = _pipeline(shards, augment=EvalAugment(input_size=(24, 24)), batch_size=4)
+    with RankLoader(pipe, training=False, yield_ids=True) as loader:
+        rows = 0
+        for image, label, sample_id, fields in loader:
+            real = sample_id >= 0
+            rows += int(real.sum())
+            kept = {k: [v for v, r in zip(fields[k], real.tolist(), strict=True) if r] for k in ("txt", "json")}
+            _check_rows({**kept, "sample_id": sample_id[real]})
+            assert image.shape[0] == len(fields["txt"]) == len(label)
+    assert rows == N - 1  # every row but the one without a caption

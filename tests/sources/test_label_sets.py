@@ -152,3 +152,11 @@ def test_the_device_loader_mixes_multi_hot_labels(tmp_path):
             torch.testing.assert_close(lam, torch.full_like(lam, float(lam[0])))
         torch.testing.assert_close(y[~differ], hot[~differ])
     source.close()
+
+
+def test_preview_shows_each_images_set_of_labels(tmp_path, capsys):
+    from raypipe.cli.main import main as cli
+
+    data = _parquet(tmp_path / "d.parquet")
+    assert cli(["preview", str(data), "--out", str(tmp_path / "g.png"), "--count", "4", "--eval"]) == 0
+    assert "wrote 4 samples" in capsys.readouterr().out
