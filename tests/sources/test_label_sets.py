@@ -156,7 +156,11 @@ def test_the_device_loader_mixes_multi_hot_labels(tmp_path):
 
 def test_preview_shows_each_images_set_of_labels(tmp_path, capsys):
     from raypipe.cli.main import main as cli
+    from raypipe.cli.preview import _label_text
 
+    assert _label_text(np.array([0, 1, 0, 1, 1], np.uint8), ()) == "1+3+4"
+    assert _label_text(np.zeros(3, np.uint8), ()) == "-"
+    assert _label_text(np.int64(2), ("a", "b", "c")) == "2:c"
     data = _parquet(tmp_path / "d.parquet")
     assert cli(["preview", str(data), "--out", str(tmp_path / "g.png"), "--count", "4", "--eval"]) == 0
     assert "wrote 4 samples" in capsys.readouterr().out
