@@ -164,3 +164,17 @@ def test_preview_shows_each_images_set_of_labels(tmp_path, capsys):
     data = _parquet(tmp_path / "d.parquet")
     assert cli(["preview", str(data), "--out", str(tmp_path / "g.png"), "--count", "4", "--eval"]) == 0
     assert "wrote 4 samples" in capsys.readouterr().out
+
+
+def test_a_jsonl_manifest_of_label_lists_is_listed_as_label_sets(tmp_path):
+    import json
+
+    for i in range(4):
+        (tmp_path / f"{i}.jpg").write_bytes(captioned_jpeg(i))
+    sets = [[0, 2], [1], [-1], []]
+    lines = [json.dumps({"path": f"{i}.jpg", "label": s}) for i, s in enumerate(sets)]
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+    rows = open_source(str(tmp_path / "m.jsonl"))
+    assert rows.multi_label and rows.num_classes == 3
+    assert [bool(e) for e in rows.table.column("error").to_pylist()] == [False, False, True, False]
+    assert rows.table.column(LABELS).to_pylist() == [[0, 2], [1], [], []]

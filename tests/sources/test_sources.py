@@ -225,7 +225,8 @@ def test_manifest_read_by_arrow_gives_the_rows_of_the_line_by_line_read(tmp_path
         return manifest._label_values(values, "natural", None, droot)
 
     args = (str(m), fmt, None, ("path", "label"), labelled)
-    paths, labels, errors, names = manifest._rows_by_arrow(*args)
+    paths, labels, errors, names, sets = manifest._rows_by_arrow(*args)
+    assert sets is None  # one label per row
     want_paths, want_labels, want_errors, want_names = manifest._rows_by_line(*args)
     assert paths.to_pylist() == want_paths.to_pylist() == [p for p, _ in lines]
     assert labels.tolist() == want_labels.tolist() and errors.to_pylist() == want_errors.to_pylist()

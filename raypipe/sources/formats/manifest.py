@@ -36,6 +36,7 @@ import pyarrow.json as pajson
 from raypipe.kernels.errors import BAD_LABEL
 from raypipe.sources.classes import classes_by_index, load_class_map, order_classes
 from raypipe.sources.fields import with_value_columns
+from raypipe.sources.label_sets import LABELS, is_label_sets, label_sets
 from raypipe.sources.table import SourceRows, int64_array, make_file_rows, string_array
 from raypipe.sources.transport.paths import DatasetRoot, open_root
 
@@ -179,6 +180,7 @@ def _arrow_jsonl(uri: str, filesystem, columns: tuple[str, str]) -> tuple[pa.Chu
     if labels is not None and not (
         pa.types.is_string(labels.type)
         or pa.types.is_int64(labels.type)
+        or is_label_sets(labels.type)  # lists of class ids: several labels per image
         or pa.types.is_boolean(labels.type)
         or pa.types.is_null(labels.type)
     ):
@@ -253,8 +255,8 @@ def _rows_by_line(uri: str, fmt: str, filesystem, columns: tuple[str, str], labe
 
 
 def _rows_by_arrow(uri: str, fmt: str, filesystem, columns: tuple[str, str], labelled):
-    """(paths, labels, errors, class names) through the Arrow readers, the label rules run per distinct
-    value."""
+    """(paths, labels, errors, class names, label sets or None) through the Arrow readers, the label
+    rules run per distinct value."""
     if fmt == "csv":
         paths, labels = _arrow_csv(uri, filesystem, columns)
     else:
@@ -264,9 +266,20 @@ def _rows_by_arrow(uri: str, fmt: str, filesystem, columns: tuple[str, str], lab
         raise ValueError(f"manifest {uri!r} has no rows")
     if (labels is None or labels.null_count == n) and fmt == "jsonl":
         raise ValueError(f"{uri}: no record has a {columns[1]!r} key")
+    if labels is not None and is_label_sets(labels.type):
+        return (paths, *_label_set_rows(labels))
     out, errors, names = number_labels(labels, n, labelled)
     # paths stay in the reader's chunks: joining them would copy every path once more at the peak
-    return paths, out, errors, names
+    return paths, out, errors, names, None
+
+
+def _label_set_rows(labels: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array | None, None, pa.Array]:
+    """(labels: 0, -1 where bad; errors; no class names; the sets) of a JSONL label column of lists of
+    class ids."""
+    label, sets = label_sets(labels)
+    bad = label.is_null().to_numpy(zero_copy_only=False)
+    errors = string_array([f"{BAD_LABEL}: a null or negative id in the label set" if b else None for b in bad])
+    return np.where(bad, -1, 0).astype(np.int64), (errors if bad.any() else None), None, sets
 
 
 def class_labeller(class_order: str = "natural", class_map=None, root: DatasetRoot | None = None):
@@ -331,10 +344,13 @@ def list_manifest(
     labelled = class_labeller(class_order, class_map, droot)
     columns = (path_column, label_column)
     try:
-        paths, labels, errors, names = _rows_by_arrow(uri, fmt, filesystem, columns, labelled)
-    except _NotForArrow:
+        paths, labels, errors, names, sets = _rows_by_arrow(uri, fmt, filesystem, columns, labelled)
+    except _NotForArrow:  # (a list of labels there is a bad label: the typed reader alone reads sets)
         paths, labels, errors, names = _rows_by_line(uri, fmt, filesystem, columns, labelled)
+        sets = None
     table = make_file_rows(paths, labels, errors)
+    if sets is not None:
+        table = table.append_column(LABELS, sets)
     if fields:
         table = with_value_columns(table, _field_values(uri, fmt, filesystem, fields, table.num_rows), uri)
     pa.default_memory_pool().release_unused()  # the reader's blocks: freed, but kept by the allocator
