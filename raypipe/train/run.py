@@ -10,7 +10,6 @@ a job with the same ``--name`` therefore continues where it stopped; within one 
 
 from __future__ import annotations
 
-import os
 import time
 
 import ray
@@ -27,13 +26,9 @@ from raypipe.train.args import TrainJobConfig
 from raypipe.train.data import job_rows
 from raypipe.train.loop import train_loop_per_worker
 from raypipe.train.metrics import RunDir, format_metric
+from raypipe.train.storage import check_storage, resolve_storage
 
 __all__ = ["run_training", "resolve_storage", "data_failure"]
-
-
-def resolve_storage(path: str) -> str:
-    """Ray Train wants an absolute local path or a URI."""
-    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
 # Feeder processes per training worker: one for the training split's epochs, one for the eval split's.
@@ -140,12 +135,18 @@ def _ray_train_logging(verbose: bool) -> dict:
 
 def run_training(job: TrainJobConfig, *, verbose: bool = False) -> dict:
     """Run the job on the connected Ray cluster; return a summary (run dir, last epoch's metrics).
-    ``verbose``: show Ray Train's own INFO lines (``_ray_train_logging``)."""
+    ``verbose``: show Ray Train's own INFO lines (``_ray_train_logging``). The storage path is checked
+    first (``raypipe.train.storage.check_storage``): a ``StorageError`` (a ``ValueError``) before any
+    data is listed or step taken."""
     name = job.name or f"{job.model}-{time.strftime('%Y%m%d-%H%M%S')}"
-    storage = resolve_storage(job.storage_path)
+    # before anything else: a path some training worker cannot reach would fail at the first checkpoint
+    connection = runtime.connection()
+    storage = check_storage(
+        job.storage_path, cpus=job.cpus_per_worker, gpu=job.use_gpu, may_grow=connection == "joined"
+    )
+    print(f"raypipe train: checkpoints and metrics.json go to {storage}/{name}", flush=True)
     train_rows, val_rows, data = job_rows(job)
     # the workers cannot tell whose cluster they are on: this process tells them (``workers_decision``)
-    connection = runtime.connection()
     _check_cpus(job, workers_decision(job, train_rows.kind, connection).backend)
     num_classes = _num_classes(job, train_rows, val_rows)
     _check_batches(job, len(train_rows))
