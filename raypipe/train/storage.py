@@ -12,22 +12,24 @@ epoch, then the job, is lost. The job asks the same question at its start instea
   ``~`` is the head's home directory.
 - A local path: the driver writes a marker file there, and a task pinned to each other alive node that
   could run a training worker (its CPUs and GPU cover one worker's) looks for it, as Ray Train's own
-  check does; a node that does not see it makes the path an error. Nodes that are not up yet, such as
-  an autoscaling cluster's groups at 0 nodes when the job starts, cannot be asked: with no other node
-  up, a local path is taken, with a warning that nodes joining later must mount it too. A mount that
-  every node's setup makes (``cluster.yaml``'s ``setup_commands``, a KubeRay volume) is one; the
-  head's own disk is not, and a URI needs no such care.
+  check does; a node that does not see it makes the path an error, before the data is listed.
+- Nodes that are not up yet, such as an autoscaling cluster's groups at 0 nodes when the job starts,
+  cannot be asked then: the marker stays for the run, and each training worker looks for it itself
+  before its first step (``check_seen_here``), so a worker on a node that joined later stops the job
+  before any step, though after the worker group started. A mount that every node's setup makes
+  (``cluster.yaml``'s ``setup_commands``, a KubeRay volume) passes; the head's own disk does not.
 
-``resolve_storage`` and ``decide`` are the rules (pure), ``probe_nodes`` asks the nodes, and
-``check_storage`` does all of it for ``jobs/train.py``.
+``resolve_storage``, ``training_nodes`` and ``decide`` are the rules (pure), ``probe_nodes`` asks the
+nodes, and ``checked_storage`` does all of it for ``jobs/train.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 __all__ = [
     "StorageError",
@@ -38,7 +40,9 @@ __all__ = [
     "training_nodes",
     "decide",
     "probe_nodes",
+    "checked_storage",
     "check_storage",
+    "check_seen_here",
 ]
 
 WHAT_TO_GIVE = "give a URI (s3://BUCKET/runs) or a path on a mount that every node shares (/mnt/shared/runs)"
@@ -136,16 +140,16 @@ def training_nodes(nodes: Sequence[Mapping], *, here: str | None, cpus: float, g
 Verdict = tuple[str | None, str | None]  # (error, warning)
 
 
-def decide(given: str, resolved: str, seen: Mapping[str, bool | None], *, may_grow: bool) -> Verdict:
+def decide(given: str, resolved: str, seen: Mapping[str, bool | None]) -> Verdict:
     """Pure: whether the storage path will do, from what the other nodes saw of the driver's marker.
 
     Args:
         given: ``--storage-path`` as given.
         resolved: what ``resolve_storage`` made of it.
         seen: for each other node that could run a training worker (by label): True where it saw the
-            marker, False where it did not, None where it did not answer in time.
-        may_grow: whether nodes may join this cluster later (a cluster the job joined rather than
-            started): only then is a path that no other node could be asked about worth a warning.
+            marker, False where it did not, None where it did not answer in time; empty where no
+            other node is up (a local Ray, one node, or an autoscaling cluster's head alone: the
+            training workers look for themselves, ``check_seen_here``).
 
     Returns:
         (error, warning): each one line or None; an error means the job must not start.
@@ -164,11 +168,6 @@ def decide(given: str, resolved: str, seen: Mapping[str, bool | None], *, may_gr
         return None, (
             f"warning: --storage-path {shown}: node(s) {', '.join(silent)} did not answer in {PROBE_TIMEOUT_S:g} s, "
             "so whether they read it is not known"
-        )
-    if not seen and may_grow:
-        return None, (
-            f"warning: --storage-path {shown} is a local path and no other node is up to check it: nodes that join "
-            "later (an autoscaling cluster) must mount it too, or give a URI"
         )
     return None, None
 
@@ -212,25 +211,28 @@ def probe_nodes(path: str, nodes: Mapping[str, str], *, timeout_s: float = PROBE
     return out
 
 
-def check_storage(given: str, *, cpus: float, gpu: bool, may_grow: bool) -> str:
-    """``resolve_storage``, then, for a local path on a cluster of several nodes, the marker probed on
-    each other node that could run a training worker (``decide``); a warning is printed.
+@contextlib.contextmanager
+def checked_storage(given: str, *, cpus: float, gpu: bool) -> Iterator[tuple[str, str | None]]:
+    """``resolve_storage``, then, for a local path, the driver's marker written there and probed on each
+    other alive node that could run a training worker (``decide``); a warning is printed. The marker
+    stays while the block runs, so that a training worker on a node that joined later can look for it
+    too (``check_seen_here``), and is removed after.
 
     Args:
         given: ``--storage-path`` as given.
         cpus: one training worker's CPUs.
         gpu: whether a training worker takes a GPU.
-        may_grow: whether nodes may join the cluster later (``decide``).
 
-    Returns:
-        The storage path for Ray Train (``resolve_storage``); the directory exists.
+    Yields:
+        (the storage path for Ray Train, the marker's path or None for a URI); a local directory exists.
 
     Raises:
         StorageError: the path is not one every training worker reads, or cannot be written here.
     """
     resolved = resolve_storage(given)
     if is_uri(resolved):
-        return resolved
+        yield resolved, None
+        return
     import ray
 
     marker = os.path.join(resolved, f"{MARKER_PREFIX}{uuid.uuid4().hex}")
@@ -244,12 +246,47 @@ def check_storage(given: str, *, cpus: float, gpu: bool, may_grow: bool) -> str:
     try:
         here = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         nodes = training_nodes(ray.nodes(), here=here, cpus=cpus, gpu=gpu) if ray.is_initialized() else {}
-        seen = probe_nodes(marker, nodes)
+        error, warning = decide(given, resolved, probe_nodes(marker, nodes))
+        if error:
+            raise StorageError(error)
+        if warning:
+            print(f"raypipe train: {warning}", flush=True)
+        yield resolved, marker
     finally:
-        os.remove(marker)
-    error, warning = decide(given, resolved, seen, may_grow=may_grow)
-    if error:
-        raise StorageError(error)
-    if warning:
-        print(f"raypipe train: {warning}", flush=True)
-    return resolved
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(marker)
+
+
+def check_storage(given: str, *, cpus: float, gpu: bool) -> str:
+    """``checked_storage`` alone, its marker removed at once.
+
+    Args:
+        given, cpus, gpu: as ``checked_storage``'s.
+
+    Returns:
+        The storage path for Ray Train.
+
+    Raises:
+        StorageError: as ``checked_storage``.
+    """
+    with checked_storage(given, cpus=cpus, gpu=gpu) as (resolved, _):
+        return resolved
+
+
+def check_seen_here(marker: str | None, *, given: str, node: str) -> None:
+    """A training worker's own look for the driver's marker, before its first step: its node may have
+    joined after the driver asked the nodes that were up (an autoscaling group at 0 at the start).
+
+    Args:
+        marker: the driver's marker (None: a URI, nothing to look for).
+        given: ``--storage-path`` as given.
+        node: this node, for the message (its address).
+
+    Raises:
+        StorageError: this node does not see the marker.
+    """
+    if marker is not None and not os.path.exists(marker):
+        raise StorageError(
+            f"--storage-path {given!r} is not shared: node {node} runs a training worker and does not see a file "
+            f"the driver wrote in {os.path.dirname(marker)}: {WHAT_TO_GIVE}"
+        )

@@ -78,7 +78,6 @@ def test_a_submitted_job_trains_on_an_autoscaling_cluster_only_with_a_storage_pa
         out = proc.stdout.read()
         assert proc.returncode == 0, out[-4000:]
         assert f"raypipe train: checkpoints and metrics.json go to {storage}/autoscaled" in out, out[-4000:]
-        assert "nodes that join later" in out, out[-4000:]  # the head alone was up: no other node to ask
         assert cluster.most_workers_seen >= 1, cluster.timeline
         back_s = cluster.wait_for_workers(0, timeout_s=IDLE_S + SLACK_S)
         log.info("CPU nodes over time: %s; back to 0 in %.1f s", cluster.timeline, back_s)

@@ -11,7 +11,9 @@ from raypipe.train.storage import (
     MARKER_PREFIX,
     WHAT_TO_GIVE,
     StorageError,
+    check_seen_here,
     check_storage,
+    checked_storage,
     decide,
     in_submitted_job,
     is_uri,
@@ -87,25 +89,24 @@ A, B = "10.0.0.2 (gpu00000)", "10.0.0.3 (cpu00000)"
 
 
 @pytest.mark.parametrize(
-    ("given", "resolved", "seen", "may_grow", "error", "warning"),
+    ("given", "resolved", "seen", "error", "warning"),
     [
         # a URI is read by every node: nothing to ask
-        ("s3://b/runs", "s3://b/runs", {}, True, None, None),
-        # a local Ray, or a fixed cluster of one node: today's `runs` default holds
-        ("runs", "/home/me/runs", {}, False, None, None),
+        ("s3://b/runs", "s3://b/runs", {}, None, None),
+        # no other node up (a local Ray, one node, an autoscaling cluster's head alone): today's `runs`
+        # default holds; the training workers look for the marker themselves (check_seen_here)
+        ("runs", "/home/me/runs", {}, None, None),
         # every other node sees the driver's file: a shared mount
-        ("/mnt/nfs/runs", "/mnt/nfs/runs", {A: True, B: True}, True, None, None),
+        ("/mnt/nfs/runs", "/mnt/nfs/runs", {A: True, B: True}, None, None),
         # one node does not: the path is not shared, whatever the others saw
-        ("/data/runs", "/data/runs", {A: True, B: False}, True, "0.0.3 (cpu00000)", None),
-        ("runs", "/home/me/runs", {A: False, B: False}, False, "'runs' (/home/me/runs) is not shared: 2 node(s)", None),
+        ("/data/runs", "/data/runs", {A: True, B: False}, "0.0.3 (cpu00000)", None),
+        ("runs", "/home/me/runs", {A: False, B: False}, "'runs' (/home/me/runs) is not shared: 2 node(s)", None),
         # a node that did not answer: not known, said, not refused
-        ("/data/runs", "/data/runs", {A: True, B: None}, True, None, "did not answer"),
-        # nothing else up on a cluster that may grow (an autoscaling group at 0): taken, with a warning
-        ("/data/runs", "/data/runs", {}, True, None, "nodes that join later"),
+        ("/data/runs", "/data/runs", {A: True, B: None}, None, "did not answer"),
     ],
 )
-def test_the_decision_over_what_the_nodes_saw(given, resolved, seen, may_grow, error, warning):
-    got_error, got_warning = decide(given, resolved, seen, may_grow=may_grow)
+def test_the_decision_over_what_the_nodes_saw(given, resolved, seen, error, warning):
+    got_error, got_warning = decide(given, resolved, seen)
     if error is None:
         assert got_error is None
     else:
@@ -119,7 +120,7 @@ def test_the_decision_over_what_the_nodes_saw(given, resolved, seen, may_grow, e
 
 def test_without_ray_a_local_path_is_made_and_taken_and_no_marker_stays(tmp_path, capsys):
     storage = tmp_path / "deep" / "runs"
-    assert check_storage(str(storage), cpus=1, gpu=False, may_grow=False) == str(storage)
+    assert check_storage(str(storage), cpus=1, gpu=False) == str(storage)
     assert storage.is_dir() and list(storage.iterdir()) == []
     assert capsys.readouterr().out == ""
 
@@ -128,7 +129,35 @@ def test_a_path_that_cannot_be_written_is_an_error_that_names_it(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(StorageError, match=r"^--storage-path '.*file/runs': cannot write in"):
-        check_storage(str(blocker / "runs"), cpus=1, gpu=False, may_grow=False)
+        check_storage(str(blocker / "runs"), cpus=1, gpu=False)
+
+
+def test_a_training_worker_whose_node_does_not_see_the_marker_stops_the_job_with_one_line(tmp_path):
+    marker = tmp_path / f"{MARKER_PREFIX}x"
+    check_seen_here(None, given="s3://b/runs", node="10.0.0.9")  # a URI: nothing to look for
+    with pytest.raises(StorageError) as err:
+        check_seen_here(str(marker), given="/data/runs", node="10.0.0.9")
+    message = str(err.value)
+    assert message.startswith("--storage-path '/data/runs' is not shared: node 10.0.0.9") and "\n" not in message
+    marker.write_text("")
+    check_seen_here(str(marker), given="/data/runs", node="10.0.0.9")
+    # raised in a worker, it reaches the driver as its own one line with the rank named (train.py: exit 2)
+    import ray.train
+
+    from raypipe.train.run import data_failure
+
+    got = data_failure(ray.train.WorkerGroupError("workers failed", {1: err.value}))
+    assert isinstance(got, StorageError) and str(got) == f"rank 1: {message}"
+
+
+def test_the_marker_stays_while_the_run_does_and_goes_after(tmp_path):
+    storage = tmp_path / "runs"
+    with checked_storage(str(storage), cpus=1, gpu=False) as (resolved, marker):
+        assert resolved == str(storage) and os.path.dirname(marker) == resolved and os.path.exists(marker)
+    assert not os.path.exists(marker)
+    with checked_storage("s3://b/runs", cpus=1, gpu=False) as (resolved, marker):
+        assert (resolved, marker) == ("s3://b/runs", None)
+    assert not (tmp_path / "s3:").exists()
 
 
 @pytest.mark.cluster
@@ -155,7 +184,7 @@ def test_the_probe_asks_each_other_node_what_it_sees(tmp_path):
         assert probe_nodes(str(tmp_path / "absent"), nodes) == dict.fromkeys(nodes.values(), False)
         # the whole check: the other node sees the driver's marker; no marker is left behind
         storage = tmp_path / "runs"
-        assert check_storage(str(storage), cpus=1, gpu=False, may_grow=True) == str(storage)
+        assert check_storage(str(storage), cpus=1, gpu=False) == str(storage)
         assert not [p for p in storage.iterdir() if p.name.startswith(MARKER_PREFIX)]
     finally:
         ray.shutdown()
