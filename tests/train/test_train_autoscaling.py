@@ -81,6 +81,7 @@ def test_a_submitted_job_trains_on_an_autoscaling_cluster_only_with_a_storage_pa
         assert cluster.most_workers_seen >= 1, cluster.timeline
         back_s = cluster.wait_for_workers(0, timeout_s=IDLE_S + SLACK_S)
         log.info("CPU nodes over time: %s; back to 0 in %.1f s", cluster.timeline, back_s)
+    assert not list(storage.glob(".raypipe-storage-check-*"))  # the driver's marker went with the run
     metrics = json.loads((storage / "autoscaled" / "metrics.json").read_text())
     assert [m["epoch"] for m in metrics] == [0, 1]
     for m in metrics:
