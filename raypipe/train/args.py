@@ -239,7 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-workers", type=int, help="training workers (one per GPU with --use-gpu)")
     g.add_argument("--use-gpu", action="store_true", default=None, help="one GPU per training worker")
     g.add_argument("--cpus-per-worker", type=float, help="CPUs each training worker reserves (fractions allowed)")
-    g.add_argument("--storage-path", help="run storage (local path, or s3://… shared by all nodes)")
+    g.add_argument(
+        "--storage-path",
+        help="where checkpoints and metrics.json go: a URI (s3://…) or a path every node reads (checked at "
+        "the start); a relative path is from the current directory, and refused under ray job submit (default: runs)",
+    )
     g.add_argument("--name", help="run name; re-running with the same name resumes from its last checkpoint")
     g.add_argument("--max-failures", type=int, help="restarts from the last checkpoint after a worker dies")
     g.add_argument(

@@ -46,6 +46,7 @@ from raypipe.train.resume import (
     rows_left,
     stale_ids_files,
 )
+from raypipe.train.storage import check_seen_here
 from raypipe.train.tensorboard import Scalars, folder
 
 __all__ = ["train_loop_per_worker", "STATE_FILE"]
@@ -330,6 +331,8 @@ def train_loop_per_worker(config: dict) -> None:
     train_rows, val_rows = ray.get([config["train_rows"], config["val_rows"]])
     # Every rank must read the same listing, or shards overlap and samples are lost without a word.
     check_same_listing(train_rows.digest(), rank=rank, world_size=world)
+    # this node may have joined after the driver asked the nodes that were up (raypipe.train.storage)
+    check_seen_here(config.get("storage_marker"), given=job.storage_path, node=ray.util.get_node_ip_address())
 
     torch.manual_seed(job.pipeline.seed)  # same initial weights on every rank (DDP also broadcasts them)
     model = timm.create_model(job.model, pretrained=False, num_classes=num_classes).to(device)

@@ -10,7 +10,6 @@ a job with the same ``--name`` therefore continues where it stopped; within one 
 
 from __future__ import annotations
 
-import os
 import time
 
 import ray
@@ -28,13 +27,9 @@ from raypipe.train.args import TrainJobConfig
 from raypipe.train.data import job_rows
 from raypipe.train.loop import train_loop_per_worker
 from raypipe.train.metrics import RunDir, format_metric
+from raypipe.train.storage import StorageError, checked_storage, resolve_storage
 
 __all__ = ["run_training", "resolve_storage", "data_failure"]
-
-
-def resolve_storage(path: str) -> str:
-    """Ray Train wants an absolute local path or a URI."""
-    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
 # Feeder processes per training worker: one for the training split's epochs, one for the eval split's.
@@ -111,12 +106,14 @@ def _check_batches(job: TrainJobConfig, train_samples: int) -> None:
         )
 
 
-# Failures that are about the data, not the code: the user needs their message, not a traceback.
-_DATA_ERRORS = (SkipLimitError, ListingMismatchError, ShardChangedError)
+# Failures that are about the data or the storage path, not the code: the user needs their message, not
+# a traceback.
+_DATA_ERRORS = (SkipLimitError, ListingMismatchError, ShardChangedError, StorageError)
 
 
 def data_failure(error: ray.train.WorkerGroupError) -> Exception | None:
-    """The first rank's data error (too many skips, a listing mismatch) among the workers' failures, as
+    """The first rank's data error (too many skips, a listing mismatch, a storage path its node does not
+    see) among the workers' failures, as
     the same exception type with the rank named; None when a worker failed for any other reason."""
     for rank, failure in sorted(error.worker_failures.items()):
         seen, depth = failure, 0
@@ -141,12 +138,22 @@ def _ray_train_logging(verbose: bool) -> dict:
 
 def run_training(job: TrainJobConfig, *, verbose: bool = False) -> dict:
     """Run the job on the connected Ray cluster; return a summary (run dir, last epoch's metrics).
-    ``verbose``: show Ray Train's own INFO lines (``_ray_train_logging``)."""
+    ``verbose``: show Ray Train's own INFO lines (``_ray_train_logging``). The storage path is checked
+    first (``raypipe.train.storage.checked_storage``): a ``StorageError`` (a ``ValueError``) before any
+    data is listed or step taken."""
     name = job.name or f"{job.model}-{time.strftime('%Y%m%d-%H%M%S')}"
-    storage = resolve_storage(job.storage_path)
+    # before anything else: a path some training worker cannot reach would fail at the first checkpoint
+    with checked_storage(job.storage_path, cpus=job.cpus_per_worker, gpu=job.use_gpu) as (storage, marker):
+        print(f"raypipe train: checkpoints and metrics.json go to {storage}/{name}", flush=True)
+        return _run(job, name, storage, marker, verbose)
+
+
+def _run(job: TrainJobConfig, name: str, storage: str, marker: str | None, verbose: bool) -> dict:
+    """``run_training`` once the storage is known: ``marker`` is the driver's file that each training
+    worker looks for before its first step (``raypipe.train.storage.check_seen_here``)."""
+    connection = runtime.connection()
     train_rows, val_rows, data = job_rows(job)
     # the workers cannot tell whose cluster they are on: this process tells them (``workers_decision``)
-    connection = runtime.connection()
     _check_cpus(job, workers_decision(job, train_rows.kind, connection).backend)
     num_classes = _num_classes(job, train_rows, val_rows)
     _check_batches(job, len(train_rows))
@@ -167,6 +174,7 @@ def run_training(job: TrainJobConfig, *, verbose: bool = False) -> dict:
         "connection": connection,
         "run_name": name,
         "storage_path": storage,
+        "storage_marker": marker,
     }
     trainer = TorchTrainer(
         train_loop_per_worker,
