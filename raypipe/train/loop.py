@@ -36,6 +36,7 @@ from raypipe.plan.span import RankSpan
 from raypipe.settings import current
 from raypipe.train.args import TrainJobConfig
 from raypipe.train.metrics import RankEpoch, RunDir, combine, format_line
+from raypipe.train.objective import evaluate, training_loss
 from raypipe.train.resume import (
     ResumePoint,
     checkpoint_due,
@@ -72,24 +73,6 @@ def _gather(obj):
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
-
-
-def _losses(job: TrainJobConfig, multi_label: bool = False):
-    from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-
-    if multi_label:  # several labels per image: one sigmoid per class, as timm's multi-label recipes
-        smoothing = 0.0 if job.soft_targets else job.smoothing  # mixed targets come smoothed already
-
-        def binary(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            y = y.float() * (1.0 - smoothing) + smoothing / y.shape[1]  # as the DeviceLoader smooths
-            return torch.nn.functional.binary_cross_entropy_with_logits(out.float(), y)
-
-        return binary
-    if job.soft_targets:
-        return SoftTargetCrossEntropy()  # the DeviceLoader folds smoothing into the mixed targets
-    if job.smoothing > 0:
-        return LabelSmoothingCrossEntropy(smoothing=job.smoothing)
-    return torch.nn.CrossEntropyLoss()
 
 
 def _amp(job: TrainJobConfig, device: torch.device):
@@ -286,29 +269,6 @@ def _sync_buffers(model: torch.nn.Module) -> None:
             dist.broadcast(b, src=0)
 
 
-@torch.no_grad()
-def _evaluate(model, loader, autocast, num_classes: int, rec: RankEpoch) -> None:
-    model.eval()
-    k = min(5, num_classes)
-    t0 = time.perf_counter()
-    for batch in loader:
-        x, y = batch["image"], batch["label"]
-        with autocast():
-            out = model(x)
-        top = out.topk(k, dim=1).indices
-        if y.dim() == 2:  # label sets: a hit is a predicted class among the image's labels
-            bce = torch.nn.functional.binary_cross_entropy_with_logits(out.float(), y.float(), reduction="none")
-            rec.eval_loss_sum += float(bce.mean(dim=1).sum())
-            hit = y.gather(1, top) > 0
-        else:
-            rec.eval_loss_sum += float(torch.nn.functional.cross_entropy(out.float(), y, reduction="sum"))
-            hit = top.eq(y[:, None])
-        rec.eval_correct1 += int(hit[:, 0].sum())
-        rec.eval_correct5 += int(hit.any(dim=1).sum())
-        rec.eval_count += int(y.shape[0])
-    rec.eval_s = time.perf_counter() - t0
-
-
 def _account(rec: RankEpoch, source: EpochSource | FeederSource) -> None:
     rep = source.last_report
     rec.emitted, rec.expected = rep.emitted, rep.expected
@@ -362,7 +322,7 @@ def train_loop_per_worker(config: dict) -> None:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
-    loss_fn = _losses(job, train_rows.multi_label)
+    loss_fn = training_loss(job, train_rows.multi_label)
 
     execution = job.execution.resolved_for(gpu_trainer=device.type == "cuda")  # SCHED_IDLE workers on GPUs
     # the run's name in each split's metrics (tag ``run``; eval's is NAME:eval, so its counts stay apart)
@@ -466,7 +426,7 @@ def train_loop_per_worker(config: dict) -> None:
             ended[str(epoch)] = first_step + rec.steps
             _account(rec, train_src)
             _sync_buffers(raw_model)
-            _evaluate(raw_model, eval_loader, autocast, num_classes, rec)
+            evaluate(raw_model, eval_loader, autocast, num_classes, rec)
             scheduler.step(epoch + 1)
             if ids is not None:
                 run_dir.write_json(f"ids/epoch{epoch:04d}_rank{rank:03d}.json", _ids_list(ids))
