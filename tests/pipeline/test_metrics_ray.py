@@ -23,6 +23,7 @@ from image_factory import truncated_jpeg
 from prometheus_client.parser import text_string_to_metric_families
 
 from raypipe.sample_data import write_sample_data
+from raypipe.testing.free_ports import free_ports
 
 pytestmark = [pytest.mark.ray, pytest.mark.cluster, pytest.mark.timeout(420)]
 
@@ -50,17 +51,6 @@ DRIVER = textwrap.dedent(
 )
 
 
-def _free_ports(n: int) -> list[int]:
-    import socket
-    from contextlib import ExitStack
-
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-
-
 def _end_group(proc: subprocess.Popen) -> None:
     for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
         try:
@@ -77,7 +67,7 @@ def _end_group(proc: subprocess.Popen) -> None:
 @pytest.fixture
 def head(tmp_path):
     """A Ray head on 127.0.0.1 with a metrics port: (its address, the metrics URL, the environment)."""
-    gcs, nm, om, ag_listen, ag_grpc, metrics, renv, dash = _free_ports(8)
+    gcs, nm, om, ag_listen, ag_grpc, metrics, renv, dash = free_ports(8)
     temp_dir = tempfile.mkdtemp(prefix="rpm", dir="/tmp")  # unix socket paths must stay < 100 chars
     env = {
         **os.environ,
