@@ -37,6 +37,7 @@ _EXPORTS = {
     "SkipLimitError": "raypipe.pipeline",
     "FieldTransformError": "raypipe.stages.field_values",
     "ListingOptions": "raypipe.sources",
+    "Mixture": "raypipe.sources.mixture",
     "SourceRows": "raypipe.sources",
     "open_source": "raypipe.sources",
     "ray_loader": "raypipe.integrations",

@@ -28,6 +28,7 @@ class Skip:
     path: str
     reason: str
     detail: str
+    key: int | None = None  # what the ledger counts it by: a mixture's take (None: the sample id)
 
     def as_dict(self) -> dict:
         return {"sample_id": self.sample_id, "path": self.path, "reason": self.reason, "detail": self.detail}
@@ -111,9 +112,11 @@ class EpochLedger:
     def record_block(self, block: dict[str, np.ndarray]) -> None:
         """Record the skip records of a raw block (emitted ids are recorded per batch)."""
         bad = np.flatnonzero(~block["ok"])
+        takes = block.get("fields", {}).get("take")  # a mixture's: a row taken twice is two takes
         for i in bad:
             sid, path = int(block["sample_id"][i]), str(block["path"][i])
-            self._skips.append(Skip(sid, path, str(block["reason"][i]), str(block["detail"][i])))
+            key = sid if takes is None else int(takes[i])
+            self._skips.append(Skip(sid, path, str(block["reason"][i]), str(block["detail"][i]), key))
         if self.max_skips is not None and len(self._skips) > self.max_skips:
             raise SkipLimitError(self._limit_message(f"more than max_skips={self.max_skips}", "--max-skips"))
         # Skips only accumulate: once over the ratio the epoch cannot pass, so stop now, not at its end.
@@ -121,7 +124,7 @@ class EpochLedger:
 
     def record_batch(self, batch: dict[str, np.ndarray]) -> None:
         ids = batch["sample_id"]
-        self._ids.append(np.array(ids, dtype=np.int64))
+        self._ids.append(np.array(batch["take"] if "take" in batch else ids, dtype=np.int64))
         if self.with_content:
             img = batch["image"]
             for i in range(len(ids)):
@@ -159,7 +162,7 @@ class EpochLedger:
     def finish(self, seconds: float, first_batch_s: float) -> EpochReport:
         ids = np.concatenate(self._ids) if self._ids else np.empty(0, np.int64)
         dropped = np.concatenate(self._dropped) if self._dropped else np.empty(0, np.int64)
-        skipped_ids = np.array([s.sample_id for s in self._skips], dtype=np.int64)
+        skipped_ids = np.array([s.sample_id if s.key is None else s.key for s in self._skips], dtype=np.int64)
         seen = np.concatenate([ids, dropped, skipped_ids])
         if len(np.unique(seen)) != len(seen):
             raise RuntimeError(f"epoch {self.epoch}: a sample id reached the consumer twice (accounting broken)")

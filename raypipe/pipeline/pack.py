@@ -50,7 +50,7 @@ class Packer:
         self.spec = spec
         self.drop_last = drop_last
         self._new_buffers()
-        self.dropped_ids: list[np.ndarray] = []  # ids of a final partial batch dropped by drop_last
+        self.dropped_ids: list[np.ndarray] = []  # ids (a mixture's takes) of a final batch drop_last cut
         self.last_row = -1  # the block row of the last sample of the batch that is out
 
     def _new_buffers(self) -> None:
@@ -140,7 +140,8 @@ class Packer:
         if self._fill == 0:
             return
         if self.drop_last:
-            self.dropped_ids.append(self._sid[: self._fill].copy())
+            takes = self._fields.get("take")  # a mixture's rows are counted by their takes
+            self.dropped_ids.append(np.array((self._sid if takes is None else takes)[: self._fill], dtype=np.int64))
             self._fill = 0
             return
         yield self._emit(self._fill)

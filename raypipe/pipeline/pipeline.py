@@ -30,6 +30,7 @@ from raypipe.sources.table import TableColumns
 from raypipe.sources.transport.remote import reads_store_objects
 from raypipe.stages.augment import StageSpec
 from raypipe.stages.field_values import check_field_transforms
+from raypipe.stages.mixture_stage import MixtureSpec
 
 __all__ = ["Pipeline"]
 
@@ -142,21 +143,28 @@ class Pipeline:
             )
         return self._identity
 
-    def stage_spec(self, epoch: int) -> StageSpec:
+    def stage_spec(self, epoch: int) -> StageSpec | MixtureSpec:
+        """What the workers run epoch ``epoch``'s chunks with (a mixture: one spec per part)."""
+        parts = getattr(self.rows, "mixture_parts", None)
+        if parts is not None:
+            return MixtureSpec(tuple(self._part_spec(part, epoch) for part in parts))
+        return self._part_spec(self.rows, epoch)
+
+    def _part_spec(self, rows, epoch: int) -> StageSpec:
         ex = self.execution
         return StageSpec(
-            kind=self.rows.kind,
-            root=self.rows.root,
+            kind=rows.kind,
+            root=rows.root,
             augment=self.augment,
             decode=self.decode,
             seed=self.config.seed,
             epoch=epoch,
-            image_column=self.rows.image_column,
+            image_column=rows.image_column,
             nice=ex.worker_nice,
             sched_idle=bool(ex.worker_sched_idle),  # None: off here
             settings=self.settings,
-            fields=self.rows.fields,
-            field_transforms=self.field_transforms,
+            fields=rows.fields,  # a mixture's part: its own
+            field_transforms=tuple((name, fn) for name, fn in self.field_transforms if name in rows.fields),
             label_classes=self.label_classes,
         )
 

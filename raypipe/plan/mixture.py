@@ -26,7 +26,11 @@ import numpy as np
 
 from raypipe.plan.order import EpochOrder, ShardRuns
 
-__all__ = ["MixtureOrder", "part_takes"]
+__all__ = ["TAKE", "MixtureOrder", "part_takes"]
+
+# A take: which part, which of its rows, in which of its cycles, at which position of the epoch (the
+# rows of a mixture's order; the position is the take's id, unique in the epoch across ranks).
+TAKE = np.dtype([("part", np.int64), ("row", np.int64), ("cycle", np.int64), ("position", np.int64)])
 
 _MIX, _PART = 0x313C, 0x9A27  # the generators' streams: the interleave's offsets, a part's cycles
 
@@ -106,7 +110,24 @@ class MixtureOrder:
             lo, hi = (mid, hi) if total < position else (lo, mid)
         raise RuntimeError(f"no key splits the mixture's epoch at position {position} (keys tied)")
 
-    def take(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    starts = np.zeros(1, dtype=np.int64)  # one window: chunks are cut by rows (``order.chunk_bounds``)
+
+    @property
+    def windows(self) -> int:
+        return 1
+
+    def all(self) -> np.ndarray:
+        return self.take(0, self.n)
+
+    def take(self, lo: int, hi: int) -> np.ndarray:
+        """The takes (``TAKE``: part, row, cycle) at positions ``lo … hi`` (exclusive), in order."""
+        part, row, cycle = self.takes_at(lo, hi)
+        out = np.empty(len(part), dtype=TAKE)
+        out["part"], out["row"], out["cycle"] = part, row, cycle
+        out["position"] = np.arange(lo, hi, dtype=np.int64)
+        return out
+
+    def takes_at(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(part, row, cycle)`` int64 arrays of the positions ``lo … hi`` (exclusive), in order."""
         if not 0 <= lo <= hi <= self.n:
             raise ValueError(f"positions {lo}…{hi} outside the epoch's {self.n}")

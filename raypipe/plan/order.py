@@ -269,8 +269,12 @@ class RankPlan:
         runs: ShardRuns | None = None,
         window_rows: int = 2048,
         whole_windows: bool = True,
+        mixture=None,
     ):
         self.n, self.seed, self.shuffle = n, seed, shuffle
+        # a mixture's order of an epoch, ``mixture(epoch, seed=, shuffle=, window_rows=)`` (its listing's
+        # ``mixture_order``: ``raypipe.plan.mixture.MixtureOrder``), instead of an ``EpochOrder``
+        self.mixture = mixture
         self.chunk_rows = chunk_rows
         self.rank, self.world_size = rank, world_size
         self.runs = runs if runs is not None else (ShardRuns.from_shards(shards) if shards is not None else None)
@@ -288,6 +292,19 @@ class RankPlan:
         """The plan for a listing (``raypipe.sources.SourceRows``, or a ``ShardListing``'s samples per
         shard): shard windows for sharded kinds, each one chunk where its shards are read whole or from an
         object store."""
+        mixture = getattr(rows, "mixture_order", None)
+        if mixture is not None:  # a mixture's listing: its parts' orders interleaved (``plan.mixture``)
+            return cls(
+                len(rows),
+                seed=seed,
+                shuffle=shuffle,
+                chunk_rows=chunk_rows,
+                rank=rank,
+                world_size=world_size,
+                window_rows=window_rows,
+                whole_windows=False,
+                mixture=mixture,
+            )
         shards = None if rows.by_shard or rows.kind not in SHARDED_KINDS else rows.shard_ids()
         if rows.by_shard:
             runs = ShardRuns.from_sizes(rows.shard_counts)
@@ -321,7 +338,11 @@ class RankPlan:
 
     def order(self, epoch: int) -> EpochOrder:
         """Epoch ``epoch``'s order (the last one asked for is kept)."""
-        if self._order is None or self._order.epoch != epoch:
+        if self._order is not None and self._order.epoch == epoch:
+            return self._order
+        if self.mixture is not None:
+            self._order = self.mixture(epoch, seed=self.seed, shuffle=self.shuffle, window_rows=self.window_rows)
+        else:
             self._order = EpochOrder(
                 self.n, seed=self.seed, epoch=epoch, shuffle=self.shuffle, runs=self.runs, window_rows=self.window_rows
             )

@@ -108,6 +108,12 @@ def open_source(data, *, options: ListingOptions | None = None, **keywords) -> S
     """
     given = options is not None
     options = ListingOptions.of(options, **keywords)
+    from raypipe.sources.mixture import Mixture, MixtureListing, list_mixture
+
+    if isinstance(data, Mixture | MixtureListing):  # each part is listed with its own options
+        if given or keywords:
+            raise ValueError("options= are each part's in a Mixture: give them as (source, weight, ListingOptions)")
+        return data if isinstance(data, MixtureListing) else list_mixture(data, open_source)
     if isinstance(data, SourceRows | ShardListing):
         if given:
             raise ValueError("options= are for listing a dataset: a listing given as data is taken as it is")

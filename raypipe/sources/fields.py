@@ -39,8 +39,8 @@ __all__ = [
     "with_value_columns",
 ]
 
-# Names a batch already holds (a mixture's batches carry ``source``): a field cannot take them.
-RESERVED = ("image", "label", "sample_id", "source")
+# Names a batch already holds (a mixture's batches carry ``source`` and ``take``): a field cannot take them.
+RESERVED = ("image", "label", "sample_id", "source", "take")
 
 _TEXT = ("txt", "text", "transcript", "caption")
 _JSON = ("json", "jsn")

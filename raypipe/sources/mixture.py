@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raypipe.plan.mixture import part_takes
+from raypipe.plan.mixture import MixtureOrder, part_takes
+from raypipe.plan.order import SHARDED_KINDS, ShardRuns
 from raypipe.sources.options import ListingOptions
 
 __all__ = ["Mixture", "MixtureListing", "list_mixture"]
@@ -86,12 +87,45 @@ class MixtureListing:
         return int(sum(self.takes))
 
     @property
+    def mixture_parts(self) -> tuple:
+        """The parts' listings (what marks a listing as a mixture's to the plan and the pipeline)."""
+        return self.parts
+
+    @property
     def sizes(self) -> tuple[int, ...]:
         return tuple(len(p) for p in self.parts)
 
     @property
     def num_classes(self) -> int:
         return len(self.classes) if self.classes else max(p.num_classes for p in self.parts)
+
+    @property
+    def kind(self) -> str:
+        """ "mixture"; "raydata" where a part's bytes are in Ray's object store (only Ray tasks read it)."""
+        return "raydata" if any(p.kind == "raydata" for p in self.parts) else "mixture"
+
+    @property
+    def by_shard(self) -> bool:
+        return False
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """Every part's fields (a part without one gives None for it)."""
+        return tuple(dict.fromkeys(name for p in self.parts for name in p.fields))
+
+    @property
+    def multi_label(self) -> bool:
+        return any(getattr(p, "multi_label", False) for p in self.parts)
+
+    def columns(self) -> MixtureColumns:
+        return MixtureColumns(self.parts)
+
+    def mixture_order(self, epoch: int, *, seed: int, shuffle: bool, window_rows: int) -> MixtureOrder:
+        """Epoch ``epoch``'s order (``raypipe.plan.mixture``), each part's shards its cycles' windows."""
+        runs = tuple(_runs_of(p) for p in self.parts)
+        return MixtureOrder(
+            self.sizes, self.takes, seed=seed, epoch=epoch, shuffle=shuffle, runs=runs, window_rows=window_rows
+        )
 
     def digest(self) -> str:
         """sha256 of the parts' digests (in order), the weights and the takes."""
@@ -101,15 +135,54 @@ class MixtureListing:
         return h.hexdigest()
 
 
-def list_mixture(mixture: Mixture) -> MixtureListing:
-    """List each part (``open_source`` with its own options) and make one class space.
+class MixtureColumns:
+    """A chunk's rows of a mixture from its takes (``plan.mixture.TAKE``): ``source``, ``cycle`` and
+    ``take`` (the position in the epoch) per row, each part's own ``sample_id``, and ``parts``: each
+    part's rows (its columns' ``take``) in the chunk's order, None for a part the chunk does not touch
+    (``raypipe.stages.mixture_stage``)."""
+
+    def __init__(self, parts):
+        self._columns = [p.columns() for p in parts]
+
+    def take(self, takes: np.ndarray) -> dict:
+        part = np.asarray(takes["part"], dtype=np.int64)
+        rows = {
+            "source": part,
+            "cycle": np.asarray(takes["cycle"], dtype=np.int64),
+            "take": np.asarray(takes["position"], dtype=np.int64),
+        }
+        per_part = []
+        sample_id = np.empty(len(part), dtype=np.int64)
+        for i, columns in enumerate(self._columns):
+            mine = np.flatnonzero(part == i)
+            if not len(mine):
+                per_part.append(None)
+                continue
+            taken = columns.take(np.asarray(takes["row"][mine], dtype=np.int64))
+            sample_id[mine] = taken["sample_id"]
+            per_part.append(taken)
+        rows["sample_id"] = sample_id
+        rows["parts"] = tuple(per_part)
+        return rows
+
+
+def _runs_of(rows) -> ShardRuns | None:
+    """A part's shards as its cycles' windows (None: its rows are read one by one)."""
+    if rows.by_shard:
+        return ShardRuns.from_sizes(rows.shard_counts)
+    if rows.kind in SHARDED_KINDS:
+        return ShardRuns.from_shards(rows.shard_ids())
+    return None
+
+
+def list_mixture(mixture: Mixture, open_source) -> MixtureListing:
+    """List each part (with ``open_source``, ``raypipe.sources``', and its own options) and make one
+    class space.
 
     Raises:
         ValueError: parts with named classes mixed with parts of unnamed labels; a part that has no
             rows but is taken; and what ``open_source`` raises for a part.
     """
-    from raypipe.sources import open_source
-
     parts = [open_source(source, options=options) for source, _, options in mixture.parts]
     named = [bool(p.classes) for p in parts]
     if any(named) and not all(named):
@@ -127,6 +200,8 @@ def list_mixture(mixture: Mixture) -> MixtureListing:
         parts = [p.numbered_like(classes) for p in parts]
     spe = mixture.samples_per_epoch or sum(len(p) for p in parts)
     takes = part_takes(mixture.weights, int(spe))
+    if len({bool(getattr(p, "multi_label", False)) for p in parts}) > 1:
+        raise ValueError("a mixture's parts must all have one label per image, or all label sets")
     empty = [k for k, (p, t) in enumerate(zip(parts, takes, strict=True)) if len(p) == 0 and t > 0]
     if empty:
         raise ValueError(f"parts {empty} have no rows, and their weights take some")

@@ -70,6 +70,14 @@ class StageSpec:
         h, w = self.augment.input_size
         return (h, w, 3)
 
+    def run(self, batch: dict[str, np.ndarray], out: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """This process's stage for the spec on ``batch`` (``augment_block``)."""
+        return stage_for(self)(batch, out)
+
+    def prepare(self) -> None:
+        """Make this process's stage for the spec now (imports, transform, reader), before a chunk needs it."""
+        stage_for(self)
+
 
 def lower_priority(nice: int, sched_idle: bool = False) -> None:
     """Raise the calling thread's niceness to ``nice`` (never lowers it, which needs privileges) and,
@@ -214,10 +222,9 @@ class AugmentStage:
 _STAGES: dict[tuple, AugmentStage] = {}
 
 
-def augment_block(
-    batch: dict[str, np.ndarray], spec: StageSpec, out: np.ndarray | None = None
-) -> dict[str, np.ndarray]:
-    return stage_for(spec)(batch, out)
+def augment_block(batch: dict[str, np.ndarray], spec, out: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """A chunk's block: ``spec`` (a ``StageSpec``, or a mixture's ``MixtureSpec``) runs it."""
+    return spec.run(batch, out)
 
 
 def stage_for(spec: StageSpec) -> AugmentStage:

@@ -6,8 +6,9 @@ kind, root and reader (``StageSpec``). ``MixtureSpec`` holds one spec per part; 
 ``augment_mixture`` runs each (part, cycle) group through ``stage_for`` of its part's spec, with the
 augmentation's epoch word ``mixture_epoch(epoch, part, cycle)``: a row taken twice (an up-weighted
 part's next cycle) is augmented anew, and a part's rows never share draws with another part's rows of
-the same id. The block is the chunk's rows in order, with ``source`` and ``cycle`` as fields (so the
-packer carries ``source`` into each batch) and each part's own ``sample_id``.
+the same id. The block is the chunk's rows in order, each part's own ``sample_id``, its ``cycle``, and
+as fields (the packer carries them into each batch) ``source`` and ``take``, the row's position in the
+epoch's order: a row taken twice in one epoch is two takes, which the ledger counts apart.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class MixtureSpec:
     """One ``StageSpec`` per part, all of one seed, epoch and image shape (small and picklable)."""
 
     parts: tuple[StageSpec, ...]
+    nice: int | None = None  # set: every part's stage runs at this niceness (a consumer's own chunk: 0)
+    sched_idle: bool | None = None
+    kind = "mixture"
 
     def __post_init__(self) -> None:
         shapes = {p.image_shape for p in self.parts}
@@ -38,6 +42,27 @@ class MixtureSpec:
     @property
     def image_shape(self) -> tuple[int, int, int]:
         return self.parts[0].image_shape
+
+    @property
+    def epoch(self) -> int:
+        return self.parts[0].epoch
+
+    def part(self, i: int, cycle: int) -> StageSpec:
+        """Part ``i``'s spec for its rows of ``cycle``: their epoch word, and this spec's priority if set."""
+        spec = self.parts[i]
+        changes = {"epoch": mixture_epoch(spec.epoch, i, cycle)}
+        if self.nice is not None:
+            changes["nice"] = self.nice
+        if self.sched_idle is not None:
+            changes["sched_idle"] = self.sched_idle
+        return dataclasses.replace(spec, **changes)
+
+    def run(self, batch: Mapping, out: np.ndarray | None = None) -> dict:
+        return augment_mixture(batch, self, out)
+
+    def prepare(self) -> None:
+        for spec in self.parts:
+            stage_for(spec)
 
 
 def mixture_epoch(epoch: int, part: int, cycle: int) -> int:
@@ -69,8 +94,7 @@ def augment_mixture(rows: Mapping, spec: MixtureSpec, out: np.ndarray | None = N
             pick = np.flatnonzero(cycle[mine] == c)
             where = mine[pick]
             sub = {k: _take(v, pick) for k, v in part_rows.items()}
-            base = spec.parts[int(part)]
-            got = stage_for(dataclasses.replace(base, epoch=mixture_epoch(base.epoch, int(part), int(c))))(sub)
+            got = stage_for(spec.part(int(part), int(c)))(sub)
             images[where] = got["image"]
             for key in ("sample_id", "ok", "reason", "detail", "path"):
                 block[key][where] = got[key]
@@ -82,9 +106,10 @@ def augment_mixture(rows: Mapping, spec: MixtureSpec, out: np.ndarray | None = N
                 for j, at in enumerate(where):
                     column[at] = values[j]
     block["label"] = labels if labels is not None else np.zeros(0, np.int64)
+    block["cycle"] = cycle.copy()  # which take of its row each is; batches carry ``source``, not this
     block["fields"] = {
+        "take": np.asarray(rows["take"], dtype=np.int64).copy(),
         "source": source.copy(),
-        "cycle": cycle.copy(),
         **{name: _packed(values, block["ok"]) for name, values in fields.items()},
     }
     return block

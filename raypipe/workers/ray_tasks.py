@@ -6,7 +6,7 @@ import numpy as np
 import ray
 
 from raypipe import runtime
-from raypipe.stages.augment import StageSpec, augment_block, stage_for
+from raypipe.stages.augment import StageSpec, augment_block
 
 __all__ = ["RayTasks"]
 
@@ -18,7 +18,7 @@ def _augment_chunk(rows: dict[str, np.ndarray], spec: StageSpec) -> dict[str, np
 
 @ray.remote(max_retries=3)
 def _set_up_stage(spec: StageSpec) -> None:
-    stage_for(spec)  # cached in the worker process: its first chunk finds it made
+    spec.prepare()  # cached in the worker process: its first chunk finds it made
 
 
 class RayTasks:

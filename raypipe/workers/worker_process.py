@@ -150,7 +150,6 @@ def _portable(exc: BaseException) -> BaseException:
 
 
 def serve(sock: socket.socket, outbox: BinaryIO) -> None:
-    from raypipe.stages.augment import stage_for
 
     send(outbox, ("ready", None, os.getpid()))
     while (received := receive_with_fds(sock)) is not None:
@@ -158,7 +157,7 @@ def serve(sock: socket.socket, outbox: BinaryIO) -> None:
         images = None
         try:
             if kind == "setup":
-                stage_for(payload)
+                payload.prepare()
                 reply = None
             elif fds:
                 reply = run_chunk(*payload, fds.pop(0))

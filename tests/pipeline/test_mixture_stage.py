@@ -49,12 +49,14 @@ def test_each_row_is_its_parts_stage_with_the_cycles_epoch_word(parts):
     rows = {
         "source": source,
         "cycle": cycle,
+        "take": np.arange(6),
         "parts": (folder.columns().take(picks[0]), shards.columns().take(picks[1])),
     }
     spec = MixtureSpec((_spec(folder), _spec(shards)))
     block = augment_mixture(rows, spec)
     assert block["fields"]["source"].tolist() == source.tolist()
-    assert block["fields"]["cycle"].tolist() == cycle.tolist()
+    assert block["cycle"].tolist() == cycle.tolist()
+    assert block["fields"]["take"].tolist() == list(range(6))
     for part, listing in enumerate(parts):
         mine = np.flatnonzero(source == part)
         for j, at in enumerate(mine):

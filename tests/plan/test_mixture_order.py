@@ -39,7 +39,7 @@ SIZES = [37, 11, 120]
 
 
 def _epochs(order_of, epochs):
-    return [order_of(e).take(0, order_of(e).n) for e in range(epochs)]
+    return [order_of(e).takes_at(0, order_of(e).n) for e in range(epochs)]
 
 
 def _order(e, takes=(30, 25, 45), sizes=SIZES, **kw):
@@ -48,7 +48,7 @@ def _order(e, takes=(30, 25, 45), sizes=SIZES, **kw):
 
 def test_each_epoch_takes_exactly_its_rows_of_each_part():
     for e in range(3):
-        part, row, _ = _order(e).take(0, 100)
+        part, row, _ = _order(e).takes_at(0, 100)
         assert np.bincount(part, minlength=3).tolist() == [30, 25, 45]
         for i, size in enumerate(SIZES):
             assert np.all((row[part == i] >= 0) & (row[part == i] < size))
@@ -65,7 +65,7 @@ def test_no_row_of_a_part_repeats_before_the_whole_part_was_taken_counting_acros
 
 
 def test_an_up_weighted_part_repeats_in_one_epoch_with_another_cycle():
-    part, row, cycle = _order(0, takes=(30, 25, 45)).take(0, 100)
+    part, row, cycle = _order(0, takes=(30, 25, 45)).takes_at(0, 100)
     small = part == 1  # 25 takes of an 11-row part: cycles 0, 1 and 2
     pairs = set(zip(row[small].tolist(), cycle[small].tolist(), strict=True))
     assert len(pairs) == 25 and sorted(set(cycle[small].tolist())) == [0, 1, 2]
@@ -74,7 +74,7 @@ def test_an_up_weighted_part_repeats_in_one_epoch_with_another_cycle():
 @pytest.mark.parametrize("run", [8, 32, 100])
 def test_every_run_of_positions_holds_each_part_within_two_rows_of_its_share(run):
     order = _order(0, takes=(300, 250, 450), sizes=[370, 110, 1200])
-    part, _, _ = order.take(0, order.n)
+    part, _, _ = order.takes_at(0, order.n)
     for lo in range(0, order.n - run + 1, max(1, run // 2)):
         counts = np.bincount(part[lo : lo + run], minlength=3)
         assert np.all(np.abs(counts - run * order.takes / order.n) < 2), (lo, counts)
@@ -82,30 +82,30 @@ def test_every_run_of_positions_holds_each_part_within_two_rows_of_its_share(run
 
 def test_chunks_computed_alone_are_the_epochs_order():
     order = _order(2, runs=[ShardRuns.from_shards(np.repeat(np.arange(4), [10, 9, 9, 9])), None, None], window_rows=16)
-    whole = order.take(0, order.n)
+    whole = order.takes_at(0, order.n)
     bounds = [0, 1, 7, 33, 34, 64, 99, 100]
     fresh = _order(2, runs=[ShardRuns.from_shards(np.repeat(np.arange(4), [10, 9, 9, 9])), None, None], window_rows=16)
-    pieces = [fresh.take(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    pieces = [fresh.takes_at(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     for k in range(3):
         np.testing.assert_array_equal(np.concatenate([p[k] for p in pieces]), whole[k])
 
 
 def test_the_order_is_a_function_of_seed_epoch_sizes_and_takes_only():
-    a, b = _order(1).take(0, 100), _order(1).take(0, 100)
+    a, b = _order(1).takes_at(0, 100), _order(1).takes_at(0, 100)
     for x, y in zip(a, b, strict=True):
         np.testing.assert_array_equal(x, y)
-    other_seed = MixtureOrder(SIZES, (30, 25, 45), seed=8, epoch=1).take(0, 100)
+    other_seed = MixtureOrder(SIZES, (30, 25, 45), seed=8, epoch=1).takes_at(0, 100)
     assert not np.array_equal(a[1], other_seed[1])
 
 
 def test_a_parts_cycles_do_not_depend_on_the_other_parts():
-    alone = MixtureOrder([37], [37], seed=7, epoch=0).take(0, 37)[1]
-    mixed_part, mixed_row, mixed_cycle = MixtureOrder([37, 11], [37, 11], seed=7, epoch=0).take(0, 48)
+    alone = MixtureOrder([37], [37], seed=7, epoch=0).takes_at(0, 37)[1]
+    mixed_part, mixed_row, mixed_cycle = MixtureOrder([37, 11], [37, 11], seed=7, epoch=0).takes_at(0, 48)
     np.testing.assert_array_equal(mixed_row[mixed_part == 0], alone)
 
 
 def test_a_part_with_no_takes_is_never_read_and_a_taken_empty_part_is_refused():
-    part, _, _ = MixtureOrder([5, 0], [4, 0], seed=0, epoch=0).take(0, 4)
+    part, _, _ = MixtureOrder([5, 0], [4, 0], seed=0, epoch=0).takes_at(0, 4)
     assert part.tolist() == [0, 0, 0, 0]
     with pytest.raises(ValueError, match="rows in each part taken"):
         MixtureOrder([5, 0], [3, 1], seed=0, epoch=0)

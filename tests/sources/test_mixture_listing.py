@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from image_factory import captioned_jpeg
 
-from raypipe.sources import ListingOptions
-from raypipe.sources.mixture import Mixture, list_mixture
+from raypipe.sources import ListingOptions, open_source
+from raypipe.sources.mixture import Mixture
 
 
 def _folder(root, classes, per_class=3):
@@ -50,7 +50,7 @@ def test_samples_per_epoch_below_one_or_not_an_int_is_refused(spe):
 def test_named_classes_become_one_space_by_name_and_each_part_is_renumbered(tmp_path):
     a = _folder(tmp_path / "a", ["cat", "dog"])
     b = _folder(tmp_path / "b", ["dog", "emu"])
-    listing = list_mixture(Mixture([(str(a), 1), (str(b), 3)]))
+    listing = open_source(Mixture([(str(a), 1), (str(b), 3)]))
     assert listing.classes == ("cat", "dog", "emu") and listing.num_classes == 3
     b_labels = np.asarray(listing.parts[1].table.column("label"))
     assert sorted(set(b_labels.tolist())) == [1, 2]  # dog keeps the first part's number, emu is new
@@ -66,15 +66,15 @@ def test_named_and_unnamed_parts_cannot_be_mixed(tmp_path):
         (tmp_path / f"{i}.jpg").write_bytes(captioned_jpeg(i))
     (tmp_path / "m.jsonl").write_text("".join(json.dumps({"path": f"{i}.jpg", "label": i}) + "\n" for i in range(3)))
     with pytest.raises(ValueError, match="unnamed integer labels"):
-        list_mixture(Mixture([(str(a), 1), (str(tmp_path / "m.jsonl"), 1)]))
+        open_source(Mixture([(str(a), 1), (str(tmp_path / "m.jsonl"), 1)]))
 
 
 def test_each_part_is_listed_with_its_own_options_and_the_digest_is_the_mixtures(tmp_path):
     a = _folder(tmp_path / "a", ["cat", "dog"])
     b = _folder(tmp_path / "b", ["dog", "emu"])
     sorted_b = ListingOptions(class_order="sorted")
-    one = list_mixture(Mixture([(str(a), 1), (str(b), 1, sorted_b)], samples_per_epoch=8))
+    one = open_source(Mixture([(str(a), 1), (str(b), 1, sorted_b)], samples_per_epoch=8))
     assert one.takes == (4, 4) and len(one) == 8
-    same = list_mixture(Mixture([(str(a), 1), (str(b), 1, sorted_b)], samples_per_epoch=8))
-    reweighted = list_mixture(Mixture([(str(a), 1), (str(b), 2, sorted_b)], samples_per_epoch=8))
+    same = open_source(Mixture([(str(a), 1), (str(b), 1, sorted_b)], samples_per_epoch=8))
+    reweighted = open_source(Mixture([(str(a), 1), (str(b), 2, sorted_b)], samples_per_epoch=8))
     assert one.digest() == same.digest() != reweighted.digest()
