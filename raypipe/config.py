@@ -29,6 +29,7 @@ __all__ = [
     "load_yaml",
     "CONFIG_SECTIONS",
     "TRAIN_SECTION",
+    "DATA_SECTION",
     "Config",
     "config_sections",
     "resolve_sections",
@@ -409,28 +410,24 @@ CONFIG_SECTIONS = {
     "execution": ExecutionConfig,
     "decode": DecodeConfig,
 }
-# The training job's own settings (``raypipe.train.TrainJobConfig``'s fields: model, epochs, lr, data …).
-# Only jobs/train.py reads and checks them; `raypipe run`, `raypipe preview` and ``load_config`` accept the
-# section and leave it alone, so one file serves the job and the dry run of its pipeline.
+# The training job's own settings (``raypipe.train.TrainJobConfig``'s fields: model, epochs, lr …), which
+# only jobs/train.py reads: one file serves the job and `raypipe run`'s dry run of its pipeline.
 TRAIN_SECTION = "train"
+DATA_SECTION = "data"  # the datasets, several mixed by weight (``raypipe.sources.data_parts``)
 
 
 def config_sections(data: Mapping[str, Any], *, where: str = "config") -> dict[str, dict]:
     """The sections of a raypipe config mapping, each a dict. Any other top-level key is an error."""
     if not isinstance(data, Mapping):
         raise ValueError(f"{where}: expected a mapping of sections, got {type(data).__name__}")
-    known = (*CONFIG_SECTIONS, TRAIN_SECTION)
+    known = (*CONFIG_SECTIONS, TRAIN_SECTION, DATA_SECTION)
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise ValueError(f"{where}: unknown section(s) {unknown}; sections are {', '.join(known)}")
-    out = {}
-    for name, value in data.items():
-        if value is None:
-            value = {}
-        if not isinstance(value, Mapping):
+    for name, value in data.items():  # data: a list or a mapping, kept as written (parse_data_section)
+        if name != DATA_SECTION and value is not None and not isinstance(value, Mapping):
             raise ValueError(f"{where}: section {name!r} must be a mapping, got {type(value).__name__}")
-        out[name] = dict(value)
-    return out
+    return {name: value if name == DATA_SECTION else dict(value or {}) for name, value in data.items()}
 
 
 def resolve_sections(raw: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -451,6 +448,7 @@ class Config:
     Args:
         augment, eval, pipeline, execution, decode: the validated sections (left out: the defaults).
         train: the training job's section, kept as it was written (``jobs/train.py`` checks it).
+        data: the ``data`` section's datasets (``raypipe.sources.data_parts.DataParts``), or None.
 
     Raises:
         TypeError, ValueError: a ``train`` that ``dict()`` refuses (the other fields are not checked).
@@ -462,6 +460,7 @@ class Config:
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     train: Mapping[str, Any] = field(default_factory=dict)
+    data: Any = None
 
     def __post_init__(self) -> None:
         _set(self, "train", types.MappingProxyType(dict(self.train)))
@@ -477,8 +476,8 @@ def load_config(source: str | Path | Mapping[str, Any]) -> Config:
         decode:   {max_pixels: 89478485}                                  # DecodeConfig
         train:    {model: resnet50, epochs: 100}                          # the training job only
 
-    Every section is optional; eval takes training's ``input_size`` (and bilinear/bicubic
-    ``interpolation``) unless its own section sets one.
+    Every section is optional (``data``: the datasets, ``raypipe.sources.data_parts``); eval takes
+    training's ``input_size`` (and bilinear/bicubic ``interpolation``) unless its own section sets one.
 
     Args:
         source: a YAML file's path, or the mapping it would hold.
@@ -493,4 +492,9 @@ def load_config(source: str | Path | Mapping[str, Any]) -> Config:
     where = "config" if isinstance(source, Mapping) else str(source)
     data = source if isinstance(source, Mapping) else load_yaml(source)
     sections = config_sections(data, where=where)
-    return Config(**resolve_sections(sections), train=sections.get(TRAIN_SECTION, {}))
+    datasets = None
+    if sections.get(DATA_SECTION):
+        from raypipe.sources.data_parts import parse_data_section
+
+        datasets = parse_data_section(sections[DATA_SECTION], where=where)
+    return Config(**resolve_sections(sections), train=sections.get(TRAIN_SECTION, {}), data=datasets)

@@ -19,6 +19,7 @@ __all__ = [
     "add_index_arg",
     "add_pipeline_args",
     "add_source_args",
+    "add_mixture_args",
     "build_configs",
     "SECTIONS",
 ]
@@ -71,7 +72,21 @@ def _default(section: str, name: str) -> str:
 
 
 def add_source_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", help="image folder, Parquet file/folder, or CSV/JSONL manifest (local path or URI)")
+    p.add_argument(
+        "data",
+        nargs="*",
+        help="image folder, Parquet file/folder, CSV/JSONL manifest or WebDataset shards (local path or URI); "
+        "several: a mixture (--weights)",
+    )
+    p.add_argument(
+        "--data",
+        dest="more_data",
+        action="append",
+        default=[],
+        metavar="DATA",
+        help="a dataset, as the positional one; given again for each dataset of a mixture",
+    )
+    add_mixture_args(p)
     p.add_argument(
         "--kind", choices=("folder", "parquet", "manifest", "webdataset"), help="dataset kind (detected if omitted)"
     )
@@ -88,6 +103,24 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
         "Parquet/manifest columns by name; a sample without one is skipped as missing_field",
     )
     add_index_arg(p)
+
+
+def add_mixture_args(p) -> None:
+    """``--weights`` and ``--samples-per-epoch``: several datasets as one mixture (docs/sources.md)."""
+    p.add_argument(
+        "--weights",
+        type=float,
+        nargs="+",
+        metavar="W",
+        help="each dataset's weight in the mixture, in the order they are given (default: their rows, so an "
+        "epoch takes every row of each once)",
+    )
+    p.add_argument(
+        "--samples-per-epoch",
+        type=int,
+        metavar="N",
+        help="rows a mixture's epoch takes of all its datasets together (default: their rows together)",
+    )
 
 
 def add_index_arg(p: argparse.ArgumentParser) -> None:

@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from raypipe import settings
+from raypipe._strict_yaml import load_yaml
+from raypipe.config import DATA_SECTION
 from raypipe.ray_logs import quiet_ray_startup
 
 __all__ = [
@@ -20,8 +23,11 @@ __all__ = [
     "check_json_path",
     "check_index",
     "listing_from_args",
+    "data_from_args",
     "rows_from_args",
     "print_skips",
+    "part_shares",
+    "print_shares",
     "quiet_ray_startup",
     "connect_quietly",
 ]
@@ -127,11 +133,57 @@ def listing_from_args(args):
     )
 
 
-def rows_from_args(args):
-    from raypipe.sources import open_source
+def data_from_args(args):
+    """The datasets a command names (``raypipe.sources.data_parts.DataParts``): its positional and
+    ``--data`` ones in order, with ``--weights`` and ``--samples-per-epoch``; else the config file's
+    ``data:`` section (``--samples-per-epoch`` over its own). Each part's ``--index`` is checked here,
+    before anything is listed."""
+    from raypipe.sources.data_parts import data_parts, parse_data_section
 
-    check_index(args.data, args.kind, args.index)
-    return open_source(args.data, options=listing_from_args(args))
+    paths = [*args.data, *getattr(args, "more_data", ())]
+    config = getattr(args, "config", None)
+    if paths:
+        parts = data_parts(paths, args.weights, args.samples_per_epoch)
+    elif config and (section := load_yaml(config).get(DATA_SECTION)):
+        if args.weights is not None:
+            raise ValueError(f"--weights: {config} names the datasets; their weights are set there")
+        parts = parse_data_section(section, where=config)
+        if args.samples_per_epoch is not None:
+            parts = replace(parts, samples_per_epoch=args.samples_per_epoch)
+    else:
+        raise ValueError("no dataset: give one (DATA or --data), several for a mixture, or a config's data: section")
+    if args.index is not None and len(parts.parts) > 1:
+        raise ValueError("--index with several datasets: give each part its index in a config file's data: list")
+    for part in parts.parts:
+        own = dict(part.options)
+        check_index(part.path, own.get("kind", args.kind), own.get("index", args.index))
+    return parts
+
+
+def rows_from_args(args, parts=None):
+    """The listing a command reads: ``parts`` (``data_from_args``'s) listed with the source flags."""
+    return (parts or data_from_args(args)).open(listing_from_args(args))
+
+
+def part_shares(parts, rows) -> list[dict]:
+    """Each dataset of a mixture with its rows, weight and takes an epoch (empty for one dataset)."""
+    if not getattr(rows, "mixture_parts", None):
+        return []
+    total = max(len(rows), 1)
+    return [
+        {"path": part.path, "rows": size, "weight": weight, "takes": take, "share": take / total}
+        for part, size, weight, take in zip(parts.parts, rows.sizes, rows.weights, rows.takes, strict=True)
+    ]
+
+
+def print_shares(shares: list[dict]) -> None:
+    """A line per dataset of a mixture: what an epoch takes of it, and how much of its rows that is."""
+    for k, s in enumerate(shares):
+        cycles = f"{s['takes'] / s['rows']:.2f}x its rows" if s["rows"] else "no rows"
+        print(
+            f"  source {k}: {s['path']}: {s['rows']} rows, weight {s['weight']:g}, takes {s['takes']} an epoch "
+            f"({100 * s['share']:.1f} %, {cycles})"
+        )
 
 
 def print_skips(skipped: dict[str, int], paths: list[dict], limit: int = 20) -> None:

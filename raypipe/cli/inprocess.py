@@ -3,7 +3,7 @@
 Starting a local Ray and its first workers costs seconds, more than decoding a few hundred images
 takes. ``preview`` (a grid of ``--count`` images) therefore always runs here, and ``scan`` runs
 here when the dataset has at most ``SCAN_IN_PROCESS_MAX`` images (``--ray`` forces Ray). The stage is
-the one Ray workers run (``AugmentStage``, same ``StageSpec``, randomness seeded by
+the one Ray workers run (``StageSpec.run``, a mixture's ``MixtureSpec``, randomness seeded by
 ``(seed, epoch, sample_id)``), so the pixels are those a Ray run of the same epoch produces.
 """
 
@@ -17,8 +17,8 @@ import numpy as np
 
 from raypipe.config import DecodeConfig, EvalAugment, TrainAugment
 from raypipe.sources import SourceRows
-from raypipe.sources.table import int64_array, table_columns
-from raypipe.stages.augment import AugmentStage, StageSpec
+from raypipe.stages.augment import StageSpec
+from raypipe.stages.mixture_stage import MixtureSpec
 
 __all__ = ["SCAN_IN_PROCESS_MAX", "stage_blocks", "first_images", "ScanTally", "scan_blocks"]
 
@@ -38,20 +38,25 @@ def stage_blocks(
     epoch: int = 0,
     chunk: int = _CHUNK,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """``AugmentStage`` output blocks for the rows at ``order`` (indices into ``rows.table``), in order."""
-    spec = StageSpec(
-        kind=rows.kind,
-        root=rows.root,
-        augment=augment,
-        decode=decode,
-        seed=seed,
-        epoch=epoch,
-        image_column=rows.image_column,
-        fields=rows.fields,
-    )
-    stage = AugmentStage(spec)
+    """The stage's output blocks for the rows at ``order`` (the listing's rows; a mixture's takes), in order."""
+
+    def spec_of(part) -> StageSpec:
+        return StageSpec(
+            kind=part.kind,
+            root=part.root,
+            augment=augment,
+            decode=decode,
+            seed=seed,
+            epoch=epoch,
+            image_column=part.image_column,
+            fields=part.fields,
+        )
+
+    parts = getattr(rows, "mixture_parts", None)
+    spec = MixtureSpec(tuple(spec_of(p) for p in parts)) if parts is not None else spec_of(rows)
+    columns = rows.columns()
     for start in range(0, len(order), chunk):
-        yield stage(table_columns(rows.table.take(int64_array(order[start : start + chunk]))))
+        yield spec.run(columns.take(order[start : start + chunk]))
 
 
 def first_images(
@@ -78,7 +83,7 @@ def first_images(
     for block in stage_blocks(rows, augment, decode, order=order, seed=seed, epoch=epoch, chunk=max(count, 1)):
         ok = block["ok"]
         part = {k: block[k][ok] for k in ("image", "label", "sample_id")}
-        for name, values in block.get("fields", {}).items():
+        for name, values in block.get("fields", {}).items():  # a mixture's ``source`` too
             part[name] = [v for v, good in zip(values, ok, strict=True) if good]
         parts.append(part)
         have += int(ok.sum())
@@ -87,7 +92,7 @@ def first_images(
     if have == 0:
         return None
     out = {k: np.concatenate([p[k] for p in parts])[:count] for k in ("image", "label", "sample_id")}
-    for name in rows.fields:
+    for name in (*rows.fields, *(("source",) if getattr(rows, "mixture_parts", None) else ())):
         out[name] = [v for p in parts for v in p[name]][:count]
     return out
 

@@ -11,7 +11,7 @@ import math
 import sys
 from pathlib import Path
 
-from raypipe.cli.common import check_json_path, rows_from_args
+from raypipe.cli.common import check_json_path, data_from_args, part_shares, print_shares, rows_from_args
 from raypipe.flags import add_augment_args, add_config_arg, add_source_args, build_configs
 
 # A grid of more images than this is too large to look at; the cap also keeps preview in-process.
@@ -77,7 +77,9 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out}: expected an image file name, e.g. grid.png")
     cfg = build_configs(args)
     check_json_path(args.out)
-    rows = rows_from_args(args)
+    parts = data_from_args(args)
+    rows = rows_from_args(args, parts)
+    print_shares(part_shares(parts, rows))
     from raypipe.cli.inprocess import first_images
 
     pipe = cfg["pipeline"]
@@ -94,12 +96,13 @@ def main(args: argparse.Namespace) -> int:
         print("raypipe preview: no image could be read", file=sys.stderr)
         return 1
     names = rows.classes
-    captions = [
-        f"{_label_text(lbl, names)} #{int(sid)}" for lbl, sid in zip(batch["label"], batch["sample_id"], strict=True)
-    ]
+    ids = [str(int(i)) for i in batch["sample_id"]]
+    if "source" in batch:  # a mixture's sample: its source and its id there (``1:42``)
+        ids = [f"{int(s)}:{i}" for s, i in zip(batch["source"], ids, strict=True)]
+    captions = [f"{_label_text(lbl, names)} #{sid}" for lbl, sid in zip(batch["label"], ids, strict=True)]
     make_grid(batch["image"], captions).save(args.out, compress_level=1)  # PNG: fast beats small here
     print(f"raypipe preview: wrote {len(captions)} samples to {args.out}")
-    for k, sid in enumerate(batch["sample_id"].tolist()):  # the fields, which a grid's strip cannot hold
+    for k, sid in enumerate(ids):  # the fields, which a grid's strip cannot hold
         if rows.fields:
             shown = ", ".join(f"{name}={_short(batch[name][k])}" for name in rows.fields)
             print(f"  #{sid}: {shown}")

@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 
-from raypipe.cli.common import check_json_path, connect_quietly, print_skips, progress, rows_from_args, write_json
+from raypipe.cli.common import (
+    check_json_path,
+    connect_quietly,
+    data_from_args,
+    part_shares,
+    print_shares,
+    print_skips,
+    progress,
+    rows_from_args,
+    write_json,
+)
 from raypipe.flags import add_augment_args, add_pipeline_args, add_source_args, build_configs
 
 
@@ -64,7 +75,8 @@ def main(args: argparse.Namespace) -> int:
         cfg["pipeline"] = replace(cfg["pipeline"], shuffle=False)
     check_device(args.device)
     check_json_path(args.json)
-    rows = rows_from_args(args)
+    parts = data_from_args(args)
+    rows = rows_from_args(args, parts)
     from raypipe.device import DeviceLoader
     from raypipe.pipeline.epoch_source import EpochSource
     from raypipe.pipeline.pipeline import Pipeline
@@ -81,7 +93,9 @@ def main(args: argparse.Namespace) -> int:
         )
     tune_consumer_process()
 
-    print(f"raypipe run: {len(rows)} samples ({rows.kind}) from {args.data}, batch {cfg['pipeline'].batch_size}")
+    print(f"raypipe run: {len(rows)} samples ({rows.kind}) from {parts.describe()}, batch {cfg['pipeline'].batch_size}")
+    shares = part_shares(parts, rows)
+    print_shares(shares)
     if args.metrics_port is not None:
         from raypipe.pipeline.metrics import serve
 
@@ -91,20 +105,27 @@ def main(args: argparse.Namespace) -> int:
     source = EpochSource(pipe, end_epoch=args.epochs)
     with DeviceLoader(source, device=args.device) as loader:  # one loader (one side stream) for the run
         for epoch in range(args.epochs):
+            by_source = Counter()  # a mixture's rows of each source
             with progress(len(rows), f"epoch {epoch}") as bar:
                 for batch in loader:
                     bar.update(int(batch["sample_id"].shape[0]))
+                    if "source" in batch:
+                        by_source.update(batch["source"].tolist())
             rep = source.last_report
             mem = process_memory_mb()
             extra = {f"driver_{k}_mb": v for k, v in mem.items()} | {"data_stall_s": round(loader.stats.wait_s, 3)}
-            epochs.append(rep.as_dict() | extra)
+            counts = {str(k): n for k, n in sorted(by_source.items())}
+            epochs.append(rep.as_dict() | extra | ({"by_source": counts} if counts else {}))
             print(
                 f"epoch {epoch}: emitted {rep.emitted}/{rep.expected}, skipped {rep.num_skipped}, "
                 f"{rep.images_per_s:.0f} img/s, first batch {rep.first_batch_s:.2f}s, driver RSS {_memory_line(mem)}"
             )
+            if counts:
+                print("  by source: " + ", ".join(f"{k}={n}" for k, n in counts.items()))
             print_skips(rep.skipped, rep.skipped_paths)
             print(f"  ids_sha256     {rep.ids_sha256}\n  content_sha256 {rep.content_sha256}")
-    write_json(args.json, {"data": args.data, "samples": len(rows), "epochs": epochs})
+    report = {"data": parts.describe(), "samples": len(rows), "epochs": epochs}
+    write_json(args.json, report | ({"parts": shares} if shares else {}))
     return 0
 
 

@@ -7,8 +7,19 @@ larger ones, or any with ``--ray``, across Ray.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 
-from raypipe.cli.common import check_json_path, connect_quietly, print_skips, progress, rows_from_args, write_json
+from raypipe.cli.common import (
+    check_json_path,
+    connect_quietly,
+    data_from_args,
+    listing_from_args,
+    part_shares,
+    print_shares,
+    print_skips,
+    progress,
+    write_json,
+)
 from raypipe.config import DEFAULT_MAX_PIXELS
 from raypipe.flags import add_source_args
 
@@ -48,21 +59,28 @@ def main(args: argparse.Namespace) -> int:
     augment = EvalAugment(input_size=16, crop_mode="squash")
     decode = DecodeConfig(max_pixels=args.max_pixels, dct_scaling=False)
     check_json_path(args.json)
-    rows = rows_from_args(args)  # a bad dataset is reported before anything runs
-    if args.ray or len(rows) > _IN_PROCESS_MAX:
-        total, ok, skipped, skipped_paths = _scan_on_ray(args, rows, augment, decode)
-    else:
-        total, ok, skipped, skipped_paths = _scan_here(rows, augment, decode)
+    parts = data_from_args(args)
+    listed = parts.listed(listing_from_args(args))  # a bad dataset is reported before anything runs
+    shares = part_shares(parts, parts.mix(listed))  # and a mixture's parts that do not fit together
+    print_shares(shares)
+    total, ok, skipped, skipped_paths = 0, 0, Counter(), []
+    on_ray = args.ray or sum(len(rows) for rows in listed) > _IN_PROCESS_MAX
+    for k, rows in enumerate(listed):  # every row of each dataset once, whatever a mixture's weights
+        scan = _scan_on_ray if on_ray else _scan_here
+        n, good, reasons, paths = scan(args, rows, augment, decode)
+        total, ok = total + n, ok + good
+        skipped.update(reasons)
+        skipped_paths += [{"source": k} | s for s in paths] if shares else paths
+        if shares:
+            print(f"  source {k}: {n} files: ok {good}, skipped {len(paths)}")
     print(f"raypipe scan: {total} files: ok {ok}, skipped {len(skipped_paths)}")
-    print_skips(skipped, skipped_paths)
-    write_json(
-        args.json,
-        {"data": args.data, "total": total, "ok": ok, "skipped": skipped, "skipped_paths": skipped_paths},
-    )
+    print_skips(dict(skipped), skipped_paths)
+    report = {"data": parts.describe(), "total": total, "ok": ok, "skipped": dict(skipped)}
+    write_json(args.json, report | {"skipped_paths": skipped_paths} | ({"parts": shares} if shares else {}))
     return 1 if skipped_paths else 0
 
 
-def _scan_here(rows, augment, decode):
+def _scan_here(args, rows, augment, decode):
     from raypipe.cli.inprocess import ScanTally, scan_blocks
 
     tally = ScanTally()

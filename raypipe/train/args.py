@@ -22,6 +22,7 @@ from typing import Any
 
 from raypipe._values import fail, is_int, is_number
 from raypipe.config import (
+    DATA_SECTION,
     TRAIN_SECTION,
     DecodeConfig,
     EvalAugment,
@@ -31,7 +32,7 @@ from raypipe.config import (
     config_sections,
     load_yaml,
 )
-from raypipe.flags import add_augment_args, add_index_arg, add_pipeline_args, build_configs
+from raypipe.flags import add_augment_args, add_index_arg, add_mixture_args, add_pipeline_args, build_configs
 
 __all__ = ["TrainJobConfig", "build_parser", "parse_job", "parse_job_args", "job_from_namespace", "DEFAULTS"]
 
@@ -48,7 +49,9 @@ DEFAULTS: dict[str, Any] = {
 class TrainJobConfig:
     """Everything a training run needs; validated on construction, picklable for Ray workers."""
 
-    data: str | None = None  # None: generate the sample dataset into sample_dir
+    # a path or URI; several datasets mixed by weight (``raypipe.sources.data_parts.DataParts``); None:
+    # generate the sample dataset into sample_dir
+    data: Any = None
     val_data: str | None = None
     val_split: float = 0.1
     kind: str | None = None
@@ -133,6 +136,11 @@ class TrainJobConfig:
             refuse("name", "expected a plain directory name")
         if self.preprocess_resource is not None and not self.preprocess_resource:
             refuse("preprocess_resource", "expected a Ray resource name")
+        if self.data is not None and not (self.data and isinstance(self.data, str)):
+            from raypipe.sources.data_parts import DataParts
+
+            if not isinstance(self.data, DataParts):
+                refuse("data", "expected a dataset's path or URI, or several (a data: list)")
         for name in ("amp", "channels_last", "use_gpu", "record_ids"):
             if not isinstance(getattr(self, name), bool):
                 refuse(name, "expected true or false")
@@ -204,9 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data and model")
     g.add_argument(
         "--data",
-        help="image folder, Parquet, CSV/JSONL manifest or WebDataset shards, local or a URI "
-        "(default: generated sample data)",
+        action="append",
+        help="image folder, Parquet, CSV/JSONL manifest or WebDataset shards, local or a URI; given again "
+        "for each dataset of a mixture (--weights) (default: generated sample data)",
     )
+    add_mixture_args(g)
     g.add_argument("--val-data", help="evaluation dataset (default: a held-out --val-split of --data)")
     g.add_argument("--val-split", type=float, help="fraction held out for eval, chosen by a hash of each image's path")
     g.add_argument(
@@ -290,6 +300,7 @@ def job_from_namespace(args: argparse.Namespace, parser: argparse.ArgumentParser
     sections = build_configs(args, config=config, defaults=DEFAULTS)
     job = {k: v for k, v in train.items() if v is not None}
     job |= {k: getattr(args, k) for k in _JOB_FIELDS if getattr(args, k, None) is not None}
+    job["data"] = _job_data(args, config, job.get("data"), where)
     execution = sections["execution"]
     if job.get("preprocess_resource"):
         execution = dataclasses.replace(execution, resources={job["preprocess_resource"]: 0.001})
@@ -301,6 +312,33 @@ def job_from_namespace(args: argparse.Namespace, parser: argparse.ArgumentParser
         execution=execution,
         decode=sections["decode"],
     )
+
+
+def _job_data(args: argparse.Namespace, config: dict, named: Any, where: str) -> Any:
+    """The job's data: ``--data`` (several, or with ``--weights``/``--samples-per-epoch``: a mixture),
+    else the config's ``data:`` section, else its ``train: {data: PATH}`` (both: an error)."""
+    weights, spe = getattr(args, "weights", None), getattr(args, "samples_per_epoch", None)
+    if isinstance(named, list):  # --data, given once or more
+        if len(named) == 1 and weights is None and spe is None:
+            return named[0]
+        from raypipe.sources.data_parts import data_parts
+
+        parts = data_parts(named, weights, spe)
+        return parts if parts.is_mixture else named[0]
+    section = config.get(DATA_SECTION) if isinstance(config, dict) else None
+    if section:
+        if named is not None:
+            raise ValueError(f"{where}: data is named twice, in the data section and in train: keep one")
+        if weights is not None:
+            raise ValueError(f"--weights: {where} names the datasets; their weights are set there")
+        from raypipe.sources.data_parts import parse_data_section
+
+        parts = parse_data_section(section, where=where)
+        parts = dataclasses.replace(parts, samples_per_epoch=spe) if spe is not None else parts
+        return parts if parts.is_mixture or parts.parts[0].options else parts.parts[0].path
+    if weights is not None or spe is not None:
+        raise ValueError("--weights and --samples-per-epoch are for the --data datasets of a mixture")
+    return named
 
 
 def parse_job(argv: list[str] | None = None) -> TrainJobConfig:

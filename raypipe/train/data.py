@@ -10,9 +10,10 @@ import numpy as np
 import pyarrow as pa
 
 from raypipe.sources import SourceRows, open_source
+from raypipe.sources.data_parts import DataParts, data_parts
 from raypipe.train.args import TrainJobConfig
 
-__all__ = ["held_out_mask", "split_rows", "job_rows", "SAMPLE_CLASSES"]
+__all__ = ["held_out_mask", "split_rows", "job_rows", "held_out_mixture", "SAMPLE_CLASSES"]
 
 log = logging.getLogger(__name__)
 SAMPLE_CLASSES = 10
@@ -57,9 +58,13 @@ def _ensure_sample_data(job: TrainJobConfig) -> str:
 
 
 def job_rows(job: TrainJobConfig) -> tuple[SourceRows, SourceRows, str]:
-    """List the train and eval rows once (on the driver) and name the data they came from."""
-    data = job.data or _ensure_sample_data(job)
-    rows = open_source(data, options=job.listing)  # a non-WebDataset with an index: refused
+    """List the train and eval rows once (on the driver) and name the data they came from. A mixture's
+    eval rows are each part's held-out rows, every one once (``held_out_mixture``)."""
+    parts = job.data if isinstance(job.data, DataParts) else data_parts([job.data or _ensure_sample_data(job)])
+    if job.index is not None and len(parts.parts) > 1:
+        raise ValueError("--index with several datasets: give each its index in the config's data: list")
+    rows = parts.open(job.listing)  # a non-WebDataset with an index: refused
+    data = parts.describe()
     if job.val_data:
         # A separate eval set lists its own classes (folders, or a manifest's names): number them as the
         # training data does, or a class missing from one split would shift every later label.
@@ -71,5 +76,18 @@ def job_rows(job: TrainJobConfig) -> tuple[SourceRows, SourceRows, str]:
         return rows, val, data
     if job.val_split <= 0:
         raise ValueError("no eval data: give --val-data or a --val-split > 0")
-    train, val = split_rows(rows, job.val_split)
-    return train, val, data
+    if not parts.is_mixture:
+        train, val = split_rows(rows, job.val_split)
+        return train, val, data
+    # each part split as one dataset is, in the mixture's class space; training mixes what is left
+    splits = [split_rows(part, job.val_split) for part in rows.mixture_parts]
+    return parts.mix([train for train, _ in splits]), held_out_mixture([val for _, val in splits]), data
+
+
+def held_out_mixture(parts: list[SourceRows]):
+    """The parts' held-out rows as one mixture whose epoch takes each row once (weights: their rows)."""
+    from raypipe.sources.mixture import Mixture, list_mixture
+
+    if not sum(len(p) for p in parts):
+        raise ValueError("no eval data: --val-split held out no row of any dataset; raise it or give --val-data")
+    return list_mixture(Mixture([(p, len(p)) for p in parts]), open_source)
