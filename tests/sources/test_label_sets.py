@@ -178,3 +178,43 @@ def test_a_jsonl_manifest_of_label_lists_is_listed_as_label_sets(tmp_path):
     assert rows.multi_label and rows.num_classes == 3
     assert [bool(e) for e in rows.table.column("error").to_pylist()] == [False, False, True, False]
     assert rows.table.column(LABELS).to_pylist() == [[0, 2], [1], [], []]
+
+
+CLS = ["3 17", "5", "2,x", "-1 2", "1, 4", "", "0"]  # "2,x", "-1 2", "": bad labels
+
+
+def _cls_shards(root):
+    from image_factory import write_shard
+
+    members = []
+    for i, text in enumerate(CLS):
+        members += [(f"{i:04d}.jpg", captioned_jpeg(i)), (f"{i:04d}.cls", text.encode())]
+    write_shard(root / "multi-000.tar", members)
+    write_shard(root / "multi-001.tar", [("long.jpg", captioned_jpeg(9)), ("long.cls", b" ".join([b"1"] * 3000))])
+    return root
+
+
+def test_a_webdataset_cls_of_several_ids_is_listed_as_label_sets(tmp_path):
+    rows = open_source(str(_cls_shards(tmp_path / "shards")))
+    assert rows.multi_label and rows.num_classes == 18
+    assert rows.table.column(LABELS).to_pylist() == [[3, 17], [5], [], [], [1, 4], [], [0], []]
+    errors = rows.table.column("error").to_pylist()
+    assert [e is not None for e in errors] == [False, False, True, True, False, True, False, True]
+    assert "'2,x'" in errors[2] and "holds -1" in errors[3] and "<5999 bytes>" in errors[7]
+    pipe = Pipeline(
+        rows,
+        EvalAugment(input_size=16),
+        config=PipelineConfig(batch_size=8, shuffle=False, max_skip_ratio=None),
+        execution=ExecutionConfig(backend="local", num_tasks=1),
+    )
+    (batch,) = list(pipe.epoch(0))
+    assert batch["label"].shape == (4, 18)
+    assert [np.flatnonzero(r).tolist() for r in batch["label"]] == [[3, 17], [5], [1, 4], [0]]
+
+
+def test_an_index_of_cls_sets_is_refused_in_one_line(tmp_path):
+    from raypipe.sources.indexes.indexer import index_shards
+
+    root = _cls_shards(tmp_path / "shards")
+    with pytest.raises(ValueError, match="several class ids; an index holds one label a sample"):
+        index_shards(str(root), use_ray=False)

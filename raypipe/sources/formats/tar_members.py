@@ -11,6 +11,7 @@ its data): a read that finds another block there reads a shard its listing no lo
 
 from __future__ import annotations
 
+import re
 import tarfile
 import zlib
 from collections.abc import Callable, Mapping
@@ -41,6 +42,9 @@ __all__ = [
 BLOCK = 512  # tar's block: a header, and the unit member data is padded to
 _IMAGE_EXTS = frozenset(e.lstrip(".") for e in IMG_EXTENSIONS)
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
+# The longest ``.cls`` read at listing: a few hundred class ids of a multi-label set; a longer one is
+# not a label file (its reads would cost a listing of many shards more than its images' headers).
+CLS_BYTES = 4096
 _USTAR_NAME = 100  # bytes of a name a ustar header holds in full (longer ones: an extended header)
 _OCTAL_SIZE = 8**11  # sizes from here on do not fit the header's octal field
 
@@ -132,7 +136,7 @@ def walk(ranges: Ranges) -> TarListing:
             name = pax.get("path") or long_name or info.name
             out.members.append(Member(name, data, size, header_crc(header)))
             if member_ext(name) == "cls":
-                out.labels[len(out.members) - 1] = ranges.read(data, min(size, 64)).decode("utf-8", "replace")
+                out.labels[len(out.members) - 1] = cls_text(ranges.read, data, size)
             if data + size > ranges.size:
                 out.stopped_at, out.reason = data, f"the shard ends inside member {name!r}"
                 return out
@@ -154,14 +158,26 @@ def member_ext(name: str) -> str:
     return base.split(".", 1)[1].lower() if "." in base else ""
 
 
-def _label(text: str | None, key: str) -> tuple[int, str | None]:
+def cls_text(read: Callable[[int, int], bytes], offset: int, size: int) -> str:
+    """A ``.cls`` member's text: its bytes, or, past ``CLS_BYTES``, a note of its size that no label parses."""
+    return read(offset, size).decode("utf-8", "replace") if size <= CLS_BYTES else f"<{size} bytes>"
+
+
+def _label(text: str | None, key: str) -> tuple[int | tuple[int, ...], str | None]:
+    """A ``.cls``'s class id, or its ids (a tuple) where it holds several, separated by spaces or commas;
+    -1 and the reason for a bad one."""
     if text is None:
         return -1, f"{BAD_LABEL}: no {key}.cls member"
+    words = [w for w in re.split(r"[\s,]+", text.strip()) if w]
     try:
-        value = int(text.strip())
+        values = [int(w) for w in words]
     except ValueError:
+        values = []
+    if not values:
         return -1, f"{BAD_LABEL}: {key}.cls holds {text.strip()[:32]!r}"
-    return (value, None) if value >= 0 else (-1, f"{BAD_LABEL}: {key}.cls holds {value}")
+    if min(values) < 0:
+        return -1, f"{BAD_LABEL}: {key}.cls holds {min(values)}"
+    return (values[0] if len(values) == 1 else tuple(values)), None
 
 
 def shard_record(rel: str, stamp: tuple[int, int], listing: TarListing, fields: tuple[str, ...] = ()) -> ShardRecord:

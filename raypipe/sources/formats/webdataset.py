@@ -20,6 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from raypipe import settings
@@ -27,7 +29,15 @@ from raypipe.kernels.errors import SkipImage
 from raypipe.sources.fields import member_columns
 from raypipe.sources.formats.shard_listing import ShardListing, footer_rows, listing_by_shard, read_footer
 from raypipe.sources.formats.shard_paths import expand_braces, find_shards, has_braces
-from raypipe.sources.formats.tar_members import Member, Ranges, TarListing, member_ext, shard_record, walk
+from raypipe.sources.formats.tar_members import (
+    Member,
+    Ranges,
+    TarListing,
+    cls_text,
+    member_ext,
+    shard_record,
+    walk,
+)
 from raypipe.sources.indexes.foreign_index import DaliMember, dali_index_for, parse_dali_index
 from raypipe.sources.indexes.shard_index import (
     INDEX_NAME,
@@ -39,6 +49,7 @@ from raypipe.sources.indexes.shard_index import (
     size_matches,
     time_matches,
 )
+from raypipe.sources.label_sets import LABELS, label_sets
 from raypipe.sources.table import SourceRows, int64_array, listed_stamp, make_rows
 from raypipe.sources.transport.paths import DatasetRoot
 from raypipe.sources.transport.remote import ReadOptions, with_retries
@@ -108,7 +119,7 @@ def _dali_record(
             for m in sample:
                 name = m.name if m.name is not None else f"#{number}.{m.ext}"  # v1.1 names no member
                 if member_ext(name) == "cls" and m.offset + m.size <= size:
-                    labels[len(members)] = read_at(m.offset, min(m.size, 64)).decode("utf-8", "replace")
+                    labels[len(members)] = cls_text(read_at, m.offset, m.size)
                 members.append(Member(name, m.offset, m.size))
         return shard_record(rel, stamp, TarListing(members=members, labels=labels, file_size=size))
     finally:
@@ -388,9 +399,10 @@ def _rows(
         )
     if not cols["path"]:
         raise ValueError(f"the {len(rels)} shard(s) of {data!r} hold no samples (KEY.jpg with KEY.cls)")
+    labels, sets = _label_sets(cols["label"])
     table = make_rows(
         cols["path"],
-        cols["label"],
+        labels,
         errors=cols["error"],
         shards=cols["shard"],
         offsets=cols["offset"],
@@ -404,5 +416,17 @@ def _rows(
         places = np.array(cols["field", name], dtype=np.int64).reshape(-1, 3)
         for j, column in enumerate(member_columns(name)):
             table = table.append_column(column, int64_array(places[:, j]))
+    if sets is not None:
+        table = table.append_column(LABELS, sets)
     extra = {"shards": tuple(rels), "incomplete_shards": incomplete, "fields": tuple(fields)}
     return SourceRows(kind="webdataset", root=root, table=table, extra=extra)
+
+
+def _label_sets(labels: list) -> tuple[list, pa.Array | None]:
+    """The rows' labels, and their sets where any ``.cls`` holds several ids (``raypipe.sources.label_sets``:
+    each row's set, a single id a set of one; ``label`` 0, or -1 for a bad row); None: one id each."""
+    if not any(isinstance(v, tuple) for v in labels):
+        return labels, None
+    sets = [list(v) if isinstance(v, tuple) else ([v] if v >= 0 else None) for v in labels]
+    good, sets = label_sets(pa.array(sets, pa.list_(pa.int64())))
+    return pc.fill_null(good, -1).to_pylist(), sets

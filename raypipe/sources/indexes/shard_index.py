@@ -68,7 +68,7 @@ class ShardRecord:
     path: str  # relative to the dataset root
     size: int
     mtime_ns: int  # -1: the store gave none
-    labels: list[int]
+    labels: list  # a class id each (an int), or a tuple of ids where a .cls holds several
     errors: list[str | None]
     offsets: list[int]
     sizes: list[int]
@@ -163,6 +163,12 @@ def write_index(
     shard's samples counted in it, no sample rows): all that a listing by shard and an epoch's plan read,
     for measuring them at sizes whose rows would not fit (``raypipe.benchmark.listing``); listing by row
     or reading a chunk's rows from such an index finds no samples."""
+    several = next((r.path for r in records if any(isinstance(v, tuple) for v in r.labels)), None)
+    if several is not None:
+        raise ValueError(
+            f"{several}: a .cls holds several class ids; an index holds one label a sample, so these shards are "
+            "listed from their tar headers (no index)"
+        )
     if member_rows:
         counts = [len(r) for r in records]
         table = pa.table(
