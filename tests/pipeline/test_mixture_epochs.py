@@ -64,16 +64,39 @@ def test_each_epoch_takes_its_share_of_each_part_and_every_row_once_a_cycle(part
         assert 1 <= int((b["source"] == 0).sum()) <= 3
 
 
-def test_two_ranks_take_the_epoch_once_between_them(parts):
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_take_the_epoch_once_between_them(parts, world):
     one = EpochSource(_pipeline(parts), end_epoch=1)
     whole = Counter(_takes(list(one)))
     one.close()
-    both = Counter()
-    for rank in range(2):
-        src = EpochSource(_pipeline(parts), rank=rank, world_size=2, end_epoch=1)
-        both += Counter(_takes(list(src)))
+    together = Counter()
+    for rank in range(world):
+        src = EpochSource(_pipeline(parts), rank=rank, world_size=world, end_epoch=1)
+        together += Counter(_takes(list(src)))
         src.close()
-    assert both == whole and sum(whole.values()) == 30
+    assert together == whole and sum(whole.values()) == 30
+
+
+@pytest.mark.parametrize("new_world", [1, 3])
+def test_two_ranks_resumed_on_another_number_take_the_rest_once(parts, new_world):
+    """Takes, not ids: a row of a part taken twice in an epoch (a repeated cycle) is two takes."""
+    whole = EpochSource(_pipeline(parts), end_epoch=1)
+    want = sorted(int(t) for b in whole for t in b["take"])
+    whole.close()
+    before, states = [], []
+    for rank in range(2):
+        source = EpochSource(_pipeline(parts), rank=rank, world_size=2, end_epoch=1)
+        it = iter(source)
+        before += [int(t) for _ in range(2) for t in next(it)["take"]]
+        states.append(json.loads(json.dumps(source.state_dict())))
+        source.close()
+    after = []
+    for rank in range(new_world):
+        source = EpochSource(_pipeline(parts), rank=rank, world_size=new_world, end_epoch=1)
+        source.load_state_dict(states)
+        after += [int(t) for b in source for t in b["take"]]
+        source.close()
+    assert len(before) == 20 and sorted(before + after) == want == list(range(30))
 
 
 def test_a_mixture_resumes_mid_epoch_exactly(parts):
