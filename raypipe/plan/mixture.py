@@ -15,7 +15,9 @@ Semantics (pure functions of the seed, the epoch, the parts' sizes and the takes
   (seed, epoch, part) from [0, 1); positions follow the keys in ascending order. Any run of positions
   then holds each part within one row of its share, and the order of a chunk is found without the
   epoch's whole sequence: the takes before a position are a count per part (``_before``), found by
-  bisection on the key, so a billion-sample epoch costs a few numbers per part to plan.
+  bisection on the key, so a billion-sample epoch costs a few numbers per part to plan. Keys are
+  compared as ``takes_at`` computes them, and keys too close for a float to split (a billion takes
+  bring some within 1e-16 of another part's) are split as it sorts them: a tie, the lower part first.
 """
 
 from __future__ import annotations
@@ -90,8 +92,16 @@ class MixtureOrder:
         self._cycles: dict[tuple[int, int], EpochOrder] = {}
 
     def _before(self, x: float) -> np.ndarray:
-        """Per part, its takes whose key is below ``x``."""
-        return np.clip(np.ceil(x * self.takes - self.offsets), 0, self.takes).astype(np.int64)
+        """Per part, its takes whose key, as ``takes_at`` computes it, is below ``x``."""
+        count = np.clip(np.ceil(x * self.takes - self.offsets), 0, self.takes).astype(np.int64)
+        taken = self.takes > 0
+        divisor = np.where(taken, self.takes, 1)
+        while True:  # the estimate is off by a row where a key is within rounding of x
+            down = taken & (count > 0) & ((count - 1 + self.offsets) / divisor >= x)
+            up = taken & (count < self.takes) & ((count + self.offsets) / divisor < x)
+            if not (down.any() or up.any()):
+                return count
+            count += up.astype(np.int64) - down.astype(np.int64)
 
     def counts_before(self, position: int) -> np.ndarray:
         """Per part, its takes at positions before ``position`` (0 … n)."""
@@ -102,13 +112,20 @@ class MixtureOrder:
         if position == self.n:
             return self.takes.copy()
         lo, hi = 0.0, 2.0  # keys lie in [0, 1): _before(0) sums to 0, _before(2) to n
-        for _ in range(200):
-            mid = (lo + hi) / 2
+        while lo < (mid := (lo + hi) / 2) < hi:
             total = int(self._before(mid).sum())
             if total == position:
                 return self._before(mid)
             lo, hi = (mid, hi) if total < position else (lo, mid)
-        raise RuntimeError(f"no key splits the mixture's epoch at position {position} (keys tied)")
+        # lo and hi are neighbouring floats: the keys in [lo, hi) all equal lo, and the position falls
+        # among them; as in ``takes_at``, a tie goes to the lower part
+        below, tied = self._before(lo), self._before(hi) - self._before(lo)
+        left = position - int(below.sum())
+        for i in range(len(tied)):
+            step = min(int(tied[i]), left)
+            below[i] += step
+            left -= step
+        return below
 
     starts = np.zeros(1, dtype=np.int64)  # one window: chunks are cut by rows (``order.chunk_bounds``)
 

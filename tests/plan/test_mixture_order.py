@@ -109,3 +109,38 @@ def test_a_part_with_no_takes_is_never_read_and_a_taken_empty_part_is_refused():
     assert part.tolist() == [0, 0, 0, 0]
     with pytest.raises(ValueError, match="rows in each part taken"):
         MixtureOrder([5, 0], [3, 1], seed=0, epoch=0)
+
+
+def test_takes_whose_keys_tie_are_split_between_chunks_lower_part_first():
+    order = MixtureOrder([4, 4], [4, 4], seed=0, epoch=0)
+    order.offsets = np.array([0.5, 0.5])  # every take of part 0 ties with one of part 1
+    whole = order.takes_at(0, 8)
+    assert whole[0].tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
+    pieces = [order.takes_at(p, p + 1) for p in range(8)]
+    for k in range(3):
+        np.testing.assert_array_equal(np.concatenate([p[k] for p in pieces]), whole[k])
+
+
+def test_a_billion_takes_split_anywhere_even_where_two_parts_keys_are_closer_than_a_float_tells():
+    """Two parts of half a billion takes: some keys of one part lie within 1e-16 of the other's, closer
+    than a key in [0, 1) can be told apart by bisection; every position still splits the epoch, as the
+    whole run of positions orders it."""
+    t0, t1 = 500_000_001, 500_000_000
+    runs = [ShardRuns.from_sizes([10_000] * 50_000 + [1]), ShardRuns.from_sizes([10_000] * 50_000)]
+    order = MixtureOrder([t0, t1], [t0, t1], seed=0, epoch=0, runs=runs)
+    u0, u1 = order.offsets
+    # key0(k) - key1(m) = (k * t1 - m * t0 + c) / (t0 * t1): the closest pairs have k * t1 - m * t0 near -c
+    c = u0 * t1 - u1 * t0
+    k = (round(-c) * pow(t1, -1, t0)) % t0
+    m = (k * t1 - round(-c)) // t0
+    assert abs((k + u0) / t0 - (m + u1) / t1) < 1e-16
+    lo, hi = k + m - 100, k + m + 100
+    whole = order.takes_at(lo, hi)
+    before = order.counts_before(lo)
+    for p in range(lo, hi + 1):
+        counts = order.counts_before(p)
+        assert counts.sum() == p and np.all(counts >= before)
+        before = counts
+    pieces = [order.takes_at(p, p + 1) for p in range(lo, hi)]
+    for j in range(3):
+        np.testing.assert_array_equal(np.concatenate([piece[j] for piece in pieces]), whole[j])
