@@ -252,6 +252,12 @@ class EpochChunks(Sequence):
         return (self[i] for i in range(len(self)))
 
 
+def _reads_whole_windows(rows) -> bool:
+    """Whether a listing's shards are read a window at a time (a Parquet row group is read whole; a
+    remote shard in few requests), so a chunk should hold a whole window of them."""
+    return rows.kind in WHOLE_SHARD_KINDS or not rows.root.is_local
+
+
 class RankPlan:
     """One rank's epochs: ``order(epoch)`` the epoch's order, ``chunks(epoch)`` this rank's positions of
     it cut into the units of work the workers run, ``rows(epoch)`` their rows in order."""
@@ -302,7 +308,10 @@ class RankPlan:
                 rank=rank,
                 world_size=world_size,
                 window_rows=window_rows,
-                whole_windows=False,
+                # a part read a window at a time alone (a Parquet file's row groups, a remote shard) has
+                # its window's rows spread over the epoch's positions: chunks of a window's size read each
+                # of its row groups about once, as alone, where ``chunk_rows`` would read them many times
+                whole_windows=any(_reads_whole_windows(part) for part in rows.mixture_parts),
                 mixture=mixture,
             )
         shards = None if rows.by_shard or rows.kind not in SHARDED_KINDS else rows.shard_ids()
@@ -321,14 +330,14 @@ class RankPlan:
             world_size=world_size,
             runs=runs,
             window_rows=window_rows,
-            whole_windows=rows.kind in WHOLE_SHARD_KINDS or not rows.root.is_local,
+            whole_windows=_reads_whole_windows(rows),
         )
 
     @property
     def max_chunk_rows(self) -> int:
         """The most rows in one chunk: a whole window where shards are read whole (its row groups read
         once), cut only when one shard alone makes it much longer than ``window_rows``."""
-        if self.sharded and self.whole_windows:
+        if (self.sharded or self.mixture is not None) and self.whole_windows:
             return max(self.chunk_rows, self.window_rows + self.window_rows // 2)
         return self.chunk_rows
 

@@ -87,6 +87,9 @@ def augment_mixture(rows: Mapping, spec: MixtureSpec, out: np.ndarray | None = N
     }
     labels = None
     fields: dict[str, list] = {}
+    # each group's images go straight into the next rows of ``images`` (no array of their own, whose
+    # fresh pages a whole window's rows would fault in), then the rows are put in the chunk's order
+    at, held = 0, np.empty(n, np.int64)  # held[i]: the row of ``images`` that holds the chunk's row i
     for part in np.unique(source):
         mine = np.flatnonzero(source == part)  # the part's rows, in the chunk's order
         part_rows = rows["parts"][int(part)]
@@ -94,8 +97,9 @@ def augment_mixture(rows: Mapping, spec: MixtureSpec, out: np.ndarray | None = N
             pick = np.flatnonzero(cycle[mine] == c)
             where = mine[pick]
             sub = {k: _take(v, pick) for k, v in part_rows.items()}
-            got = stage_for(spec.part(int(part), int(c)))(sub)
-            images[where] = got["image"]
+            got = stage_for(spec.part(int(part), int(c)))(sub, images[at : at + len(where)])
+            held[where] = np.arange(at, at + len(where))
+            at += len(where)
             for key in ("sample_id", "ok", "reason", "detail", "path"):
                 block[key][where] = got[key]
             if labels is None:
@@ -103,8 +107,9 @@ def augment_mixture(rows: Mapping, spec: MixtureSpec, out: np.ndarray | None = N
             labels[where] = got["label"]
             for name, values in got.get("fields", {}).items():
                 column = fields.setdefault(name, [None] * n)
-                for j, at in enumerate(where):
-                    column[at] = values[j]
+                for j, row in enumerate(where):
+                    column[row] = values[j]
+    _put_in_order(images, held)
     block["label"] = labels if labels is not None else np.zeros(0, np.int64)
     block["cycle"] = cycle.copy()  # which take of its row each is; batches carry ``source``, not this
     block["fields"] = {
@@ -113,6 +118,24 @@ def augment_mixture(rows: Mapping, spec: MixtureSpec, out: np.ndarray | None = N
         **{name: _packed(values, block["ok"]) for name, values in fields.items()},
     }
     return block
+
+
+def _put_in_order(images: np.ndarray, held: np.ndarray) -> None:
+    """Move each row ``held[i]`` of ``images`` to row ``i``, in place: along each cycle of the
+    permutation, one row kept aside (each row is copied once, as a copy out of a group's own array was)."""
+    done = held == np.arange(len(held))
+    spare = np.empty(images.shape[1:], images.dtype) if not done.all() else None
+    for i in np.flatnonzero(~done):
+        if done[i]:
+            continue
+        spare[...] = images[i]
+        j = i
+        while held[j] != i:
+            images[j] = images[held[j]]
+            done[j] = True
+            j = held[j]
+        images[j] = spare
+        done[j] = True
 
 
 def _take(values, pick: np.ndarray):

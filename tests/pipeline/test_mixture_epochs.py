@@ -182,3 +182,46 @@ def test_a_width_that_changes_mid_epoch_changes_no_batch_of_a_mixture(parts, mon
     )
     assert len(asked) > 4  # the budget was asked again and again: the width changed mid-epoch
     assert changing == steady
+
+
+def test_a_parquet_part_is_read_in_chunks_of_a_window_and_its_epochs_stay_exact(parts, tmp_path):
+    """A Parquet part's row groups are read whole: the mixture's chunks hold a window (as the part's
+    alone do), so a window's rows spread over the epoch read each row group about once. The first
+    window's ramp, the takes and a mid-epoch resume are those of any mixture."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from image_factory import captioned_jpeg
+
+    from raypipe.plan.order import RankPlan
+
+    table = pa.table({"image": [captioned_jpeg(i) for i in range(40)], "label": pa.array(range(40), pa.int64())})
+    pq.write_table(table, tmp_path / "part.parquet", row_group_size=4)
+    mixture = Mixture([(str(tmp_path / "part.parquet"), 1), (parts[1], 1)], samples_per_epoch=50)
+
+    def pipeline():
+        return Pipeline(
+            mixture,
+            TrainAugment(input_size=(16, 16)),
+            config=PipelineConfig(batch_size=5, seed=4, shuffle_window=8),
+            execution=ExecutionConfig(backend="local", num_tasks=2, chunk_rows=4),
+        )
+
+    plan = RankPlan.for_rows(pipeline().rows, seed=4, shuffle=True, chunk_rows=4, window_rows=8)
+    assert plan.max_chunk_rows == 12 and max(hi - lo for lo, hi in plan.chunks(0).bounds) == 12
+    folders = RankPlan.for_rows(_pipeline(parts).rows, seed=4, shuffle=True, chunk_rows=4, window_rows=8)
+    assert folders.max_chunk_rows == 4  # parts read row by row: chunks of chunk_rows
+    whole = EpochSource(pipeline(), end_epoch=1)
+    want = [(b["take"].tolist(), b["source"].tolist(), b["sample_id"].tolist(), b["image"].tobytes()) for b in whole]
+    whole.close()
+    assert sorted(t for b in want for t in b[0]) == list(range(50))
+    first = EpochSource(pipeline(), end_epoch=1)
+    it = iter(first)
+    seen = [next(it) for _ in range(3)]
+    seen = [(b["take"].tolist(), b["source"].tolist(), b["sample_id"].tolist(), b["image"].tobytes()) for b in seen]
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    again = EpochSource(pipeline(), end_epoch=1)
+    again.load_state_dict(state)
+    rest = [(b["take"].tolist(), b["source"].tolist(), b["sample_id"].tolist(), b["image"].tobytes()) for b in again]
+    again.close()
+    assert seen + rest == want

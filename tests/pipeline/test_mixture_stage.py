@@ -75,3 +75,15 @@ def test_parts_of_other_shapes_or_seeds_are_refused(parts):
     folder, shards = parts
     with pytest.raises(ValueError, match="image shape, seed and epoch"):
         MixtureSpec((_spec(folder), dataclasses.replace(_spec(shards), seed=6)))
+
+
+def test_rows_written_by_group_are_put_in_the_chunks_order_in_place():
+    from raypipe.stages.mixture_stage import _put_in_order
+
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 7, 64):
+        images = rng.integers(0, 256, (n, 4, 5, 3), dtype=np.uint8)
+        held = rng.permutation(n)
+        want = images[held].copy()
+        _put_in_order(images, held)
+        assert np.array_equal(images, want)
