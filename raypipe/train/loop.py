@@ -248,8 +248,8 @@ def _train_epoch(
             rec.steps += 1
             rec.samples += n
             rec.loss_sum += float(loss.detach()) * n
-            if ids is not None:
-                ids.append(batch["sample_id"].cpu().numpy())
+            if ids is not None:  # a mixture's: its takes (a row of a part may be taken twice an epoch)
+                ids.append(batch.get("take", batch["sample_id"]).cpu().numpy())
             if bar is not None:
                 bar.update(n)
             if after_step is not None:

@@ -73,7 +73,19 @@ def test_the_job_trains_a_mixture_and_evaluates_every_held_out_row(ray_local, fo
 
     a, b = folders
     job = tiny_job(
-        a, tmp_path / "runs", "mix", "--data", b, "--weights", "3", "1", "--samples-per-epoch", "24", "--epochs", "2"
+        a,
+        tmp_path / "runs",
+        "mix",
+        "--data",
+        b,
+        "--weights",
+        "3",
+        "1",
+        "--samples-per-epoch",
+        "24",
+        "--epochs",
+        "2",
+        "--record-ids",
     )
     run_training(job)
     metrics = json.loads((tmp_path / "runs" / "mix" / "metrics.json").read_text())
@@ -82,3 +94,6 @@ def test_the_job_trains_a_mixture_and_evaluates_every_held_out_row(ray_local, fo
     for m in metrics:
         assert m["emitted"] == m["expected"] == 24 and not m["skipped"]
         assert m["eval_samples"] == len(val) == sum(val.sizes)
+    for epoch in range(2):  # a mixture's recorded ids are its takes: each position of the epoch once
+        recorded = json.loads((tmp_path / "runs" / "mix" / "ids" / f"epoch{epoch:04d}_rank000.json").read_text())
+        assert sorted(recorded) == list(range(24))
