@@ -11,7 +11,8 @@ batch (an integer added) and once per chunk (a few numbers kept); the counts and
 metrics backend at most once per ``INTERVAL_S`` and at each epoch's end, and the gauges are read then.
 Where nothing exports (no Ray in this process and no ``serve``), every call is a method that does
 nothing (``NULL``). Tag values are the run's name, the rank, and members of fixed sets (the skip
-reasons of ``raypipe.kernels.errors``, the backends): never a path or anything else from the data.
+reasons of ``raypipe.kernels.errors``, the backends, a mixture's part indexes): never a path or anything
+else from the data.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from raypipe.kernels.errors import REASONS
 
@@ -69,6 +72,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("raypipe_images_emitted", "counter", _RUN_TAGS, "images in the batches the rank handed out"),
     MetricSpec("raypipe_images_skipped", "counter", (*_RUN_TAGS, "reason"), "rows skipped, by reason"),
     MetricSpec("raypipe_chunks_made", "counter", (*_RUN_TAGS, "backend"), "chunks the rank took, by what made them"),
+    MetricSpec(
+        "raypipe_images_by_source",
+        "counter",
+        (*_RUN_TAGS, "source"),
+        "a mixture's good rows the rank took, by part (its index in the mixture)",
+    ),
     MetricSpec(
         "raypipe_wait_share",
         "gauge",
@@ -174,6 +183,7 @@ class _Recording(RunMetrics):
         self._emitted = 0
         self._skipped: collections.Counter = collections.Counter()
         self._chunks: collections.Counter = collections.Counter()
+        self._by_source: collections.Counter = collections.Counter()
         self._latency: list[float] = []
         self._cpu: list[float] = []
         self._epoch, self._batches = 0, 0
@@ -192,6 +202,9 @@ class _Recording(RunMetrics):
             reasons = block["reason"][~ok]
             for reason in reasons:
                 self._skipped[reason if reason in REASONS else OTHER_REASON] += 1
+        sources = block.get("fields", {}).get("source")  # a mixture's: each row's part
+        if sources is not None and rows:
+            self._by_source.update(np.asarray(sources)[ok].tolist())
         cpu = block.get("cpu_s")
         if cpu is not None and rows:
             self._cpu.append(float(cpu) / rows)
@@ -222,6 +235,7 @@ class _Recording(RunMetrics):
             emitted, self._emitted = self._emitted, 0
             skipped, self._skipped = self._skipped, collections.Counter()
             chunks, self._chunks = self._chunks, collections.Counter()
+            by_source, self._by_source = self._by_source, collections.Counter()
             latency, self._latency = self._latency, []
             cpu, self._cpu = self._cpu, []
         tags, sink = self._tags, self._sink
@@ -232,6 +246,8 @@ class _Recording(RunMetrics):
                 sink.inc("raypipe_images_skipped", n, {**tags, "reason": str(reason)})
             for backend, n in chunks.items():
                 sink.inc("raypipe_chunks_made", n, {**tags, "backend": backend})
+            for part, n in by_source.items():
+                sink.inc("raypipe_images_by_source", n, {**tags, "source": str(part)})
             for value in latency:
                 sink.observe("raypipe_chunk_latency_seconds", value, tags)
             for value in cpu:

@@ -10,6 +10,7 @@ import socket
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 from image_factory import truncated_jpeg
 from prometheus_client.parser import text_string_to_metric_families
@@ -154,7 +155,7 @@ def test_the_documented_table_is_the_codes_list():
 
 def test_tags_are_bounded_sets():
     tags = {t for m in metrics.METRICS for t in m.tags}
-    assert tags == {"run", "rank", "reason", "backend"}
+    assert tags == {"run", "rank", "reason", "backend", "source"}
     assert metrics.OTHER_REASON not in REASONS
 
 
@@ -233,3 +234,15 @@ def test_a_failing_backend_is_one_warning_and_then_nothing(caplog):
     rec.batch(4)
     rec.flush()
     assert len([r for r in caplog.records if "metrics not sent" in r.getMessage()]) == 1
+
+
+def test_a_mixtures_good_rows_are_counted_by_source():
+    sink = _Calls()
+    rec = metrics._Recording(sink, "r", 0, clock=lambda: 0.0)
+    ok = np.array([True, True, False, True, True])
+    fields = {"source": np.array([0, 1, 1, 0, 2]), "take": np.arange(5)}
+    rec.block({"ok": ok, "reason": np.array(["", "", "truncated", "", ""], object), "fields": fields})
+    rec.block({"ok": np.ones(2, bool), "reason": np.array(["", ""], object)})  # one dataset's: no source
+    rec.flush()
+    by_source = {tags["source"]: value for kind, name, value, tags in sink.sent if name == "raypipe_images_by_source"}
+    assert by_source == {"0": 2, "1": 1, "2": 1}
