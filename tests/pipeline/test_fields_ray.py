@@ -119,3 +119,38 @@ def test_ray_data_augment_carries_fields_as_columns(ray_local):
     assert sorted(r["sample_id"] for r in rows) == [i for i in range(8) if i != 5]  # a null caption: skipped
     for r in rows:
         assert r["caption"].tolist() == caption_ids(f"caption {r['sample_id']}").tolist()
+
+
+def test_a_ray_dataset_is_a_part_of_a_mixture(ray_local, shards):
+    """A Ray Dataset beside shards in a Mixture: its bytes in Ray's object store, so the mixture runs on
+    Ray tasks; each epoch takes its share of each part, and each part's rows keep their own fields."""
+    import ray
+
+    from raypipe.sources.mixture import Mixture
+
+    items = [{"image": captioned_jpeg(i), "label": i % 2, "caption": f"item {i}"} for i in range(N)]
+    ds = ray.data.from_items(items)
+    mixture = Mixture(
+        [(ds, 1, ListingOptions(fields=("caption",))), (str(shards), 2, ListingOptions(fields=("txt",)))],
+        samples_per_epoch=24,
+    )
+    pipe = Pipeline(
+        mixture,
+        EvalAugment(input_size=(24, 24)),
+        config=PipelineConfig(batch_size=4),
+        execution=ExecutionConfig(backend="ray", chunk_rows=4),
+    )
+    assert pipe.rows.kind == "raydata" and pipe.rows.takes == (8, 16)
+    source = EpochSource(pipe, end_epoch=1)
+    batches = _epoch(source)
+    source.close()
+    seen = {0: [], 1: []}
+    for b in batches:
+        for k, (part, sid) in enumerate(zip(b["source"].tolist(), b["sample_id"].tolist(), strict=True)):
+            seen[part].append(sid)
+            if part == 0:
+                assert b["caption"][k] == f"item {sid}" and b["txt"][k] is None
+            else:
+                assert b["txt"][k] == f"caption {sid}" and b["caption"][k] is None
+    assert len(seen[0]) == 8 == len(set(seen[0])) and len(seen[1]) == 16 == len(set(seen[1]))
+    assert sorted(int(t) for b in batches for t in b["take"]) == list(range(24))
