@@ -150,6 +150,10 @@ def _portable(exc: BaseException) -> BaseException:
 
 
 def serve(sock: socket.socket, outbox: BinaryIO) -> None:
+    # The stage's modules (the kernels, numpy, pyarrow) are imported before the worker says it is ready:
+    # seconds on a busy node, which the first chunk sent to it would otherwise wait while other workers
+    # take the rest.
+    import raypipe.stages.augment  # noqa: F401
 
     send(outbox, ("ready", None, os.getpid()))
     while (received := receive_with_fds(sock)) is not None:
