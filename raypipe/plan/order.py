@@ -298,29 +298,19 @@ class RankPlan:
         """The plan for a listing (``raypipe.sources.SourceRows``, or a ``ShardListing``'s samples per
         shard): shard windows for sharded kinds, each one chunk where its shards are read whole or from an
         object store."""
-        mixture = getattr(rows, "mixture_order", None)
-        if mixture is not None:  # a mixture's listing: its parts' orders interleaved (``plan.mixture``)
-            return cls(
-                len(rows),
-                seed=seed,
-                shuffle=shuffle,
-                chunk_rows=chunk_rows,
-                rank=rank,
-                world_size=world_size,
-                window_rows=window_rows,
-                # a part read a window at a time alone (a Parquet file's row groups, a remote shard) has
-                # its window's rows spread over the epoch's positions: chunks of a window's size read each
-                # of its row groups about once, as alone, where ``chunk_rows`` would read them many times
-                whole_windows=any(_reads_whole_windows(part) for part in rows.mixture_parts),
-                mixture=mixture,
-            )
-        shards = None if rows.by_shard or rows.kind not in SHARDED_KINDS else rows.shard_ids()
-        if rows.by_shard:
-            runs = ShardRuns.from_sizes(rows.shard_counts)
-        elif shards is not None:
-            runs = ShardRuns.from_shards(shards)
+        mixture = getattr(rows, "mixture_order", None)  # a mixture's: its parts' orders interleaved
+        runs = None
+        if mixture is not None:
+            # a part read a window at a time alone (a Parquet file's row groups, a remote shard) has its
+            # window's rows spread over the epoch's positions: chunks of a window's size read each of its
+            # row groups about once, as alone, where ``chunk_rows`` would read them many times
+            whole_windows = any(_reads_whole_windows(part) for part in rows.mixture_parts)
         else:
-            runs = None
+            whole_windows = _reads_whole_windows(rows)
+            if rows.by_shard:
+                runs = ShardRuns.from_sizes(rows.shard_counts)
+            elif rows.kind in SHARDED_KINDS:
+                runs = ShardRuns.from_shards(rows.shard_ids())
         return cls(
             len(rows),
             seed=seed,
@@ -330,7 +320,8 @@ class RankPlan:
             world_size=world_size,
             runs=runs,
             window_rows=window_rows,
-            whole_windows=_reads_whole_windows(rows),
+            whole_windows=whole_windows,
+            mixture=mixture,
         )
 
     @property
